@@ -1,0 +1,193 @@
+"""Clusters as the policy sees them: nodes of one GPU type each, and Sia's
+configuration set over them.
+
+Sia's configuration set for a GPU type with N nodes of R GPUs is
+
+    {(1 node, 1 GPU), (1, 2), (1, 4), ... (1, R)}  ∪  {(2, 2R), (3, 3R), ... (N, NR)}
+
+i.e. power-of-two partial-node allocations and whole-node multi-node ones. With
+that set, any allocation that fits the per-type GPU count also fits the nodes
+(the paper's Submesh Shape Covering theorem), which is what lets the ILP carry a
+single capacity row per type.
+
+The theorem needs R to be a power of two and equal on all nodes of a type.
+Physical nodes that break that are split into *virtual nodes*: every node of a
+type is cut into pieces of the largest power of two that divides every node of
+that type (a 6-GPU node becomes three 2-GPU virtual nodes; 4- and 8-GPU nodes of
+one type become 4-GPU virtual nodes). This gives up some single-node shapes on
+odd hardware but never produces an allocation the placer cannot honour.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A physical machine: one GPU type, `num_gpus` GPUs."""
+
+    name: str
+    gpu_type: str
+    num_gpus: int
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"node.name: {self.name!r} is not a valid node name")
+        if not _NAME.match(self.gpu_type):
+            raise ValueError(f"node.gpu_type: {self.gpu_type!r} is not a valid GPU type name")
+        if not isinstance(self.num_gpus, int) or self.num_gpus <= 0:
+            raise ValueError(f"node.num_gpus: must be a positive integer, got {self.num_gpus!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualNode:
+    """A power-of-two slice of a physical node; the unit the placer works with.
+
+    GPUs are named by (physical node name, local index); a virtual node owns the
+    local indices ``offset .. offset + num_gpus - 1`` of its physical node.
+    """
+
+    index: int  # position within its GPU type's virtual-node list
+    physical: str
+    gpu_type: str
+    offset: int
+    num_gpus: int
+
+    def gpus(self) -> tuple[GpuId, ...]:
+        return tuple(GpuId(self.physical, self.offset + k) for k in range(self.num_gpus))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuId:
+    node: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}/{self.index}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Config:
+    """An allocation shape: `num_gpus` GPUs of `gpu_type` on `num_nodes` (virtual) nodes."""
+
+    gpu_type: str
+    num_nodes: int
+    num_gpus: int
+
+    def __str__(self) -> str:
+        return f"{self.num_gpus}x{self.gpu_type}" + (
+            f" ({self.num_nodes} nodes)" if self.num_nodes > 1 else ""
+        )
+
+
+def _pow2_divisor(n: int) -> int:
+    return n & -n
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """An immutable set of nodes. Build one with `Cluster.of(nodes)`."""
+
+    nodes: tuple[Node, ...]
+    _by_name: Mapping[str, Node] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Node] = {}
+        for node in self.nodes:
+            if node.name in by_name:
+                raise ValueError(f"nodes: duplicate node name {node.name!r}")
+            by_name[node.name] = node
+        object.__setattr__(self, "_by_name", by_name)
+
+    @classmethod
+    def of(cls, nodes: Iterable[Node]) -> Cluster:
+        return cls(tuple(sorted(nodes, key=lambda n: (n.gpu_type, n.name))))
+
+    @classmethod
+    def uniform(cls, spec: Mapping[str, tuple[int, int]]) -> Cluster:
+        """`{"rtx": (3, 8)}` → 3 nodes `rtx-0..2` of 8 GPUs each."""
+        return cls.of(
+            Node(f"{t}-{i}", t, per_node) for t, (count, per_node) in spec.items()
+            for i in range(count)
+        )
+
+    def node(self, name: str) -> Node:
+        return self._by_name[name]
+
+    @cached_property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({n.gpu_type for n in self.nodes}))
+
+    @cached_property
+    def gpus_per_vnode(self) -> Mapping[str, int]:
+        """R per type: the largest power of two dividing every node of the type."""
+        out: dict[str, int] = {}
+        for t in self.gpu_types:
+            out[t] = min(_pow2_divisor(n.num_gpus) for n in self.nodes if n.gpu_type == t)
+        return out
+
+    @cached_property
+    def vnodes(self) -> Mapping[str, tuple[VirtualNode, ...]]:
+        out: dict[str, list[VirtualNode]] = {t: [] for t in self.gpu_types}
+        for node in self.nodes:
+            r = self.gpus_per_vnode[node.gpu_type]
+            vs = out[node.gpu_type]
+            for off in range(0, node.num_gpus, r):
+                vs.append(VirtualNode(len(vs), node.name, node.gpu_type, off, r))
+        return {t: tuple(v) for t, v in out.items()}
+
+    @cached_property
+    def capacity(self) -> Mapping[str, int]:
+        return {t: sum(v.num_gpus for v in self.vnodes[t]) for t in self.gpu_types}
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.capacity.values())
+
+    @cached_property
+    def configs(self) -> tuple[Config, ...]:
+        """Sia's configuration set, grouped by type (sorted), ascending GPU count."""
+        out: list[Config] = []
+        for t in self.gpu_types:
+            r = self.gpus_per_vnode[t]
+            n = len(self.vnodes[t])
+            out.extend(Config(t, 1, 2**k) for k in range(int(math.log2(r)) + 1))
+            out.extend(Config(t, m, m * r) for m in range(2, n + 1))
+        return tuple(out)
+
+    def config_for(self, gpu_type: str, num_gpus: int) -> Config | None:
+        """The configuration of `num_gpus` GPUs of `gpu_type`, if the set has one."""
+        r = self.gpus_per_vnode.get(gpu_type)
+        if r is None or num_gpus <= 0:
+            return None
+        if num_gpus <= r:
+            return Config(gpu_type, 1, num_gpus) if num_gpus & (num_gpus - 1) == 0 else None
+        m, rem = divmod(num_gpus, r)
+        return Config(gpu_type, m, num_gpus) if rem == 0 and m <= len(self.vnodes[gpu_type]) else None
+
+    def scaled(self, k: int) -> Cluster:
+        """The same cluster with every node repeated `k` times."""
+        if k < 1:
+            raise ValueError(f"scale: must be >= 1, got {k}")
+        return Cluster.of(
+            Node(f"{n.name}" if i == 0 else f"{n.name}.{i}", n.gpu_type, n.num_gpus)
+            for n in self.nodes for i in range(k)
+        )
+
+
+def paper_hetero_cluster(scale: int = 1) -> Cluster:
+    """The paper's heterogeneous 64-GPU cluster: 6×4 aws (t4), 3×8 rtx, 2×8 dgx-ext (a100)."""
+    return Cluster.uniform({"aws": (6 * scale, 4), "rtx": (3 * scale, 8),
+                            "dgx-ext": (2 * scale, 8)})
+
+
+def paper_homo_cluster(scale: int = 1) -> Cluster:
+    """The paper's homogeneous 64-GPU cluster: 16×4 aws (t4)."""
+    return Cluster.uniform({"aws": (16 * scale, 4)})
