@@ -1,0 +1,141 @@
+"""`sia bench policy`: how long one Sia round takes, production path beside the
+paper's reference path (CVXPY + GLPK_MI), on the paper's heterogeneous cluster
+scaled up, with the same inputs for both in the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sia_grpc.policy.cluster import paper_hetero_cluster
+from sia_grpc.policy.sia import SiaConfig, SiaPolicy
+from sia_grpc.scenarios import run_rounds, sample_jobs
+
+# Scale of the 64-GPU cluster → active jobs (the paper's Helios load is about
+# 20–50 active jobs per 64 GPUs; the larger points are the issue's targets).
+DEFAULT_SCALES = {1: 40, 8: 320, 32: 2000, 128: 5000}
+
+
+@dataclass
+class ScaleResult:
+    scale: int
+    gpus: int
+    jobs: int
+    rounds: int
+    call: dict[str, float] = field(default_factory=dict)  # production whole call
+    solve: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # median per phase
+    ref_call: dict[str, float] = field(default_factory=dict)
+    ref_solve: dict[str, float] = field(default_factory=dict)
+    ref_note: str = ""
+    max_rel_diff: float | None = None  # objective, production vs reference
+    ratio: float | None = None  # reference / production, median whole call
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"median": float(np.median(xs)), "p95": float(np.percentile(xs, 95))} if xs else {}
+
+
+def bench_scale(scale: int, num_jobs: int, rounds: int, warmup: int, ref_limit: float,
+                with_reference: bool, seed: int = 0, progress=None) -> ScaleResult:
+    cluster = paper_hetero_cluster(scale)
+    rng = np.random.default_rng(seed)
+    jobs = sample_jobs(rng, num_jobs, cluster)
+    prod = SiaPolicy()
+    ref = SiaPolicy(SiaConfig(solver="glpk_mi", solver_time_limit=ref_limit))
+    out = ScaleResult(scale, cluster.total_gpus, num_jobs, rounds)
+    calls, solves, ref_calls, ref_solves, diffs = [], [], [], [], []
+    phases: dict[str, list[float]] = {}
+    ref_on = with_reference
+    if not with_reference:
+        out.ref_note = "skipped (--no-reference)"
+    for k, step in enumerate(run_rounds(prod, cluster, jobs, warmup + rounds)):
+        if k < warmup:
+            continue
+        # Re-run the production call on the same inputs for a clean timing
+        # (the generator's call also warmed caches, as a live scheduler's would).
+        t0 = time.perf_counter()
+        res = prod.optimize(cluster, step.jobs, step.previous)
+        calls.append(time.perf_counter() - t0)
+        solves.append(res.timings["solve"])
+        for name, v in res.timings.items():
+            phases.setdefault(name, []).append(v)
+        if ref_on:
+            t0 = time.perf_counter()
+            rres = ref.optimize(cluster, step.jobs, step.previous)
+            elapsed = time.perf_counter() - t0
+            if rres.timings["solve"] >= ref_limit:
+                ref_on = False
+                out.ref_note = f"skipped: one reference solve took over {ref_limit:.0f} s"
+            else:
+                ref_calls.append(elapsed)
+                ref_solves.append(rres.timings["solve"])
+                diffs.append(abs(rres.objective - res.objective) / max(1.0, abs(rres.objective)))
+        if progress:
+            progress(scale, k - warmup + 1, rounds)
+    out.call, out.solve = _stats(calls), _stats(solves)
+    out.phases = {k: float(np.median(v)) for k, v in phases.items()}
+    out.ref_call, out.ref_solve = _stats(ref_calls), _stats(ref_solves)
+    if ref_calls:
+        out.max_rel_diff = float(max(diffs))
+        out.ratio = out.ref_call["median"] / out.call["median"]
+        if len(ref_calls) < rounds and not out.ref_note:
+            out.ref_note = f"reference ran {len(ref_calls)} of {rounds} rounds"
+    return out
+
+
+def machine() -> str:
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, {platform.platform(terse=True)}")
+
+
+def format_table(results: list[ScaleResult]) -> str:
+    def ms(d: dict[str, float], key: str) -> str:
+        return f"{d[key] * 1e3:,.1f}" if d else "—"
+
+    head = ("| GPUs | jobs | call p50 ms | call p95 ms | solve p50 | solve p95 | "
+            "ref call p50 | ref call p95 | ref solve p50 | ref solve p95 | ratio | obj diff |")
+    lines = [head, "|" + "---|" * 12]
+    for r in results:
+        lines.append(
+            f"| {r.gpus:,} | {r.jobs:,} | {ms(r.call, 'median')} | {ms(r.call, 'p95')} | "
+            f"{ms(r.solve, 'median')} | {ms(r.solve, 'p95')} | {ms(r.ref_call, 'median')} | "
+            f"{ms(r.ref_call, 'p95')} | {ms(r.ref_solve, 'median')} | {ms(r.ref_solve, 'p95')} | "
+            f"{f'{r.ratio:,.1f}x' if r.ratio else '—'} | "
+            f"{f'{r.max_rel_diff:.1e}' if r.max_rel_diff is not None else '—'} |")
+    notes = [f"- {r.gpus:,} GPUs: reference {r.ref_note}" for r in results if r.ref_note]
+    phase = ["", "Median time per phase of the production call (ms):", "",
+             "| GPUs | estimate | build | solve | place |", "|---|---|---|---|---|"]
+    for r in results:
+        phase.append(f"| {r.gpus:,} | " + " | ".join(
+            f"{r.phases.get(k, 0) * 1e3:,.1f}" for k in ("estimate", "build", "solve", "place"))
+            + " |")
+    return "\n".join(lines + ([""] + notes if notes else []) + phase)
+
+
+def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,
+        with_reference: bool, json_out: str | None) -> int:
+    results = []
+    for scale in argv_scales:
+        n = DEFAULT_SCALES.get(scale, 40 * scale)
+
+        def tick(s: int, k: int, total: int) -> None:
+            print(f"\r  scale x{s}: round {k}/{total}", end="", file=sys.stderr, flush=True)
+
+        print(f"scale x{scale}: {64 * scale:,} GPUs, {n:,} jobs", file=sys.stderr)
+        results.append(bench_scale(scale, n, rounds, warmup, ref_limit, with_reference,
+                                   progress=tick))
+        print(file=sys.stderr)
+    print(f"sia bench policy — {machine()}\n")
+    print(format_table(results))
+    if json_out:
+        payload = {"machine": machine(), "results": [r.__dict__ for r in results]}
+        with open(json_out, "w") as f:
+            json.dump(payload, f, indent=2)
+    return 0

@@ -1,0 +1,280 @@
+"""Sia's bootstrapped per-GPU-type throughput estimates, and the job model the policy calls.
+
+A job is profiled on one GPU of each type over ~10 batch sizes; that fixes each
+type's compute model. Communication is unknown until the job runs multi-GPU, so:
+
+* before any multi-GPU run, N GPUs are assumed to give exactly N x the 1-GPU
+  throughput (no network time at all);
+* once the job has run multi-GPU on some type A, Pollux's full model is fitted
+  for A, and a type B not yet run multi-GPU is estimated by scaling A's curve:
+  xput_B(N) = xput_B(1) / xput_A(1) * xput_A(N)   (A: the type with the most
+  distinct multi-GPU observations, ties broken by name);
+* once the job has run multi-GPU on B itself, B gets its own full fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.goodput import GoodputEstimate, batch_grid, best_on_grid, fixed_batch
+from sia_grpc.models.throughput import PerfParams, compute_time, fit_perf_params, step_time
+
+__all__ = ["ThroughputEstimator", "JobGoodputModel"]
+
+_Key = tuple[int, int, int]  # (num_nodes, num_replicas, atomic_bsz)
+
+
+# Iteration-time functions, one per way a type can be estimated. Plain frozen
+# dataclasses (not closures) so that estimators and job models pickle.
+
+
+@dataclass(frozen=True)
+class _ComputeOnly:
+    params: PerfParams
+
+    def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
+        t_c = compute_time(self.params, atomic)
+        return (np.asarray(accum) + 1) * t_c + 0.0 * np.asarray(reps)
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    params: PerfParams
+
+    def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
+        return step_time(self.params, nodes, reps, atomic, accum)
+
+
+@dataclass(frozen=True)
+class _Projected:
+    own: PerfParams  # this type's compute model (1-GPU profiles only)
+    ref: PerfParams  # full model of the reference type A
+
+    def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
+        own_1 = (np.asarray(accum) + 1) * compute_time(self.own, atomic)
+        ref_n = step_time(self.ref, nodes, reps, atomic, accum)
+        ref_1 = step_time(self.ref, 1, 1, atomic, accum)
+        # Equal samples per iteration on both types, so scaling times scales throughput.
+        return own_1 * (ref_n / ref_1)
+
+
+class ThroughputEstimator:
+    """Per-job, per-GPU-type throughput estimates from profiles and observations.
+
+    Measurements follow the artifact's convention: `step_time` is the time of the
+    micro-batch that ends in the all-reduce, `sync_time` the all-reduce part of it,
+    so a non-syncing micro-batch takes step_time - sync_time. Repeated measurements
+    of one (num_nodes, num_replicas, atomic_bsz) are averaged. Fits are cached per
+    type and redone lazily when that type's data changes.
+    """
+
+    def __init__(self) -> None:
+        # type -> key -> [count, sum(step_time), sum(sync_time)]
+        self._data: dict[str, dict[_Key, list[float]]] = {}
+        self._fits: dict[str, PerfParams] = {}
+        self._plans: dict[str, object] = {}
+        self._version = 0
+
+    # -- input ---------------------------------------------------------------------------
+
+    def _add(self, gpu_type: str, nodes, reps, bsz, step, sync) -> None:
+        nodes, reps, bsz, step, sync = np.broadcast_arrays(
+            np.asarray(nodes, dtype=np.int64), np.asarray(reps, dtype=np.int64),
+            np.asarray(bsz), np.asarray(step, dtype=float), np.asarray(sync, dtype=float))
+        if np.any(bsz != np.round(bsz)) or np.any(bsz < 1):
+            raise ValueError("batch sizes must be positive integers")
+        if np.any(nodes < 1) or np.any(reps < nodes):
+            raise ValueError("need 1 <= num_nodes <= num_replicas")
+        if not (np.all(sync >= 0) and np.all(step > sync)):
+            raise ValueError("need 0 <= sync_time < step_time")
+        table = self._data.setdefault(gpu_type, {})
+        for n, r, b, s, y in zip(nodes.ravel().tolist(), reps.ravel().tolist(),
+                                 bsz.ravel().astype(np.int64).tolist(),
+                                 step.ravel().tolist(), sync.ravel().tolist(), strict=True):
+            acc = table.setdefault((n, r, b), [0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += s
+            acc[2] += y
+        self._fits.pop(gpu_type, None)
+        self._plans.clear()  # other types' projections may depend on this one
+        self._version += 1
+
+    def add_profile(self, gpu_type: str, local_bsz, step_time, sync_time) -> None:
+        """1-GPU profile point(s) of `gpu_type` (arrays broadcast)."""
+        self._add(gpu_type, 1, 1, local_bsz, step_time, sync_time)
+
+    def add_observation(self, gpu_type: str, num_nodes, num_replicas, atomic_bsz,
+                        accum_steps, step_time, sync_time) -> None:
+        """Measurement(s) from the job's own runs (arrays broadcast).
+
+        `accum_steps` does not change the meaning of the times (see the class doc);
+        it is checked only.
+        """
+        if np.any(np.asarray(accum_steps) < 0):
+            raise ValueError("accum_steps must be >= 0")
+        self._add(gpu_type, num_nodes, num_replicas, atomic_bsz, step_time, sync_time)
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Bumped on every change; lets callers cache derived results."""
+        return self._version
+
+    @property
+    def known_types(self) -> tuple[str, ...]:
+        return tuple(sorted(t for t, d in self._data.items() if d))
+
+    def num_multi_gpu(self, gpu_type: str) -> int:
+        """Distinct multi-GPU configurations the job has been measured on."""
+        return sum(1 for (_, r, _) in self._data.get(gpu_type, {}) if r > 1)
+
+    @property
+    def reference_type(self) -> str | None:
+        """The type whose full model projects onto types without multi-GPU data."""
+        counts = [(-self.num_multi_gpu(t), t) for t in self.known_types]
+        counts = [c for c in counts if c[0] < 0]
+        return min(counts)[1] if counts else None
+
+    def perf_params(self, gpu_type: str) -> PerfParams | None:
+        """Pollux's model fitted to this type's own data (None if it has none)."""
+        if gpu_type in self._fits:
+            return self._fits[gpu_type]
+        table = self._data.get(gpu_type)
+        if not table:
+            return None
+        keys = np.array(list(table.keys()), dtype=np.int64)
+        sums = np.array(list(table.values()), dtype=float)
+        step = sums[:, 1] / sums[:, 0]
+        sync = sums[:, 2] / sums[:, 0]
+        params = fit_perf_params(keys[:, 0], keys[:, 1], keys[:, 2], step - sync, step)
+        self._fits[gpu_type] = params
+        return params
+
+    def time_fn(self, gpu_type: str):
+        """Iteration-time function `f(num_nodes, num_replicas, atomic_bsz, accum_steps)`
+        for `gpu_type`, or None if the type is unknown. Cached until data changes."""
+        plan = self._plans.get(gpu_type)
+        if plan is not None:
+            return plan
+        own = self.perf_params(gpu_type)
+        if own is None:
+            return None
+        if self.num_multi_gpu(gpu_type) > 0:
+            plan = _Fitted(own)
+        else:
+            ref = self.reference_type
+            ref_params = self.perf_params(ref) if ref is not None else None
+            plan = _ComputeOnly(own) if ref_params is None else _Projected(own, ref_params)
+        self._plans[gpu_type] = plan
+        return plan
+
+    def step_time(self, gpu_type: str, num_nodes, num_replicas, atomic_bsz,
+                  accum_steps=0) -> np.ndarray:
+        """Estimated seconds per iteration; inf for an unknown type."""
+        fn = self.time_fn(gpu_type)
+        shape = np.broadcast(np.asarray(num_nodes), np.asarray(num_replicas),
+                             np.asarray(atomic_bsz), np.asarray(accum_steps)).shape
+        if fn is None:
+            return np.full(shape, np.inf)
+        return np.broadcast_to(fn(np.asarray(num_nodes), np.asarray(num_replicas),
+                                  np.asarray(atomic_bsz), np.asarray(accum_steps)), shape)
+
+    def throughput(self, gpu_type: str, num_nodes, num_replicas, atomic_bsz,
+                   accum_steps=0) -> np.ndarray:
+        """Estimated samples per second; 0 for an unknown type."""
+        t = self.step_time(gpu_type, num_nodes, num_replicas, atomic_bsz, accum_steps)
+        samples = (np.asarray(num_replicas) * np.asarray(atomic_bsz)
+                   * (np.asarray(accum_steps) + 1))
+        return samples / t
+
+
+@dataclass(frozen=True, eq=False)
+class JobGoodputModel:
+    """What the policy asks about one job: goodput per (GPU type, nodes, replicas).
+
+    The estimator is shared, not copied: observations added to it are seen by every
+    model built on it. Gradient statistics change as training goes on; `with_grad`
+    makes the updated model.
+    """
+
+    estimator: ThroughputEstimator
+    grad: GradParams
+    init_batch_size: int
+    max_batch_size: int
+    local_bsz_limits: Mapping[str, tuple[int, int]]  # per type: (min, max) atomic batch
+    accumulation: bool = True
+    # Throughput grids and fixed-batch results by configuration, valid for one estimator
+    # version. Shared by `with_grad` copies: gradient statistics do not enter them.
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    _CACHE_LIMIT = 256
+
+    def __post_init__(self) -> None:
+        if not 0 < self.init_batch_size <= self.max_batch_size:
+            raise ValueError("need 0 < init_batch_size <= max_batch_size")
+        limits = {str(t): (int(lo), int(hi)) for t, (lo, hi) in self.local_bsz_limits.items()}
+        if any(not 1 <= lo <= hi for lo, hi in limits.values()):
+            raise ValueError("local batch limits need 1 <= lo <= hi")
+        object.__setattr__(self, "local_bsz_limits", limits)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_cache": {}}
+
+    def with_grad(self, grad: GradParams) -> JobGoodputModel:
+        return dataclasses.replace(self, grad=grad)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """Types this model can estimate (profiled, with local batch limits)."""
+        return tuple(t for t in self.estimator.known_types if t in self.local_bsz_limits)
+
+    def evaluate(self, gpu_type: str, num_nodes, num_replicas, *,
+                 fixed_batch_size: int | None = None) -> GoodputEstimate:
+        """Best batch choice and its goodput per (num_nodes[i], num_replicas[i]).
+
+        With `fixed_batch_size`, the batch is not chosen and goodput is the
+        throughput at that batch (Sia's treatment of strong-scaling and rigid jobs).
+        Zero entries: unknown type, or no feasible batch. Returned arrays are
+        read-only (they may be cached).
+        """
+        nodes = np.asarray(num_nodes, dtype=np.int64)
+        reps = np.asarray(num_replicas, dtype=np.int64)
+        if nodes.shape != reps.shape:
+            nodes, reps = np.broadcast_arrays(nodes, reps)
+        limits = self.local_bsz_limits.get(gpu_type)
+        fn = self.estimator.time_fn(gpu_type) if limits is not None else None
+        if fn is None:
+            return _readonly(GoodputEstimate.zeros(nodes.size))
+        # The key covers everything but the gradient statistics that the cached values
+        # depend on; replace() may have changed batch bounds of a copy sharing the cache.
+        key = (id(self.estimator), self.estimator.version, gpu_type, limits, self.init_batch_size,
+               self.max_batch_size, self.accumulation, fixed_batch_size,
+               nodes.tobytes(), reps.tobytes())
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= self._CACHE_LIMIT:
+                self._cache.clear()
+            if fixed_batch_size is not None:
+                hit = _readonly(fixed_batch(fn, nodes, reps, fixed_batch_size,
+                                            atomic_bsz_range=limits,
+                                            accumulation=self.accumulation))
+            else:
+                hit = batch_grid(fn, self.init_batch_size, nodes, reps,
+                                 max_batch_size=self.max_batch_size, atomic_bsz_range=limits,
+                                 accumulation=self.accumulation)
+            self._cache[key] = hit
+        if fixed_batch_size is not None:
+            return hit
+        return best_on_grid(hit, self.grad, self.init_batch_size)
+
+
+def _readonly(est: GoodputEstimate) -> GoodputEstimate:
+    for arr in (est.goodput, est.throughput, est.batch_size, est.atomic_bsz, est.accum_steps):
+        arr.setflags(write=False)
+    return est

@@ -1,0 +1,63 @@
+"""Pollux's statistical efficiency, from the gradient noise scale.
+
+Training with batch size B = S * B0 (B0: the initial batch size) makes `gain`
+times the progress per step that B0 makes, where
+
+    gain = (var + sqr) / (var / S + sqr)
+
+(sqr: squared norm of the true gradient, var: gradient-noise variance, both per
+B0 samples). Per sample the progress is gain / S relative to B0, which is the
+efficiency: 1 at S = 1, falling towards 1/S once the noise is averaged away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["GradParams", "gain", "efficiency", "grad_params_at_progress"]
+
+
+@dataclass(frozen=True)
+class GradParams:
+    sqr: float  # |E[g]|^2
+    var: float  # Var[g] at the initial batch size
+
+
+def gain(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
+    """Progress per step at `batch_size` relative to a step at `init_batch_size`."""
+    scale = np.asarray(batch_size, dtype=float) / float(init_batch_size)
+    denom = grad.var / scale + grad.sqr
+    safe = np.where(denom > 0, denom, 1.0)
+    return np.where(denom > 0, (grad.var + grad.sqr) / safe, 1.0)
+
+
+def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
+    """Progress per sample at `batch_size` relative to `init_batch_size` (1 at B0)."""
+    scale = np.asarray(batch_size, dtype=float) / float(init_batch_size)
+    return gain(grad, batch_size, init_batch_size) / scale
+
+
+class _GradTable(Protocol):
+    progress: np.ndarray
+    grad_sqr: np.ndarray
+    grad_var: np.ndarray
+
+
+def grad_params_at_progress(table: _GradTable, fraction: float) -> GradParams:
+    """Gradient statistics of the epoch a run is in after `fraction` (0..1) of it.
+
+    `table` is a per-epoch record (e.g. profiles.ValidationTable) whose `progress`
+    column is cumulative and ends at the run's end; row i holds the statistics
+    measured over epoch i, which ends at progress[i].
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    progress = np.asarray(table.progress, dtype=float)
+    if progress.size == 0:
+        raise ValueError("empty gradient-statistics table")
+    target = fraction * progress[-1]
+    i = min(int(np.searchsorted(progress, target, side="right")), progress.size - 1)
+    return GradParams(sqr=float(table.grad_sqr[i]), var=float(table.grad_var[i]))

@@ -1,0 +1,110 @@
+"""What a policy takes and returns: jobs as the scheduler sees them, allocations,
+and the record of one round. Plain frozen data; no behaviour beyond validation."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from sia_grpc.policy.cluster import Cluster, Config, GpuId
+
+
+class Adaptivity(enum.Enum):
+    """How much of a job's resources the scheduler may change."""
+
+    ADAPTIVE = "adaptive"  # GPU type, count and batch size
+    STRONG_SCALING = "strong-scaling"  # type and count; batch size fixed
+    RIGID = "rigid"  # type only; count and batch size fixed
+
+
+class GoodputEstimate(Protocol):
+    goodput: np.ndarray
+    throughput: np.ndarray
+    batch_size: np.ndarray
+    atomic_bsz: np.ndarray
+    accum_steps: np.ndarray
+
+
+class GoodputModel(Protocol):
+    """A job's goodput estimator (see `sia_grpc.models.JobGoodputModel`)."""
+
+    def evaluate(self, gpu_type: str, num_nodes: np.ndarray, num_replicas: np.ndarray, *,
+                 fixed_batch_size: int | None = None) -> GoodputEstimate: ...
+
+
+@dataclass(frozen=True)
+class PolicyJob:
+    """One active job, with everything a round needs to know about it.
+
+    `age` and `num_restarts` feed Sia's restart factor; `restart_cost` is the
+    job's measured (or hinted) checkpoint-restart time S_i in seconds.
+    """
+
+    job_id: str
+    model: GoodputModel
+    adaptivity: Adaptivity = Adaptivity.ADAPTIVE
+    min_gpus: int = 1
+    max_gpus: int | None = None
+    allowed_types: frozenset[str] | None = None
+    pipeline_gpus: int = 1  # GPUs per data-parallel replica (hybrid parallelism)
+    batch_size: int | None = None  # fixed global batch (strong-scaling, rigid)
+    num_gpus: int | None = None  # fixed GPU count (rigid)
+    age: float = 0.0
+    num_restarts: int = 0
+    restart_cost: float = 30.0
+    submit_time: float = 0.0  # for FIFO ordering
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("job_id: must be non-empty")
+        if self.pipeline_gpus < 1:
+            raise ValueError(f"pipeline_gpus: must be >= 1, got {self.pipeline_gpus}")
+        if self.min_gpus < 1:
+            raise ValueError(f"min_gpus: must be >= 1, got {self.min_gpus}")
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ValueError(f"max_gpus: {self.max_gpus} is below min_gpus {self.min_gpus}")
+        if self.adaptivity is not Adaptivity.ADAPTIVE and not self.batch_size:
+            raise ValueError(f"batch_size: required for {self.adaptivity.value} jobs")
+        if self.adaptivity is Adaptivity.RIGID and not self.num_gpus:
+            raise ValueError("num_gpus: required for rigid jobs")
+        if self.restart_cost < 0 or self.age < 0 or self.num_restarts < 0:
+            raise ValueError("restart_cost/age/num_restarts: must be non-negative")
+
+
+@dataclass(frozen=True)
+class JobAllocation:
+    """A job's resources for the coming round."""
+
+    config: Config
+    gpus: tuple[GpuId, ...] = ()
+    num_replicas: int = 0
+    batch_size: int = 0
+    atomic_bsz: int = 0
+    accum_steps: int = 0
+    goodput: float = 0.0  # estimated, samples/s scaled by statistical efficiency
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A policy's decision for one round, and what it cost to reach."""
+
+    allocations: Mapping[str, JobAllocation]
+    restarted: frozenset[str]  # jobs that must checkpoint-restart (new shape or moved)
+    objective: float
+    timings: Mapping[str, float]  # seconds: estimate, build, solve, place, total
+    solver_stats: Mapping[str, float] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)  # per job, human-readable
+
+
+class Policy(Protocol):
+    """Every scheduling policy: pure, parameters frozen, previous round explicit."""
+
+    name: str
+    round_duration: float
+
+    def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation]) -> RoundResult: ...

@@ -1,0 +1,225 @@
+"""Sia's bootstrapped throughput estimator and the job model the policy calls."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.throughput import (
+    PerfParams,
+    compute_time,
+    fit_perf_params,
+    step_time,
+    sync_time,
+    throughput,
+)
+
+BSZ = np.array([8, 12, 16, 24, 32, 48, 64, 96, 128, 192])
+# Ground truth of two GPU types; "fast" computes 3x faster, networks differ too.
+SLOW = PerfParams(0.03, 0.003, 0.2, 0.02, 0.05, 0.004, 1.3)
+FAST = PerfParams(0.01, 0.001, 0.05, 0.005, 0.02, 0.001, 1.6)
+NODES = np.array([1, 1, 1, 1, 2, 2, 4])
+REPS = np.array([1, 2, 4, 8, 8, 16, 32])
+
+
+def _profile(est, gpu_type, truth):
+    # A 1-GPU profile: step = T_sync at 1 replica, sync = its (tiny) network part.
+    t_c = compute_time(truth, BSZ)
+    step = sync_time(truth, 1, 1, BSZ)
+    est.add_profile(gpu_type, BSZ, step, step - t_c)
+
+
+def _observe(est, gpu_type, truth, configs):
+    for n, r in configs:
+        b = BSZ[::3]
+        step = sync_time(truth, n, r, b)
+        est.add_observation(gpu_type, n, r, b, 0, step, step - compute_time(truth, b))
+
+
+def _estimator():
+    est = ThroughputEstimator()
+    _profile(est, "slow", SLOW)
+    _profile(est, "fast", FAST)
+    return est
+
+
+def test_profiles_give_each_types_compute_model():
+    est = _estimator()
+    assert est.known_types == ("fast", "slow")
+    for gpu_type, truth in (("slow", SLOW), ("fast", FAST)):
+        got = est.throughput(gpu_type, 1, 1, BSZ, 0)
+        np.testing.assert_allclose(got, throughput(truth, 1, 1, BSZ, 0), rtol=0.01)
+    assert est.throughput("other", 1, 1, 32, 0) == 0.0  # not profiled
+
+
+def test_before_multi_gpu_runs_scaling_is_linear():
+    """(b): no network terms, so N GPUs give exactly N x the 1-GPU throughput."""
+    est = _estimator()
+    for gpu_type in est.known_types:
+        one = est.throughput(gpu_type, 1, 1, BSZ[:, None], np.array([0, 2]))
+        for n, r in zip(NODES, REPS, strict=True):
+            many = est.throughput(gpu_type, n, r, BSZ[:, None], np.array([0, 2]))
+            np.testing.assert_allclose(many, r * one, rtol=1e-12)
+
+
+def test_multi_gpu_runs_on_one_type_project_onto_the_others():
+    """(c): xput_B(N) = xput_B(1) / xput_A(1) * xput_A(N), A fitted with Pollux's model."""
+    est = _estimator()
+    configs = [(1, 2), (1, 4), (2, 8), (4, 16)]
+    _observe(est, "slow", SLOW, configs)
+    assert est.reference_type == "slow"
+    # A itself: its own full fit, close to the truth, sublinear.
+    a_n = est.throughput("slow", NODES, REPS, 32, 0)
+    np.testing.assert_allclose(a_n, throughput(SLOW, NODES, REPS, 32, 0), rtol=0.02)
+    assert a_n[-1] < 32 * a_n[0] * 0.9
+    # B: projected from A's curve.
+    b_n = est.throughput("fast", NODES, REPS, 32, 0)
+    b_1 = est.throughput("fast", 1, 1, 32, 0)
+    np.testing.assert_allclose(b_n, b_1 / a_n[0] * a_n, rtol=1e-12)
+    # Also with accumulation.
+    b = est.throughput("fast", 2, 8, 64, 3)
+    want = est.throughput("fast", 1, 1, 64, 3) / est.throughput("slow", 1, 1, 64, 3) \
+        * est.throughput("slow", 2, 8, 64, 3)
+    assert b == pytest.approx(want, rel=1e-12)
+
+
+def test_reference_type_is_most_observed_then_by_name():
+    est = _estimator()
+    _profile(est, "mid", SLOW)
+    _observe(est, "slow", SLOW, [(1, 2)])
+    _observe(est, "mid", SLOW, [(1, 4)])
+    assert est.reference_type == "mid"  # tie on distinct configurations: by name
+    _observe(est, "slow", SLOW, [(2, 8)])
+    assert est.reference_type == "slow"
+
+
+def test_own_multi_gpu_runs_replace_the_projection():
+    """(d): once B has run multi-GPU, B's estimate is its own fit."""
+    est = _estimator()
+    _observe(est, "slow", SLOW, [(1, 2), (1, 4), (2, 8), (4, 16)])
+    projected = est.throughput("fast", NODES, REPS, 32, 0)
+    _observe(est, "fast", FAST, [(1, 2), (1, 8), (2, 16)])
+    own = est.throughput("fast", NODES, REPS, 32, 0)
+    # Within 4% of the truth (3 multi-GPU configurations, regularised fit); the
+    # projection was off by up to 29% at 32 GPUs.
+    np.testing.assert_allclose(own, throughput(FAST, NODES, REPS, 32, 0), rtol=0.04)
+    assert np.max(np.abs(projected / own - 1)) > 0.2
+    # Exactly the Pollux fit of B's own data.
+    b = np.concatenate([BSZ] + [BSZ[::3]] * 3)
+    n = np.concatenate([np.ones(10, int)] + [np.full(4, k) for k in (1, 1, 2)])
+    r = np.concatenate([np.ones(10, int)] + [np.full(4, k) for k in (2, 8, 16)])
+    fit = fit_perf_params(n, r, b, compute_time(FAST, b), sync_time(FAST, n, r, b))
+    np.testing.assert_allclose(own, throughput(fit, NODES, REPS, 32, 0), rtol=1e-6)
+
+
+def test_fits_are_cached_until_data_changes():
+    est = _estimator()
+    first = est.perf_params("slow")
+    assert est.perf_params("slow") is first
+    assert est.time_fn("fast") is est.time_fn("fast")
+    v = est.version
+    _observe(est, "slow", SLOW, [(1, 2)])
+    assert est.version > v
+    assert est.perf_params("slow") is not first
+
+
+def test_repeated_measurements_are_averaged():
+    a, b = ThroughputEstimator(), ThroughputEstimator()
+    a.add_profile("t", [8, 16, 16], [0.1, 0.2, 0.4], [0.01, 0.01, 0.03])
+    b.add_profile("t", [8, 16], [0.1, 0.3], [0.01, 0.02])
+    np.testing.assert_allclose(a.perf_params("t").as_array(), b.perf_params("t").as_array(),
+                               rtol=1e-6)
+
+
+def test_rejects_bad_measurements():
+    est = ThroughputEstimator()
+    with pytest.raises(ValueError):
+        est.add_profile("t", 8, 0.1, 0.2)  # sync longer than the step
+    with pytest.raises(ValueError):
+        est.add_observation("t", 2, 1, 8, 0, 0.2, 0.1)  # more nodes than replicas
+
+
+def _job(est=None, **kw):
+    args = dict(estimator=est or _estimator(), grad=GradParams(sqr=1.0, var=20.0),
+                init_batch_size=64, max_batch_size=2048,
+                local_bsz_limits={"slow": (8, 128), "fast": (8, 192)})
+    args.update(kw)
+    return JobGoodputModel(**args)
+
+
+def test_job_model_evaluate():
+    job = _job()
+    est = job.evaluate("fast", NODES, REPS)
+    assert len(est) == len(NODES)
+    for f in ("goodput", "throughput", "batch_size", "atomic_bsz", "accum_steps"):
+        assert getattr(est, f).shape == (len(NODES),)
+    assert np.all(est.goodput > 0)
+    np.testing.assert_array_equal(est.batch_size, REPS * est.atomic_bsz * (est.accum_steps + 1))
+    assert np.all(est.goodput < est.throughput)  # efficiency < 1 above the initial batch
+    # Unknown type, or known without local batch limits: all zero.
+    for gpu_type in ("other",):
+        z = job.evaluate(gpu_type, NODES, REPS)
+        assert not np.any(z.goodput) and not np.any(z.batch_size)
+    assert not np.any(_job(local_bsz_limits={"slow": (8, 128)}).evaluate("fast", NODES,
+                                                                         REPS).goodput)
+    # 8 x 32 replicas = 256 >= 64: feasible; 8 x 512 > 2048: infeasible.
+    e = job.evaluate("fast", np.array([4, 64]), np.array([32, 512]))
+    assert e.goodput[0] > 0 and e.goodput[1] == 0
+
+
+def test_job_model_fixed_batch_is_throughput():
+    job = _job()
+    est = job.evaluate("slow", NODES, REPS, fixed_batch_size=256)
+    np.testing.assert_array_equal(est.goodput, est.throughput)
+    ok = REPS * 8 <= 256
+    assert np.all(est.goodput[ok] > 0) and np.all(est.goodput[~ok] == 0)
+    np.testing.assert_array_equal(est.batch_size[ok], 256)
+    # Before any multi-GPU run the fixed-batch estimate scales with the replica count
+    # as long as the micro-batch split stays the same (2 replicas x 128 vs 1 x 2 x 128).
+    e1 = job.evaluate("slow", np.array([1]), np.array([1]), fixed_batch_size=128)
+    e2 = job.evaluate("slow", np.array([1]), np.array([2]), fixed_batch_size=256)
+    assert e2.throughput[0] == pytest.approx(2 * e1.throughput[0], rel=1e-12)
+
+
+def test_job_model_caches_see_new_grad_and_new_data():
+    job = _job()
+    before = job.evaluate("fast", NODES, REPS)
+    noisier = job.with_grad(GradParams(sqr=1.0, var=1000.0))
+    after = noisier.evaluate("fast", NODES, REPS)
+    assert np.all(after.batch_size >= before.batch_size)
+    assert np.any(after.batch_size > before.batch_size)  # more noise: larger batches pay
+    _observe(job.estimator, "slow", SLOW, [(1, 2), (1, 4), (2, 8), (4, 16)])
+    projected = job.evaluate("fast", NODES, REPS)
+    assert projected.throughput[-1] < before.throughput[-1]  # network costs now counted
+    assert job.evaluate("fast", NODES, REPS).goodput.tolist() == projected.goodput.tolist()
+
+
+def test_pickle_round_trip():
+    job = _job()
+    _observe(job.estimator, "slow", SLOW, [(1, 2), (2, 8)])
+    want = job.evaluate("fast", NODES, REPS)
+    copy = pickle.loads(pickle.dumps(job))
+    got = copy.evaluate("fast", NODES, REPS)
+    np.testing.assert_array_equal(got.goodput, want.goodput)
+    est = pickle.loads(pickle.dumps(job.estimator))
+    np.testing.assert_array_equal(est.throughput("fast", NODES, REPS, 32, 0),
+                                  job.estimator.throughput("fast", NODES, REPS, 32, 0))
+
+
+def test_invalid_job_model():
+    with pytest.raises(ValueError):
+        _job(init_batch_size=4096)
+    with pytest.raises(ValueError):
+        _job(local_bsz_limits={"slow": (0, 8)})
+
+
+def test_step_time_of_projection_matches_definition():
+    est = _estimator()
+    _observe(est, "slow", SLOW, [(1, 2), (1, 4), (2, 8)])
+    a = est.perf_params("slow")
+    t = est.step_time("fast", 2, 8, 32, 1)
+    own_1 = 2 * compute_time(est.perf_params("fast"), 32)
+    want = own_1 * step_time(a, 2, 8, 32, 1) / step_time(a, 1, 1, 32, 1)
+    assert t == pytest.approx(want, rel=1e-12)

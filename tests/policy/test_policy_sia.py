@@ -1,0 +1,236 @@
+"""Sia's policy on hand-checkable goodput models: the matrix, the restart factor,
+the scaling rules, job kinds, and invariants over rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from sia_grpc.policy import (
+    Adaptivity,
+    Cluster,
+    Config,
+    FifoPolicy,
+    GavelPolicy,
+    PolicyJob,
+    PolluxPolicy,
+    SiaConfig,
+    SiaPolicy,
+    make_policy,
+    paper_hetero_cluster,
+)
+from sia_grpc.policy.candidates import candidate_configs
+from sia_grpc.policy.sia import normalised_goodput, objective_values, restart_factor
+from sia_grpc.policy.types import JobAllocation
+
+
+@dataclass(frozen=True)
+class Est:
+    goodput: np.ndarray
+    throughput: np.ndarray
+    batch_size: np.ndarray
+    atomic_bsz: np.ndarray
+    accum_steps: np.ndarray
+
+
+@dataclass(frozen=True)
+class LinearModel:
+    """goodput = speed[type] · replicas^exponent; batch = 32 per replica."""
+
+    speed: dict[str, float]
+    exponent: float = 1.0
+
+    def evaluate(self, gpu_type, num_nodes, num_replicas, *, fixed_batch_size=None):
+        r = np.asarray(num_replicas, dtype=float)
+        g = self.speed.get(gpu_type, 0.0) * r**self.exponent
+        bsz = np.full_like(r, fixed_batch_size) if fixed_batch_size else 32 * r
+        return Est(g, g, bsz, np.ceil(bsz / r), np.zeros_like(r))
+
+
+def job(job_id: str, speed: dict[str, float], **kw) -> PolicyJob:
+    return PolicyJob(job_id=job_id, model=LinearModel(speed, kw.pop("exponent", 1.0)),
+                     age=kw.pop("age", 3600.0), **kw)
+
+
+SMALL = Cluster.uniform({"fast": (1, 4), "slow": (2, 4)})
+
+
+def test_restart_factor_by_hand():
+    assert restart_factor(1000, 0, 100) == pytest.approx(1000 / 1100)
+    assert restart_factor(1000, 2, 100) == pytest.approx(800 / 1100)
+    assert restart_factor(100, 5, 100) == 0.0  # more time lost than lived: never restart
+    assert restart_factor(0, 0, 0) == 1.0
+
+
+def test_normalised_goodput_and_objective_by_hand():
+    from sia_grpc.policy.candidates import Candidates
+
+    c = Candidates((Config("a", 1, 1), Config("a", 1, 2)), np.array([1, 2]),
+                   np.array([50.0, 80.0]), np.zeros(2), np.zeros(2), np.zeros(2))
+    g = normalised_goodput(c, n_min=1, clip=3000)
+    assert g == pytest.approx([1.0, 1.6])
+    assert normalised_goodput(c, n_min=2, clip=3.0) == pytest.approx([2.0, 3.0])
+    cfg = SiaConfig(p=-0.5)
+    vals = objective_values(g, np.array([False, True]), 0.25, cfg)
+    assert vals == pytest.approx([-1.0, -(0.25 * 1.6) ** -0.5])
+    assert objective_values(g, np.array([False, False]), 1.0, SiaConfig(p=0.5)) == \
+        pytest.approx([1.0, 1.6**0.5])
+
+
+def test_config_rejects_bad_parameters():
+    with pytest.raises(ValueError, match="p:"):
+        SiaConfig(p=0)
+    with pytest.raises(ValueError, match="lambda_"):
+        SiaConfig(lambda_=-1)
+
+
+def test_new_job_starts_at_minimum_and_doubles_at_most():
+    cl = paper_hetero_cluster()
+    j = job("j", {"aws": 1, "rtx": 2, "dgx-ext": 4}, min_gpus=1)
+    assert {c.num_gpus for c in candidate_configs(cl, j, None)} == {1}
+    cur = Config("rtx", 1, 4)
+    counts = {c.num_gpus for c in candidate_configs(cl, j, cur)}
+    assert max(counts) == 8 and min(counts) == 1
+    j2 = dataclasses.replace(j, min_gpus=2)
+    assert {c.num_gpus for c in candidate_configs(cl, j2, None)} == {2}
+    assert min(c.num_gpus for c in candidate_configs(cl, j2, cur)) == 2
+
+
+def test_bounds_types_and_hybrid_replicas():
+    cl = paper_hetero_cluster()
+    j = job("j", {"aws": 1, "rtx": 1}, allowed_types=frozenset({"rtx"}), max_gpus=8)
+    confs = candidate_configs(cl, j, Config("rtx", 1, 8))
+    assert {c.gpu_type for c in confs} == {"rtx"} and max(c.num_gpus for c in confs) == 8
+    h = job("h", {"rtx": 1, "dgx-ext": 1}, pipeline_gpus=2)
+    confs = candidate_configs(cl, h, Config("rtx", 1, 4))
+    assert confs and all(c.num_gpus % 2 == 0 for c in confs)
+    res = SiaPolicy().optimize(cl, [h], {})
+    assert res.allocations["h"].config.num_gpus == 2 and res.allocations["h"].num_replicas == 1
+
+
+def test_single_job_takes_fastest_type():
+    res = SiaPolicy().optimize(SMALL, [job("a", {"fast": 3, "slow": 1})], {})
+    assert res.allocations["a"].config == Config("fast", 1, 1)
+    assert res.reasons["a"].startswith("started on 1 fast")
+
+
+def test_two_jobs_split_the_fast_type_by_relative_speedup():
+    # Job a gains 4x on fast, job b only 1.5x: a gets the single fast GPU.
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
+    jobs = [job("a", {"fast": 4, "slow": 1}), job("b", {"fast": 1.5, "slow": 1})]
+    res = SiaPolicy().optimize(cl, jobs, {})
+    assert res.allocations["a"].config.gpu_type == "fast"
+    assert res.allocations["b"].config.gpu_type == "slow"
+
+
+def test_restart_factor_keeps_a_young_job_in_place():
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
+    prev = {"a": JobAllocation(Config("slow", 1, 1), gpus=(), goodput=1.0)}
+    young = job("a", {"fast": 1.2, "slow": 1}, age=10.0, restart_cost=100.0)
+    assert SiaPolicy().optimize(cl, [young], prev).allocations["a"].config.gpu_type == "slow"
+    old = dataclasses.replace(young, age=100 * 3600.0)
+    assert SiaPolicy().optimize(cl, [old], prev).allocations["a"].config.gpu_type == "fast"
+
+
+def test_rigid_job_never_changes_count_and_strong_scaling_keeps_batch():
+    cl = paper_hetero_cluster()
+    rigid = job("r", {"aws": 1, "rtx": 2, "dgx-ext": 3}, adaptivity=Adaptivity.RIGID,
+                num_gpus=4, batch_size=256)
+    strong = job("s", {"aws": 1, "rtx": 2, "dgx-ext": 3}, adaptivity=Adaptivity.STRONG_SCALING,
+                 batch_size=512)
+    policy = SiaPolicy()
+    prev: dict[str, JobAllocation] = {}
+    for _ in range(5):
+        res = policy.optimize(cl, [rigid, strong], prev)
+        assert res.allocations["r"].config.num_gpus == 4
+        assert res.allocations["r"].batch_size == 256
+        assert res.allocations["s"].batch_size == 512
+        prev = dict(res.allocations)
+    assert prev["s"].config.num_gpus > 1  # strong-scaling jobs do scale
+
+
+def test_job_with_no_estimate_waits_with_a_reason():
+    res = SiaPolicy().optimize(SMALL, [job("x", {"other": 1})], {})
+    assert "x" not in res.allocations
+    assert res.reasons["x"].startswith("waiting: no allowed GPU type")
+
+
+@pytest.mark.parametrize("name", ["sia", "pollux", "gavel", "fifo"])
+def test_every_policy_respects_capacity_over_rounds(name):
+    cl = paper_hetero_cluster()
+    rng = np.random.default_rng(7)
+    jobs = [job(f"j{i}", {"aws": 1.0, "rtx": float(rng.uniform(1, 3)),
+                          "dgx-ext": float(rng.uniform(2, 6))},
+                exponent=float(rng.uniform(0.6, 1.0)), submit_time=float(i),
+                num_gpus=int(rng.choice([1, 2, 4])), batch_size=128)
+            for i in range(30)]
+    policy = make_policy(name)
+    prev: dict[str, JobAllocation] = {}
+    for _ in range(6):
+        res = policy.optimize(cl, jobs, prev)
+        used = {t: 0 for t in cl.gpu_types}
+        seen = set()
+        for a in res.allocations.values():
+            used[a.config.gpu_type] += a.config.num_gpus
+            assert len(a.gpus) == a.config.num_gpus
+            assert not seen & set(a.gpus)
+            seen |= set(a.gpus)
+            assert all(cl.node(g.node).gpu_type == a.config.gpu_type for g in a.gpus)
+        assert all(used[t] <= cl.capacity[t] for t in cl.gpu_types)
+        prev = dict(res.allocations)
+    assert len(prev) > 0
+
+
+def test_sia_matches_reference_solver_objective():
+    cl = paper_hetero_cluster()
+    rng = np.random.default_rng(3)
+    jobs = [job(f"j{i}", {"aws": 1.0, "rtx": float(rng.uniform(1, 3)),
+                          "dgx-ext": float(rng.uniform(2, 6))},
+                exponent=float(rng.uniform(0.5, 1.0)), age=float(rng.uniform(100, 9000)))
+            for i in range(40)]
+    prev: dict[str, JobAllocation] = {}
+    prod, ref = SiaPolicy(), SiaPolicy(SiaConfig(solver="glpk_mi"))
+    for _ in range(4):
+        a, b = prod.optimize(cl, jobs, prev), ref.optimize(cl, jobs, prev)
+        assert a.objective == pytest.approx(b.objective, rel=1e-4)
+        prev = dict(a.allocations)
+
+
+def test_pollux_ignores_gpu_type_differences():
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
+    # Sia sends the job that gains most to the fast GPU; Pollux cannot tell.
+    jobs = [job("a", {"fast": 4, "slow": 1}), job("b", {"fast": 1.5, "slow": 1})]
+    res = PolluxPolicy().optimize(cl, jobs, {})
+    assert set(res.allocations) == {"a", "b"}
+    assert res.objective == pytest.approx(-2.0)  # both see speedup 1 → (1)^-1 each
+
+
+def test_gavel_and_fifo_run_jobs_rigidly():
+    cl = paper_hetero_cluster()
+    jobs = [job("a", {"aws": 1, "rtx": 2, "dgx-ext": 4}, num_gpus=4, batch_size=128,
+                submit_time=0.0),
+            job("b", {"aws": 1, "rtx": 2, "dgx-ext": 4}, num_gpus=16, batch_size=512,
+                submit_time=1.0)]
+    for policy in (GavelPolicy(), FifoPolicy()):
+        res = policy.optimize(cl, jobs, {})
+        assert res.allocations["a"].config.num_gpus == 4
+        assert res.allocations["b"].config.num_gpus == 16
+
+
+def test_fifo_is_non_preemptive_and_strict():
+    cl = Cluster.uniform({"t": (1, 4)})
+    a = job("a", {"t": 1}, num_gpus=4, batch_size=64, submit_time=0.0)
+    b = job("b", {"t": 1}, num_gpus=2, batch_size=64, submit_time=1.0)
+    res = FifoPolicy().optimize(cl, [a, b], {})
+    assert set(res.allocations) == {"a"} and res.reasons["b"].startswith("waiting")
+    c = job("c", {"t": 1}, num_gpus=1, batch_size=64, submit_time=-1.0)
+    res2 = FifoPolicy().optimize(cl, [a, b, c], dict(res.allocations))
+    assert set(res2.allocations) == {"a"}  # c is earlier but a keeps its GPUs
+
+
+def test_unknown_policy_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="policy: unknown 'nope'"):
+        make_policy("nope")
