@@ -21,46 +21,65 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sia_grpc.models.efficiency import GradParams
-from sia_grpc.models.goodput import GoodputEstimate, batch_grid, best_on_grid, fixed_batch
+from sia_grpc.models.goodput import (
+    BatchGrid,
+    GoodputEstimate,
+    batch_grid,
+    best_on_grid,
+    fixed_batch,
+)
 from sia_grpc.models.throughput import PerfParams, compute_time, fit_perf_params, step_time
 
-__all__ = ["ThroughputEstimator", "JobGoodputModel"]
+__all__ = ["ThroughputEstimator", "JobGoodputModel", "evaluate_many"]
 
 _Key = tuple[int, int, int]  # (num_nodes, num_replicas, atomic_bsz)
 
 
-# Iteration-time functions, one per way a type can be estimated. Plain frozen
-# dataclasses (not closures) so that estimators and job models pickle.
+_ONES7 = np.ones(7)
+
+# How a type's iteration time is estimated (see TimePlan).
+FITTED, COMPUTE_ONLY, PROJECTED = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class _ComputeOnly:
-    params: PerfParams
+@dataclass(frozen=True, eq=False)
+class TimePlan:
+    """How one type's iteration time is estimated, as plain parameters so that the
+    plans of many jobs and types can be stacked and evaluated in one numpy pass.
 
-    def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
-        t_c = compute_time(self.params, atomic)
-        return (np.asarray(accum) + 1) * t_c + 0.0 * np.asarray(reps)
+    `own` is the type's Pollux model (7 values, `PerfParams` order); `ref` the
+    reference type's full model (used when `mode` is PROJECTED; else = own).
+    """
 
-
-@dataclass(frozen=True)
-class _Fitted:
-    params: PerfParams
-
-    def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
-        return step_time(self.params, nodes, reps, atomic, accum)
-
-
-@dataclass(frozen=True)
-class _Projected:
-    own: PerfParams  # this type's compute model (1-GPU profiles only)
-    ref: PerfParams  # full model of the reference type A
+    mode: int
+    own: np.ndarray
+    ref: np.ndarray
 
     def __call__(self, nodes, reps, atomic, accum) -> np.ndarray:
-        own_1 = (np.asarray(accum) + 1) * compute_time(self.own, atomic)
-        ref_n = step_time(self.ref, nodes, reps, atomic, accum)
-        ref_1 = step_time(self.ref, 1, 1, atomic, accum)
-        # Equal samples per iteration on both types, so scaling times scales throughput.
-        return own_1 * (ref_n / ref_1)
+        return plan_time(np.array(self.mode), self.own, self.ref,
+                         nodes, reps, atomic, accum)
+
+
+def plan_time(mode: np.ndarray, own: np.ndarray, ref: np.ndarray, nodes, reps, atomic,
+              accum) -> np.ndarray:
+    """Iteration time for stacked plans: `own`, `ref` are (7, rows, 1) parameter
+    arrays and `mode` a (rows, 1) array (or all shaped for one plan).
+
+    FITTED: Pollux's step time from the type's own full model. COMPUTE_ONLY (only
+    1-GPU data anywhere): no network time at all, so N GPUs give exactly N× one.
+    PROJECTED: the type's 1-GPU time scaled by the reference type's N-GPU / 1-GPU
+    ratio at the same micro-batch and accumulation, i.e.
+    xput_B(N) = xput_B(1) / xput_A(1) · xput_A(N) (equal samples per iteration).
+    """
+    own_p, ref_p = PerfParams(*own), PerfParams(*ref)
+    own_1 = (np.asarray(accum) + 1) * compute_time(own_p, atomic)
+    out = np.where(mode == COMPUTE_ONLY, own_1, 0.0)
+    if np.any(mode == FITTED):
+        out = np.where(mode == FITTED, step_time(own_p, nodes, reps, atomic, accum), out)
+    if np.any(mode == PROJECTED):
+        ratio = (step_time(ref_p, nodes, reps, atomic, accum)
+                 / step_time(ref_p, 1, 1, atomic, accum))
+        out = np.where(mode == PROJECTED, own_1 * ratio, out)
+    return out
 
 
 class ThroughputEstimator:
@@ -165,12 +184,14 @@ class ThroughputEstimator:
         own = self.perf_params(gpu_type)
         if own is None:
             return None
+        mine = own.as_array()
         if self.num_multi_gpu(gpu_type) > 0:
-            plan = _Fitted(own)
+            plan = TimePlan(FITTED, mine, mine)
         else:
             ref = self.reference_type
             ref_params = self.perf_params(ref) if ref is not None else None
-            plan = _ComputeOnly(own) if ref_params is None else _Projected(own, ref_params)
+            plan = (TimePlan(COMPUTE_ONLY, mine, mine) if ref_params is None
+                    else TimePlan(PROJECTED, mine, ref_params.as_array()))
         self._plans[gpu_type] = plan
         return plan
 
@@ -243,6 +264,59 @@ class JobGoodputModel:
         Zero entries: unknown type, or no feasible batch. Returned arrays are
         read-only (they may be cached).
         """
+        hit = self._cached(gpu_type, num_nodes, num_replicas, fixed_batch_size)
+        if hit is None:
+            return _readonly(GoodputEstimate.zeros(np.size(num_replicas)))
+        if isinstance(hit, GoodputEstimate):
+            return hit
+        return best_on_grid(hit, self.grad, self.init_batch_size)
+
+    def grid(self, gpu_type: str, num_nodes, num_replicas) -> BatchGrid | None:
+        """Throughput of each candidate batch size per configuration (see
+        `goodput.batch_grid`): what `evaluate` picks from; None for a type the
+        model cannot estimate. Independent of the gradient statistics, so cached
+        across rounds until the estimator changes."""
+        hit = self._cached(gpu_type, num_nodes, num_replicas, None)
+        assert hit is None or isinstance(hit, BatchGrid)
+        return hit
+
+    def _rows_key(self, gpu_types: tuple[str, ...], nodes: np.ndarray,
+                  reps: np.ndarray) -> tuple:
+        return ("rows", id(self.estimator), self.estimator.version, gpu_types, nodes.tobytes(),
+                reps.tobytes(), self.init_batch_size, self.max_batch_size, self.accumulation)
+
+    def _remember(self, key: tuple, value) -> None:
+        if len(self._cache) >= self._CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = value
+
+    def row_plans(self, gpu_types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+        """Per row: (mode, own params (7,), ref params (7,), lo, hi, known) for
+        configurations of the given types; unknown types get placeholder values
+        and known=False."""
+        placeholder = (0, _ONES7, _ONES7, 1.0, 1.0, False)
+        per_type = {}
+        for t in dict.fromkeys(gpu_types):
+            limits = self.local_bsz_limits.get(t)
+            plan = self.estimator.time_fn(t) if limits is not None else None
+            per_type[t] = (placeholder if plan is None else
+                           (plan.mode, plan.own, plan.ref, limits[0], limits[1], True))
+        rows = [per_type[t] for t in gpu_types]
+        return (np.array([r[0] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
+                np.array([r[3] for r in rows], dtype=float),
+                np.array([r[4] for r in rows], dtype=float),
+                np.array([r[5] for r in rows], dtype=bool))
+
+    def grid_rows(self, gpu_types: tuple[str, ...], num_nodes: np.ndarray,
+                  num_replicas: np.ndarray) -> BatchGrid:
+        """`grid` for configurations of mixed types (`gpu_types[i]` per row), in
+        row order; rows of types the model cannot estimate have zero throughput.
+        Cached as a whole: a job's candidate set rarely changes between rounds."""
+        return _grids_for([(self, gpu_types, num_nodes, num_replicas)])[0]
+
+    def _cached(self, gpu_type: str, num_nodes, num_replicas,
+                fixed_batch_size: int | None) -> BatchGrid | GoodputEstimate | None:
         nodes = np.asarray(num_nodes, dtype=np.int64)
         reps = np.asarray(num_replicas, dtype=np.int64)
         if nodes.shape != reps.shape:
@@ -250,7 +324,7 @@ class JobGoodputModel:
         limits = self.local_bsz_limits.get(gpu_type)
         fn = self.estimator.time_fn(gpu_type) if limits is not None else None
         if fn is None:
-            return _readonly(GoodputEstimate.zeros(nodes.size))
+            return None
         # The key covers everything but the gradient statistics that the cached values
         # depend on; replace() may have changed batch bounds of a copy sharing the cache.
         key = (id(self.estimator), self.estimator.version, gpu_type, limits, self.init_batch_size,
@@ -269,9 +343,69 @@ class JobGoodputModel:
                                  max_batch_size=self.max_batch_size, atomic_bsz_range=limits,
                                  accumulation=self.accumulation)
             self._cache[key] = hit
-        if fixed_batch_size is not None:
-            return hit
-        return best_on_grid(hit, self.grad, self.init_batch_size)
+        return hit
+
+
+def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray, np.ndarray]],
+                  ) -> GoodputEstimate:
+    """Best batch choice and goodput for many jobs' configurations at once.
+
+    Each item is (model, GPU type per configuration, nodes, replicas); the result
+    is the concatenation, in item order, of what `model.evaluate` gives for each
+    configuration. The scheduler scores thousands of jobs a round: one numpy pass
+    over their stacked batch grids, each row with its own job's gradient
+    statistics, replaces thousands of small ones.
+    """
+    if not items:
+        return GoodputEstimate.zeros(0)
+    grids = _grids_for(items)
+    sizes = [g.total.shape[0] for g in grids]
+    per_job = np.array([(float(m.grad.sqr), float(m.grad.var), float(m.init_batch_size))
+                        for m, *_ in items])
+    rows = np.repeat(per_job, sizes, axis=0)
+    return best_on_grid(BatchGrid.stack(grids),
+                        GradParams(sqr=rows[:, 0:1], var=rows[:, 1:2]), rows[:, 2:3])
+
+
+def _grids_for(items) -> list[BatchGrid]:
+    """Each item's batch grid, from its model's cache or, for all misses together,
+    from one stacked `batch_grid` call over every missing row's time plan."""
+    grids: list[BatchGrid | None] = []
+    misses: dict[bool, list[int]] = {}
+    keys = []
+    for k, (model, types, nodes, reps) in enumerate(items):
+        key = model._rows_key(types, nodes, reps)
+        keys.append(key)
+        hit = model._cache.get(key)
+        grids.append(hit)
+        if hit is None:
+            misses.setdefault(model.accumulation, []).append(k)
+    for accumulation, ks in misses.items():
+        plans = [items[k][0].row_plans(items[k][1]) for k in ks]
+        mode, own, ref, lo, hi, known = (np.concatenate([p[f] for p in plans])
+                                         for f in range(6))
+        sizes = [len(items[k][1]) for k in ks]
+        init = np.repeat([float(items[k][0].init_batch_size) for k in ks], sizes)
+        max_bs = np.repeat([float(items[k][0].max_batch_size) for k in ks], sizes)
+        nodes = np.concatenate([items[k][2] for k in ks])
+        reps = np.concatenate([items[k][3] for k in ks])
+        own3, ref3, mode2 = own.T[:, :, None], ref.T[:, :, None], mode[:, None]
+
+        def time_fn(n, r, a, c, own3=own3, ref3=ref3, mode2=mode2):
+            return plan_time(mode2, own3, ref3, n, r, a, c)
+
+        grid = batch_grid(time_fn, init, nodes, reps, max_batch_size=max_bs,
+                          atomic_bsz_range=(lo, hi), accumulation=accumulation)
+        # Unknown types: throughput 0 (their batch stays positive, keeping the
+        # efficiency arithmetic finite).
+        grid.throughput[~known] = 0.0
+        bounds = np.cumsum(sizes)[:-1]
+        parts = zip(*(np.split(getattr(grid, f), bounds)
+                      for f in ("total", "atomic", "accum", "throughput")), strict=True)
+        for k, part in zip(ks, parts, strict=True):
+            grids[k] = BatchGrid(*part)
+            items[k][0]._remember(keys[k], grids[k])
+    return grids  # type: ignore[return-value]
 
 
 def _readonly(est: GoodputEstimate) -> GoodputEstimate:

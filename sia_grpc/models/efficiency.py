@@ -28,16 +28,23 @@ class GradParams:
 
 def gain(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
     """Progress per step at `batch_size` relative to a step at `init_batch_size`."""
-    scale = np.asarray(batch_size, dtype=float) / float(init_batch_size)
-    denom = grad.var / scale + grad.sqr
-    safe = np.where(denom > 0, denom, 1.0)
-    return np.where(denom > 0, (grad.var + grad.sqr) / safe, 1.0)
+    scale = np.asarray(batch_size, dtype=float) / np.asarray(init_batch_size, dtype=float)
+    return efficiency(grad, batch_size, init_batch_size) * scale
 
 
 def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
-    """Progress per sample at `batch_size` relative to `init_batch_size` (1 at B0)."""
-    scale = np.asarray(batch_size, dtype=float) / float(init_batch_size)
-    return gain(grad, batch_size, init_batch_size) / scale
+    """Progress per sample at `batch_size` relative to `init_batch_size` (1 at B0).
+
+    gain / S = (var + sqr) / (var + sqr·S); 1/S (gain 1) where that denominator
+    is not positive. Broadcasts: `grad` fields and `init_batch_size` may be
+    arrays (one job per row when many jobs are scored at once).
+    """
+    scale = np.asarray(batch_size, dtype=float) / np.asarray(init_batch_size, dtype=float)
+    var = np.asarray(grad.var, dtype=float)
+    sqr = np.asarray(grad.sqr, dtype=float)
+    denom = var + sqr * scale
+    ok = denom > 0
+    return np.where(ok, (var + sqr) / np.where(ok, denom, 1.0), 1.0 / scale)
 
 
 class _GradTable(Protocol):

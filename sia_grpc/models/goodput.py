@@ -95,44 +95,54 @@ class BatchGrid:
     accum: np.ndarray  # (K, S)
     throughput: np.ndarray  # (K, S) samples/s, 0 where infeasible
 
+    @staticmethod
+    def stack(grids: list[BatchGrid]) -> BatchGrid:
+        return BatchGrid(*(np.concatenate([getattr(g, f) for g in grids])
+                           for f in ("total", "atomic", "accum", "throughput")))
 
-def batch_grid(time_fn: TimeFn, init_batch_size: float, num_nodes, num_replicas, *,
-               max_batch_size: float, atomic_bsz_range: tuple[int, int],
-               accumulation: bool = True, num_samples: int = NUM_BATCH_SAMPLES) -> BatchGrid:
+
+def batch_grid(time_fn: TimeFn, init_batch_size, num_nodes, num_replicas, *,
+               max_batch_size, atomic_bsz_range: tuple, accumulation: bool = True,
+               num_samples: int = NUM_BATCH_SAMPLES) -> BatchGrid:
     """Throughput of `num_samples` global batch sizes per configuration, spaced
     geometrically from the smallest the configuration can run (at least
     init_batch_size, at least lo per replica) to `max_batch_size`. Infeasible
     entries (smallest batch above the maximum; without accumulation, a local batch
-    above hi) have throughput 0."""
+    above hi) have throughput 0.
+
+    `init_batch_size`, `max_batch_size` and the range bounds may be scalars or
+    one value per configuration (many jobs' grids built in one pass); `time_fn`
+    then sees (K, 1)-shaped nodes and replicas, rows aligned with them."""
     nodes, reps = _flat_configs(num_nodes, num_replicas)
-    lo, hi = atomic_bsz_range
-    min_batch = np.maximum(float(init_batch_size), lo * reps.astype(float))
-    fits = min_batch <= max_batch_size * (1 + _EPS)
+    lo, hi = (np.asarray(v, dtype=float) for v in atomic_bsz_range)
+    max_bs = np.asarray(max_batch_size, dtype=float)
+    min_batch = np.maximum(np.asarray(init_batch_size, dtype=float), lo * reps)
+    fits = min_batch <= max_bs * (1 + _EPS)
     steps = _unit_steps(num_samples)
     log_lo = np.log(min_batch)
-    batch = np.exp(log_lo[:, None] + steps[None, :] * (np.log(max_batch_size) - log_lo)[:, None])
+    batch = np.exp(log_lo[:, None] + steps[None, :] * (np.log(max_bs) - log_lo)[:, None])
     reps2 = reps[:, None]
-    atomic, accum = split_local_batch(batch / reps2, hi, accumulation)
-    valid = (atomic >= lo) & (atomic <= hi) & fits[:, None]
+    lo2 = lo[:, None] if lo.ndim else lo
+    hi2 = hi[:, None] if hi.ndim else hi
+    atomic, accum = split_local_batch(batch / reps2, hi2, accumulation)
+    valid = (atomic >= lo2) & (atomic <= hi2) & fits[:, None]
     t_iter = time_fn(nodes[:, None], reps2, atomic, accum)
     total = reps2 * atomic * (accum + 1)
-    xput = np.where(valid, total / t_iter, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        xput = np.where(valid, total / t_iter, 0.0)
     xput = np.where(np.isfinite(xput), xput, 0.0)
     return BatchGrid(total=total, atomic=atomic, accum=accum, throughput=xput)
 
 
-def best_on_grid(grid: BatchGrid, grad: GradParams, init_batch_size: float) -> GoodputEstimate:
-    """The goodput-maximising entry of each row of `grid` (zeros where none is feasible)."""
+def best_on_grid(grid: BatchGrid, grad: GradParams, init_batch_size) -> GoodputEstimate:
+    """The goodput-maximising entry of each row of `grid` (zeros where none is feasible).
+
+    `grad` fields and `init_batch_size` may be column vectors, one value per row,
+    to score the stacked grids of many jobs in one pass."""
     n = grid.total.shape[0]
     if n == 0:
         return GoodputEstimate.zeros(0)
-    if grad.var >= 0 and grad.sqr >= 0 and grad.var + grad.sqr > 0:
-        # efficiency = gain / S = (var + sqr) / (var + sqr * S), S = total / init, with a
-        # positive denominator here: fewer operations on the hot path.
-        denom = grad.var + (grad.sqr / float(init_batch_size)) * grid.total
-        good = grid.throughput * ((grad.var + grad.sqr) / denom)
-    else:
-        good = grid.throughput * efficiency(grad, grid.total, init_batch_size)
+    good = grid.throughput * efficiency(grad, grid.total, init_batch_size)
     best = np.argmax(good, axis=1)
     rows = np.arange(n)
     g = good[rows, best]

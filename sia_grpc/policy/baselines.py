@@ -29,9 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sia_grpc.policy.candidates import Candidates, candidate_configs, estimate, start_gpus
+from sia_grpc.policy.candidates import (
+    build_candidates,
+    candidate_index,
+    current_index,
+    estimate,
+    start_gpus,
+)
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.rounds import assemble, explain, finish_round, solve_and_finish
+from sia_grpc.policy.rounds import assemble, finish_round, solve_and_finish
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
@@ -81,14 +87,15 @@ class GavelPolicy:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         views = [rigid_view(cluster, j) for j in jobs]
-        cands = [estimate(cluster, v, candidate_configs(cluster, v, None, scale_rules=False))
-                 for v in views]
+        table = build_candidates(cluster, views, previous, scale_rules=False)
         timings["estimate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        values = [c.goodput / c.goodput.max() if len(c) else c.goodput for c in cands]
-        problem, owner, start = assemble(cluster, views, cands, values, 0.0, previous)
+        # Throughput normalised by the job's best type: Gavel's max-sum-throughput.
+        best = table.per_job_reduce(np.maximum, table.goodput, 1.0)
+        current = current_index(cluster, views, previous)
+        problem, rows, start = assemble(table, table.goodput / best[table.job], 0.0, current)
         timings["build"] = time.perf_counter() - t0
-        return solve_and_finish(cluster, views, cands, problem, owner, start, previous, timings,
+        return solve_and_finish(table, views, problem, rows, start, previous, timings,
                                 time_limit=self.config.solver_time_limit,
                                 rel_gap=self.config.rel_gap, solver=self.config.solver)
 
@@ -111,35 +118,36 @@ class FifoPolicy:
                  previous: Mapping[str, JobAllocation]) -> RoundResult:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        free = dict(cluster.capacity)
-        chosen: dict[str, tuple[Candidates, int]] = {}
-        cands_all: list[Candidates] = []
-        queued: list[tuple[PolicyJob, Candidates]] = []
-        for job in sorted(jobs, key=lambda j: (j.submit_time, j.job_id)):
-            cur = previous.get(job.job_id)
-            view = rigid_view(cluster, job)
-            confs = [cur.config] if cur else candidate_configs(cluster, view, None)
-            cands = estimate(cluster, view, confs)
-            cands_all.append(cands)
-            if cur and len(cands):  # non-preemptive: running jobs keep their GPUs
-                chosen[job.job_id] = (cands, 0)
-                free[cur.config.gpu_type] -= cur.config.num_gpus
-            else:
-                queued.append((job, cands))
-        blocked = False
-        for job, cands in queued:
-            if blocked:
-                break
-            order = np.argsort(-cands.goodput, kind="stable")
-            fits = [k for k in order if cands.configs[k].num_gpus <= free[cands.configs[k].gpu_type]]
-            if not fits:
-                blocked = len(cands) > 0  # strict FIFO: the head of the queue waits
-                continue
-            k = int(fits[0])
-            chosen[job.job_id] = (cands, k)
-            free[cands.configs[k].gpu_type] -= cands.configs[k].num_gpus
+        order = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+        views = [rigid_view(cluster, j) for j in order]
+        # Running jobs are offered only their current configuration.
+        current = [previous[v.job_id].config if v.job_id in previous else None for v in views]
+        offsets, index = candidate_index(cluster, views, [None] * len(views))
+        pos = {c: k for k, c in enumerate(cluster.configs)}
+        parts = [np.array([pos[c]]) if c in pos else index[offsets[i]:offsets[i + 1]]
+                 for i, c in enumerate(current)]
+        counts = np.array([len(x) for x in parts], dtype=np.int64)
+        table = estimate(cluster, views, np.concatenate([[0], np.cumsum(counts)]),
+                         np.concatenate(parts).astype(np.int64) if parts else counts)
         timings["estimate"] = time.perf_counter() - t0
-        ordered = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
-        return finish_round(cluster, chosen, previous, objective=float(len(chosen)),
-                            timings=timings,
-                            reasons=explain(ordered, cands_all, chosen, previous))
+        free = dict(cluster.capacity)
+        chosen: dict[str, int] = {}
+        waiting = []
+        for i, view in enumerate(views):
+            rows = np.arange(table.offsets[i], table.offsets[i + 1])
+            if view.job_id in previous and len(rows):  # non-preemptive: keep running
+                chosen[view.job_id] = int(rows[0])
+                free[table.config_of(int(rows[0])).gpu_type] -= int(table.gpus()[rows[0]])
+            else:
+                waiting.append((view, rows))
+        for view, rows in waiting:
+            fits = [r for r in rows[np.argsort(-table.goodput[rows], kind="stable")]
+                    if table.config_of(int(r)).num_gpus <= free[table.config_of(int(r)).gpu_type]]
+            if fits:
+                chosen[view.job_id] = int(fits[0])
+                conf = table.config_of(int(fits[0]))
+                free[conf.gpu_type] -= conf.num_gpus
+            elif len(rows):
+                break  # strict FIFO: the head of the queue waits, and so does everyone after
+        return finish_round(table, views, chosen, previous, objective=float(len(chosen)),
+                            timings=timings)

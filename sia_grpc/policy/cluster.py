@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -162,6 +164,36 @@ class Cluster:
             out.extend(Config(t, m, m * r) for m in range(2, n + 1))
         return tuple(out)
 
+    @cached_property
+    def config_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(GPU count, type index into `gpu_types`, node count) per entry of
+        `configs`, for vectorised work: the set has ~N per type, thousands at scale."""
+        index = {t: k for k, t in enumerate(self.gpu_types)}
+        out = (np.array([c.num_gpus for c in self.configs], dtype=np.int64),
+               np.array([index[c.gpu_type] for c in self.configs], dtype=np.int64),
+               np.array([c.num_nodes for c in self.configs], dtype=np.int64))
+        for arr in out:
+            arr.setflags(write=False)
+        return out
+
+    def first_count(self, want: int, multiple_of: int = 1) -> int | None:
+        """The smallest GPU count in the configuration set that is ≥ `want` and a
+        multiple of `multiple_of` (None if there is none)."""
+        cache = self.__dict__.setdefault("_first_count", {})
+        key = (want, multiple_of)
+        if key not in cache:
+            gpus = self.config_arrays[0]
+            ok = gpus[(gpus >= want) & (gpus % multiple_of == 0)]
+            cache[key] = int(ok.min()) if len(ok) else None
+        return cache[key]
+
+    @cached_property
+    def type_ranges(self) -> tuple[tuple[int, int], ...]:
+        """Per type (in `gpu_types` order), its [start, end) slice of `configs`."""
+        types = self.config_arrays[1]
+        return tuple((int(np.searchsorted(types, k)), int(np.searchsorted(types, k, "right")))
+                     for k in range(len(self.gpu_types)))
+
     def config_for(self, gpu_type: str, num_gpus: int) -> Config | None:
         """The configuration of `num_gpus` GPUs of `gpu_type`, if the set has one."""
         r = self.gpus_per_vnode.get(gpu_type)
@@ -170,7 +202,8 @@ class Cluster:
         if num_gpus <= r:
             return Config(gpu_type, 1, num_gpus) if num_gpus & (num_gpus - 1) == 0 else None
         m, rem = divmod(num_gpus, r)
-        return Config(gpu_type, m, num_gpus) if rem == 0 and m <= len(self.vnodes[gpu_type]) else None
+        fits = rem == 0 and m <= len(self.vnodes[gpu_type])
+        return Config(gpu_type, m, num_gpus) if fits else None
 
     def scaled(self, k: int) -> Cluster:
         """The same cluster with every node repeated `k` times."""

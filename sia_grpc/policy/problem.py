@@ -70,7 +70,8 @@ class ChoiceProblem:
         if len(choice) != self.num_jobs:
             return False
         cols = choice[choice >= 0]
-        if np.any(cols >= self.num_cols) or np.any(self.col_job[cols] != np.flatnonzero(choice >= 0)):
+        owners = np.flatnonzero(choice >= 0)
+        if np.any(cols >= self.num_cols) or np.any(self.col_job[cols] != owners):
             return False
         return bool(np.all(self.usage(choice) <= self.capacity))
 

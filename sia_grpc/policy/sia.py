@@ -28,9 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sia_grpc.policy.candidates import Candidates, candidate_configs, estimate
+from sia_grpc.policy.candidates import CandidateTable, build_candidates, current_index
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.rounds import assemble, solve_and_finish
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
@@ -63,21 +62,23 @@ def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:
     return max(age - num_restarts * restart_cost, 0.0) / (age + restart_cost)
 
 
-def normalised_goodput(cands: Candidates, n_min: int, clip: float) -> np.ndarray:
-    """N_min · G / min G over the job's candidates, clipped."""
-    if len(cands) == 0:
-        return cands.goodput
-    return np.minimum(n_min * cands.goodput / cands.goodput.min(), clip)
+def normalised_goodput(table: CandidateTable, n_min: np.ndarray, clip: float) -> np.ndarray:
+    """G_ij ← N_i^min · G_ij / min_j G_ij per job over its candidates, clipped."""
+    low = table.per_job_reduce(np.minimum, table.goodput, np.inf)
+    job = table.job
+    return np.minimum(n_min[job] * table.goodput / low[job], clip)
 
 
-def objective_values(g: np.ndarray, restart: np.ndarray, r: float, cfg: SiaConfig) -> np.ndarray:
+def objective_values(g: np.ndarray, restart: np.ndarray, r: np.ndarray,
+                     cfg: SiaConfig) -> np.ndarray:
     """sign(p)·(r·G)^p per entry, r only where the entry needs a restart."""
     rg = np.where(restart, r * g, g)
     with np.errstate(divide="ignore"):
         return np.sign(cfg.p) * np.power(rg, cfg.p)
 
 
-def _min_count(job: PolicyJob) -> int:
+def min_count(job: PolicyJob) -> int:
+    """N_i^min: the fewest GPUs the job runs on."""
     if job.adaptivity is Adaptivity.RIGID:
         return int(job.num_gpus or 1)
     return max(job.min_gpus, job.pipeline_gpus)
@@ -97,19 +98,18 @@ class SiaPolicy:
         cfg = self.config
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        cands = []
-        for job in jobs:
-            cur = previous.get(job.job_id)
-            configs = candidate_configs(cluster, job, cur.config if cur else None,
-                                        max_scale_up=cfg.max_scale_up)
-            cands.append(estimate(cluster, job, configs, self.type_map(cluster, job, cur)))
+        table = build_candidates(
+            cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
+            type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        problem, col_owner, start = self.build(cluster, jobs, cands, previous)
+        current = current_index(cluster, jobs, previous)
+        problem, rows, start = assemble(table, self.values(table, jobs, current),
+                                        -cfg.lambda_, current)
         timings["build"] = time.perf_counter() - t0
-        return solve_and_finish(cluster, jobs, cands, problem, col_owner, start, previous,
-                                timings, time_limit=cfg.solver_time_limit, rel_gap=cfg.rel_gap,
+        return solve_and_finish(table, jobs, problem, rows, start, previous, timings,
+                                time_limit=cfg.solver_time_limit, rel_gap=cfg.rel_gap,
                                 solver=cfg.solver)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
@@ -117,19 +117,15 @@ class SiaPolicy:
         """How the job's model is asked about each type; Sia asks about each as itself."""
         return None
 
-    def build(self, cluster: Cluster, jobs: Sequence[PolicyJob], cands: Sequence[Candidates],
-              previous: Mapping[str, JobAllocation],
-              ) -> tuple[ChoiceProblem, np.ndarray, np.ndarray]:
-        """The ILP (see `rounds.assemble` for the returned arrays)."""
+    def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+               current: np.ndarray) -> np.ndarray:
+        """The ILP value of every candidate (NaN where it can never help)."""
         cfg = self.config
-        values = []
-        for job, c in zip(jobs, cands, strict=True):
-            g = normalised_goodput(c, _min_count(job), cfg.goodput_clip)
-            cur = previous.get(job.job_id)
-            restart = np.array([cur is not None and conf != cur.config for conf in c.configs],
-                               dtype=bool)
-            r = restart_factor(job.age, job.num_restarts, job.restart_cost)
-            val = objective_values(g, restart, r, cfg)
-            # For p < 0 an entry at or below the no-allocation value never helps.
-            values.append(np.where(val > -cfg.lambda_, val, np.nan))
-        return assemble(cluster, jobs, cands, values, -cfg.lambda_, previous)
+        n_min = np.array([min_count(j) for j in jobs], dtype=float)
+        g = normalised_goodput(table, n_min, cfg.goodput_clip)
+        job = table.job
+        restart = (current[job] >= 0) & (table.config != current[job])
+        r = np.array([restart_factor(j.age, j.num_restarts, j.restart_cost) for j in jobs])
+        val = objective_values(g, restart, r[job], cfg)
+        # For p < 0 an entry at or below the no-allocation value never helps.
+        return np.where(np.isfinite(val) & (val > -cfg.lambda_), val, np.nan)

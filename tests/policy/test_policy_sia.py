@@ -22,7 +22,7 @@ from sia_grpc.policy import (
     make_policy,
     paper_hetero_cluster,
 )
-from sia_grpc.policy.candidates import candidate_configs
+from sia_grpc.policy.candidates import candidate_configs, estimate
 from sia_grpc.policy.sia import normalised_goodput, objective_values, restart_factor
 from sia_grpc.policy.types import JobAllocation
 
@@ -66,17 +66,17 @@ def test_restart_factor_by_hand():
 
 
 def test_normalised_goodput_and_objective_by_hand():
-    from sia_grpc.policy.candidates import Candidates
-
-    c = Candidates((Config("a", 1, 1), Config("a", 1, 2)), np.array([1, 2]),
-                   np.array([50.0, 80.0]), np.zeros(2), np.zeros(2), np.zeros(2))
-    g = normalised_goodput(c, n_min=1, clip=3000)
+    cl = Cluster.uniform({"a": (1, 2)})
+    table = estimate(cl, [job("j", {"a": 50.0}, exponent=np.log2(1.6))],
+                     np.array([0, 2]), np.array([0, 1]))
+    assert table.goodput == pytest.approx([50.0, 80.0])
+    g = normalised_goodput(table, np.array([1.0]), clip=3000)
     assert g == pytest.approx([1.0, 1.6])
-    assert normalised_goodput(c, n_min=2, clip=3.0) == pytest.approx([2.0, 3.0])
+    assert normalised_goodput(table, np.array([2.0]), clip=3.0) == pytest.approx([2.0, 3.0])
     cfg = SiaConfig(p=-0.5)
-    vals = objective_values(g, np.array([False, True]), 0.25, cfg)
+    vals = objective_values(g, np.array([False, True]), np.array([0.25, 0.25]), cfg)
     assert vals == pytest.approx([-1.0, -(0.25 * 1.6) ** -0.5])
-    assert objective_values(g, np.array([False, False]), 1.0, SiaConfig(p=0.5)) == \
+    assert objective_values(g, np.array([False, False]), np.ones(2), SiaConfig(p=0.5)) == \
         pytest.approx([1.0, 1.6**0.5])
 
 
