@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Step:
     jobs: list[PolicyJob]
     previous: dict[str, JobAllocation]
     result: RoundResult
+    seconds: float  # wall time of the policy call
 
 
 def run_rounds(policy: Policy, cluster: Cluster, jobs: Sequence[PolicyJob],
@@ -66,8 +68,9 @@ def run_rounds(policy: Policy, cluster: Cluster, jobs: Sequence[PolicyJob],
     jobs = list(jobs)
     previous: dict[str, JobAllocation] = {}
     for _ in range(rounds):
+        t0 = time.perf_counter()
         result = policy.optimize(cluster, jobs, previous)
-        yield Step(jobs, previous, result)
+        yield Step(jobs, previous, result, time.perf_counter() - t0)
         previous = dict(result.allocations)
         jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,
                                     num_restarts=j.num_restarts + (j.job_id in result.restarted))

@@ -26,9 +26,21 @@ DEGENERATE_KINDS = ("no_jobs", "no_columns", "empty_job", "zero_capacity", "one_
                     "no_types", "oversized")
 
 
+# The solver's reference scales, by total GPUs: (copies of the paper cluster, jobs).
+BENCH_SCALES: dict[int, tuple[int, int]] = {64: (1, 30), 2048: (32, 2000), 8192: (128, 5000)}
+
+
 def paper_types(scale: int = 1) -> dict[str, int]:
     """Capacities of the paper's 64-GPU heterogeneous cluster repeated `scale` times."""
     return {t: c * scale for t, c in PAPER_TYPES.items()}
+
+
+def bench_problem(rng: np.random.Generator, gpus: int) -> ChoiceProblem:
+    """An instance at one of BENCH_SCALES (64, 2048 or 8192 GPUs): the paper's
+    cluster scaled up, jobs that may grow to 16-64 GPUs, ~16 columns per job."""
+    scale, num_jobs = BENCH_SCALES[gpus]
+    return random_problem(rng, num_jobs, paper_types(scale), cols_per_job=(16, 24),
+                          max_gpus=(16, 64))
 
 
 def _default_node_size(name: str, capacity: int) -> int:

@@ -1,0 +1,373 @@
+"""The ChoiceProblem solvers: the production path (`solve`) against the CVXPY
+references (GLPK_MI, HiGHS) and brute force, hand-checkable cases, the start
+vector, and properties over generated instances."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sia_grpc.policy import solvers
+from sia_grpc.policy.instances import (
+    DEGENERATE_KINDS,
+    VALUE_MODELS,
+    bench_problem,
+    degenerate_problem,
+    paper_types,
+    random_problem,
+)
+from sia_grpc.policy.problem import ChoiceProblem
+from sia_grpc.policy.solvers import path_name, solve, solve_reference
+
+
+def make(jobs: list[list[tuple[int, int, float]]], capacity: list[int],
+         none: float | list[float] = -1.0) -> ChoiceProblem:
+    """A problem from per-job (type, gpus, value) columns."""
+    cols = [(j, t, g, v) for j, cs in enumerate(jobs) for t, g, v in cs]
+    arr = np.asarray(cols, dtype=float).reshape(-1, 4)
+    nv = np.full(len(jobs), none) if np.isscalar(none) else np.asarray(none, dtype=float)
+    return ChoiceProblem(
+        num_jobs=len(jobs), col_job=arr[:, 0].astype(np.int64),
+        col_type=arr[:, 1].astype(np.int64), col_gpus=arr[:, 2].astype(np.int64),
+        col_value=arr[:, 3], none_value=nv, capacity=np.asarray(capacity, dtype=np.int64))
+
+
+def brute_force(p: ChoiceProblem) -> float | None:
+    """The optimum by enumeration, or None when there are too many choices."""
+    per_job = [[-1, *np.flatnonzero(p.col_job == j).tolist()] for j in range(p.num_jobs)]
+    if np.prod([len(o) for o in per_job], dtype=float) > 2e4:
+        return None
+    best = -np.inf
+    for combo in itertools.product(*per_job):
+        choice = np.asarray(combo, dtype=np.int64)
+        if p.is_feasible(choice):
+            best = max(best, p.objective(choice))
+    return best
+
+
+def close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(1.0, abs(b)) + 1e-9
+
+
+def check(p: ChoiceProblem, sol, rel_gap: float = 1e-4) -> None:
+    assert sol.choice.dtype == np.int64 and p.is_feasible(sol.choice)
+    assert sol.objective == pytest.approx(p.objective(sol.choice), abs=1e-12)
+    assert sol.bound >= sol.objective - 1e-12
+    assert sol.status == "optimal"
+    assert sol.gap <= rel_gap * (1 + 1e-9) + 1e-12
+
+
+def random_case(seed: int) -> ChoiceProblem:
+    rng = np.random.default_rng(seed)
+    num_jobs = int(rng.integers(1, 61))
+    types = {f"t{k}": int(rng.choice([0, 4, 8, 16, 24, 32]))
+             for k in range(int(rng.integers(1, 5)))}
+    model = VALUE_MODELS[seed % len(VALUE_MODELS)]
+    if model == "ties":  # symmetric instances make GLPK's branch and bound crawl
+        num_jobs = min(num_jobs, 12)
+    return random_problem(rng, num_jobs, types, value_model=model,
+                          cols_per_job=(int(rng.integers(0, 3)), int(rng.integers(3, 25))))
+
+
+# -- against the references ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_agrees_with_references(seed: int) -> None:
+    p = random_case(seed)
+    ours = solve(p)
+    exact = solve(p, rel_gap=1e-9)
+    glpk = solve_reference(p, "GLPK_MI")
+    highs = solve_reference(p, "HIGHS")
+    check(p, ours)
+    check(p, exact, 1e-9)
+    for ref in (glpk, highs):
+        assert p.is_feasible(ref.choice) and ref.status == "optimal"
+    assert close(ours.objective, glpk.objective, 1e-4)
+    assert close(highs.objective, glpk.objective, 1e-4)
+    assert close(exact.objective, glpk.objective, 1e-7)
+    assert ours.bound >= glpk.objective - 1e-9  # the bound is a bound
+
+
+@pytest.mark.parametrize("kind", DEGENERATE_KINDS)
+def test_degenerate_instances(kind: str) -> None:
+    for seed in range(3):
+        p = degenerate_problem(np.random.default_rng(seed), kind)
+        ours = solve(p)
+        check(p, ours)
+        assert close(ours.objective, solve_reference(p, "GLPK_MI").objective, 1e-9)
+        exact = brute_force(p)
+        assert exact is None or close(ours.objective, exact, 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_larger_instances_against_highs(seed: int) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    p = random_problem(rng, 300, paper_types(4), value_model=("sia", "uniform", "ties")[seed])
+    ours = solve(p)
+    ref = solve_reference(p, "HIGHS")
+    check(p, ours)
+    assert close(ours.objective, ref.objective, 1e-4)
+    assert ours.bound >= ref.objective - 1e-4 * abs(ref.objective)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_medium_instances_are_feasible_and_proven(seed: int) -> None:
+    """Hundreds of jobs on 64-2,048 GPUs: every heuristic and the residual
+    paths run here; the answer must be feasible, within its gap, and no worse
+    than a start."""
+    rng = np.random.default_rng(500 + seed)
+    p = random_problem(rng, int(rng.choice([100, 200, 400, 800])),
+                       paper_types(int(rng.choice([1, 4, 16, 32]))),
+                       value_model=("sia", "ties", "uniform")[seed % 3],
+                       cols_per_job=((1, 24), (16, 24), (4, 8))[seed // 3 % 3])
+    start = solve(p, time_limit=0.0).choice
+    sol = solve(p, start=start)
+    check(p, sol)
+    assert sol.objective >= p.objective(start) - 1e-12
+
+
+def test_mip_fallback_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the DP disabled every residual goes to HiGHS MIP."""
+    monkeypatch.setattr(solvers, "_DP_WORK", 0)
+    paths = set()
+    for seed in range(12):
+        p = random_case(seed)
+        ours = solve(p, rel_gap=1e-7)
+        check(p, ours, 1e-7)
+        paths.add(path_name(ours.stats))
+        assert close(ours.objective, solve_reference(p, "GLPK_MI").objective, 1e-6)
+    assert "mip" in paths
+
+
+def test_all_paths_exercised() -> None:
+    paths = {path_name(solve(random_case(seed)).stats) for seed in range(60)}
+    assert {"fits", "lagrangian", "dp"} <= paths
+
+
+# -- hand-checkable cases ------------------------------------------------------------------
+
+
+def test_everything_fits_takes_each_best() -> None:
+    p = make([[(0, 1, -0.5), (0, 2, -0.3)], [(1, 4, -0.2), (0, 1, -0.6)], []], [8, 4])
+    sol = solve(p)
+    check(p, sol)
+    assert sol.choice.tolist() == [1, 2, -1]
+    assert sol.objective == pytest.approx(-0.3 - 0.2 - 1.0)
+    assert sol.bound == pytest.approx(sol.objective)
+    assert path_name(sol.stats) == "fits"
+
+
+def test_knapsack_where_rounding_the_lp_fails() -> None:
+    # LP: the 6-GPU job plus 4/5 of a 5-GPU one (1.05); integer: both 5s (1.0).
+    p = make([[(0, 6, -0.35)], [(0, 5, -0.5)], [(0, 5, -0.5)]], [10])
+    sol = solve(p, rel_gap=1e-9)
+    check(p, sol, 1e-9)
+    assert sol.choice.tolist() == [-1, 1, 2]
+    assert sol.objective == pytest.approx(-2.0)
+    assert solve_reference(p, "GLPK_MI").objective == pytest.approx(-2.0)
+    assert solve_reference(p, "HIGHS").objective == pytest.approx(-2.0)
+
+
+def test_multiple_choice_knapsack_optimum() -> None:
+    # Cap 4: A at 4 GPUs alone (-0.05 - 1) loses to A and B at 2 each (-0.1 - 0.2).
+    p = make([[(0, 2, -0.1), (0, 4, -0.05)], [(0, 2, -0.2)]], [4])
+    sol = solve(p)
+    check(p, sol)
+    assert sol.choice.tolist() == [0, 2]
+    assert sol.objective == pytest.approx(-0.3)
+
+
+def test_job_without_columns_gets_none() -> None:
+    p = make([[], [(0, 2, -0.1)], []], [2], none=[-3.0, -1.0, -2.0])
+    sol = solve(p)
+    check(p, sol)
+    assert sol.choice.tolist() == [-1, 0, -1]
+    assert sol.objective == pytest.approx(-5.1)
+
+
+def test_zero_capacity_type_is_never_used() -> None:
+    p = make([[(0, 1, 0.0), (1, 1, -0.5)], [(0, 2, 0.0), (1, 2, -0.4)], [(0, 1, 0.0)]],
+             [0, 2])
+    sol = solve(p)
+    check(p, sol)
+    assert np.all(p.col_type[sol.choice[sol.choice >= 0]] == 1)
+    assert sol.objective == pytest.approx(brute_force(p))
+
+
+def test_none_beats_poor_columns() -> None:
+    p = make([[(0, 1, -2.0)], [(0, 1, -0.5)]], [8], none=-1.0)
+    sol = solve(p)
+    assert sol.choice.tolist() == [-1, 1]
+
+
+def test_no_jobs() -> None:
+    p = make([], [4])
+    sol = solve(p)
+    assert sol.choice.shape == (0,) and sol.objective == 0.0 and sol.status == "optimal"
+    assert solve_reference(p).objective == 0.0
+
+
+def test_reference_rejects_unknown_solver() -> None:
+    with pytest.raises(ValueError, match="solver"):
+        solve_reference(make([[(0, 1, 0.0)]], [1]), "CPLEX")
+
+
+# -- the start vector ----------------------------------------------------------------------
+
+
+def test_optimal_start_is_kept_on_ties() -> None:
+    # Two jobs, room for one: both choices score the same.
+    p = make([[(0, 2, -0.5)], [(0, 2, -0.5)]], [2])
+    for start in ([0, -1], [-1, 1]):
+        sol = solve(p, start=np.asarray(start))
+        assert sol.choice.tolist() == start
+        assert sol.stats["start_used"] == 1.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_start_never_makes_things_worse(seed: int) -> None:
+    p = random_case(seed)
+    base = solve(p)
+    rng = np.random.default_rng(seed)
+    # A feasible but random start: the reference answer with some jobs dropped.
+    start = solve_reference(p, "GLPK_MI").choice.copy()
+    start[rng.random(p.num_jobs) < 0.3] = -1
+    sol = solve(p, start=start)
+    check(p, sol)
+    assert sol.objective >= p.objective(start) - 1e-12
+    assert close(sol.objective, base.objective, 1e-4)
+    # The optimum itself as the start comes back unchanged or equally good.
+    again = solve(p, start=sol.choice)
+    assert again.objective >= sol.objective - 1e-12
+
+
+@pytest.mark.parametrize("start", [
+    [0, 1, 2],  # over capacity
+    [1, -1, -1],  # job 0 given job 1's column
+    [0, -1],  # wrong length
+    [5, -1, -1],  # no such column
+    [-2, -1, -1],  # bad index
+    [0.5, -1, -1],  # not integral
+])
+def test_infeasible_start_is_ignored(start: list) -> None:
+    p = make([[(0, 2, -0.5)], [(0, 2, -0.4)], [(0, 2, -0.3)]], [4])
+    sol = solve(p, start=np.asarray(start))
+    check(p, sol)
+    assert sol.stats["start_used"] == 0.0
+    assert sol.objective == pytest.approx(-0.7 - 1.0)
+
+
+# -- limits, reentrancy, scale ---------------------------------------------------------------
+
+
+def test_time_limit_returns_a_feasible_answer_and_a_bound() -> None:
+    p = random_problem(np.random.default_rng(7), 400, paper_types(8))
+    sol = solve(p, time_limit=0.0)
+    assert p.is_feasible(sol.choice)
+    assert sol.bound >= sol.objective
+    assert sol.status in ("optimal", "time_limit")
+    assert (sol.status == "optimal") == (path_name(sol.stats) != "time_limit")
+
+
+@pytest.mark.parametrize("dp_work", [solvers._DP_WORK, 0])
+def test_reentrant_across_threads(monkeypatch: pytest.MonkeyPatch, dp_work: float) -> None:
+    monkeypatch.setattr(solvers, "_DP_WORK", dp_work)  # 0: residuals go to HiGHS MIP
+    problems = [random_case(seed) for seed in range(8)]
+    serial = [solve(p, rel_gap=1e-7).objective for p in problems]
+    with ThreadPoolExecutor(4) as pool:
+        parallel = [s.objective for s in pool.map(lambda p: solve(p, rel_gap=1e-7), problems)]
+    assert parallel == pytest.approx(serial, rel=1e-7)
+
+
+def _solve_in_child(seed: int) -> float:
+    solvers._DP_WORK = 0  # the child's own copy: force the MIP path
+    return solve(random_case(seed), rel_gap=1e-7).objective
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_process_pool_after_highs_ran_in_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HiGHS' worker pool does not survive fork; without the at-fork reset a
+    child's MIP would hang."""
+    monkeypatch.setattr(solvers, "_DP_WORK", 0)
+    seeds = [s for s in range(30) if path_name(solve(random_case(s), rel_gap=1e-7).stats)
+             == "mip"][:4]
+    assert seeds
+    expected = [solve(random_case(s), rel_gap=1e-7).objective for s in seeds]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
+        pool = mp.get_context("fork").Pool(2)
+    try:  # a hang shows up as a timeout, not as a stuck test run
+        got = pool.map_async(_solve_in_child, seeds).get(timeout=60)
+    finally:
+        pool.terminate()
+        pool.join()
+    assert got == pytest.approx(expected, rel=1e-7)
+
+
+def test_large_instance_is_solved_by_the_lagrangian_path() -> None:
+    p = bench_problem(np.random.default_rng(3), 2048)
+    sol = solve(p)
+    check(p, sol)
+    assert path_name(sol.stats) == "lagrangian" and sol.stats["direct_lp"] == 0.0
+    for key in ("lp_s", "mip_s", "total_s", "fractional_jobs", "residual_jobs",
+                "residual_cols", "dw_iters"):
+        assert key in sol.stats
+    assert sol.stats["total_s"] < 5.0  # generous: the target is well under 0.25 s
+    assert close(sol.objective, solve_reference(p, "HIGHS").objective, 1e-4)
+
+
+# -- instance generator ----------------------------------------------------------------------
+
+
+def test_generator_is_deterministic_and_sia_shaped() -> None:
+    a = random_problem(np.random.default_rng(5), 50, {"x": 32, "y": 16})
+    b = random_problem(np.random.default_rng(5), 50, {"x": 32, "y": 16})
+    for name in ("col_job", "col_type", "col_gpus", "col_value", "none_value", "capacity"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    ladder = {1, 2, 4, 8, 16, 24, 32}
+    assert set(a.col_gpus.tolist()) <= ladder
+    assert np.all(a.col_value < 0) and np.all(a.col_value >= -1.0 / np.sqrt(0.7) - 1e-12)
+    assert np.all(a.none_value == -1.1)
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+@st.composite
+def problems(draw):
+    num_types = draw(st.integers(0, 3))
+    capacity = draw(st.lists(st.integers(0, 12), min_size=num_types, max_size=num_types))
+    num_jobs = draw(st.integers(0, 7))
+    jobs = []
+    for _ in range(num_jobs):
+        k = draw(st.integers(0, 3)) if num_types else 0
+        jobs.append([(draw(st.integers(0, num_types - 1)), draw(st.integers(1, 8)),
+                      draw(st.floats(-2.0, 1.0, allow_nan=False))) for _ in range(k)])
+    none = [draw(st.floats(-1.5, 0.0, allow_nan=False)) for _ in range(num_jobs)]
+    p = make(jobs, capacity, none)
+    start = np.asarray([draw(st.integers(-1, max(-1, p.num_cols - 1)))
+                        for _ in range(num_jobs)], dtype=np.int64)
+    return p, start
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_property_feasible_optimal_and_never_worse(case) -> None:
+    p, start = case
+    sol = solve(p, rel_gap=1e-9, start=start)
+    assert p.is_feasible(sol.choice)
+    assert sol.bound >= sol.objective - 1e-12
+    assert sol.objective >= float(p.none_value.sum()) - 1e-12
+    if p.is_feasible(start):
+        assert sol.objective >= p.objective(start) - 1e-12
+    exact = brute_force(p)
+    assert exact is None or sol.objective == pytest.approx(exact, abs=1e-9)
