@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -62,6 +63,37 @@ def _reset_highs_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_highs_after_fork)
+
+
+_BANNER_LOCK = threading.Lock()
+_banner_shown = False
+
+
+def _new_highs():
+    """A silent HiGHS instance. HiGHS prints its version banner to the C stdout
+    when the first instance of a process is constructed, before any option can
+    be set; a scheduler's output (and `sia demo`) should not carry it, so the
+    first construction runs with file descriptor 1 pointed at /dev/null."""
+    global _banner_shown
+    import highspy
+
+    with _BANNER_LOCK:
+        if _banner_shown:
+            h = highspy.Highs()
+        else:
+            sys.stdout.flush()
+            saved = os.dup(1)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, 1)
+                h = highspy.Highs()
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+                os.close(devnull)
+            _banner_shown = True
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def _cat(*parts) -> np.ndarray:
@@ -194,8 +226,7 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray]):
 
     T = c.T
     inf = highspy.kHighsInf
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("presolve", "off")
     h.passModel(highspy.HighsLp())
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
@@ -516,8 +547,7 @@ def _highs(o: _Opts, cap: np.ndarray, integer: bool, offset: float = 0.0):
     second = a_start[:-1][has_g] + 1
     a_index[second] = nj + o.typ[has_g]
     a_value[second] = o.gpus[has_g]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.passModel(k, nj + T, len(a_index), int(highspy.MatrixFormat.kColwise.value),
                 int(highspy.ObjSense.kMaximize.value), float(offset),
                 o.val.astype(np.float64), np.zeros(k), np.ones(k),
