@@ -15,6 +15,7 @@ from sia_grpc.policy.solvers import solve, solve_reference
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
+SOLVERS = ("highs", *REFERENCE_SOLVERS)
 
 
 def assemble(table: CandidateTable, values: np.ndarray, none_value: float,
@@ -59,8 +60,7 @@ def solve_and_finish(table: CandidateTable, jobs: Sequence[PolicyJob],
     elif solver in REFERENCE_SOLVERS:
         sol = solve_reference(problem, solver=REFERENCE_SOLVERS[solver], time_limit=time_limit)
     else:
-        choices = ", ".join(["highs", *REFERENCE_SOLVERS])
-        raise ValueError(f"solver: unknown {solver!r}; choose one of {choices}")
+        raise ValueError(f"solver: unknown {solver!r}; choose one of {', '.join(SOLVERS)}")
     timings["solve"] = time.perf_counter() - t0
     chosen = {jobs[i].job_id: int(rows[sol.choice[i]])
               for i in np.flatnonzero(sol.choice >= 0)}
@@ -89,10 +89,12 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
         )
         for j, r in chosen.items()
     }
-    # A job restarts when it held GPUs and now holds different ones (or none).
+    # An active job restarts when it held GPUs and now holds different ones (or
+    # none); `previous` may still list jobs that have finished since.
     restarted = frozenset(
-        j for j, prev in previous.items()
-        if prev.gpus and (j not in allocations or allocations[j].gpus != tuple(prev.gpus))
+        j.job_id for j in jobs
+        if (prev := previous.get(j.job_id)) is not None and prev.gpus
+        and (j.job_id not in allocations or allocations[j.job_id].gpus != tuple(prev.gpus))
     )
     timings["place"] = time.perf_counter() - t0
     timings["total"] = sum(v for k, v in timings.items() if k != "total")

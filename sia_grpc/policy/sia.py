@@ -30,7 +30,7 @@ import numpy as np
 
 from sia_grpc.policy.candidates import CandidateTable, build_candidates, current_index
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.rounds import assemble, solve_and_finish
+from sia_grpc.policy.rounds import SOLVERS, assemble, solve_and_finish
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 
@@ -52,6 +52,9 @@ class SiaConfig:
             raise ValueError(f"lambda_: must be positive, got {self.lambda_}")
         if self.goodput_clip <= 0 or self.max_scale_up < 1 or self.solver_time_limit <= 0:
             raise ValueError("goodput_clip, max_scale_up, solver_time_limit: out of range")
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver: unknown {self.solver!r}; choose one of "
+                             + ", ".join(SOLVERS))
 
 
 def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:

@@ -234,3 +234,19 @@ def test_fifo_is_non_preemptive_and_strict():
 def test_unknown_policy_name_is_a_clear_error():
     with pytest.raises(ValueError, match="policy: unknown 'nope'"):
         make_policy("nope")
+
+
+def test_unknown_solver_is_rejected_when_configured():
+    with pytest.raises(ValueError, match="solver: unknown 'cplex'"):
+        SiaConfig(solver="cplex")
+
+
+def test_finished_jobs_release_gpus_and_do_not_count_as_restarts():
+    cl = Cluster.uniform({"t": (1, 4)})
+    a, b = job("a", {"t": 1}), job("b", {"t": 1})
+    first = SiaPolicy().optimize(cl, [a, b], {})
+    assert set(first.allocations) == {"a", "b"}
+    # a finished: it is no longer active, but last round's allocation still lists it.
+    second = SiaPolicy().optimize(cl, [b], dict(first.allocations))
+    assert "a" not in second.restarted and "a" not in second.allocations
+    assert second.allocations["b"].config.num_gpus == 2  # b doubles into a's GPUs
