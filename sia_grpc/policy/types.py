@@ -71,6 +71,13 @@ class PolicyJob:
             raise ValueError(f"batch_size: required for {self.adaptivity.value} jobs")
         if self.adaptivity is Adaptivity.RIGID and not self.num_gpus:
             raise ValueError("num_gpus: required for rigid jobs")
+        if self.num_gpus is not None and (self.num_gpus < 1
+                                          or self.num_gpus % self.pipeline_gpus):
+            raise ValueError(f"num_gpus: {self.num_gpus} is not a positive multiple of "
+                             f"pipeline_gpus {self.pipeline_gpus}")
+        if self.num_gpus is not None and not (
+                self.min_gpus <= self.num_gpus <= (self.max_gpus or self.num_gpus)):
+            raise ValueError(f"num_gpus: {self.num_gpus} is outside [min_gpus, max_gpus]")
         if self.restart_cost < 0 or self.age < 0 or self.num_restarts < 0:
             raise ValueError("restart_cost/age/num_restarts: must be non-negative")
 
