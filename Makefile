@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,train]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,plots]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -25,6 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--rounds", type=int, default=4, help="rounds to run (default 4)")
     demo.add_argument("--seed", type=int, default=1)
 
+    sim = sub.add_parser("simulate", help="replay job-arrival traces against a modelled cluster")
+    sim.add_argument("workloads", nargs="+", metavar="WORKLOAD_OR_DIR",
+                     help="CSV files, directories of them, or shipped workloads "
+                          "(saturn, philly, newtrace, saturn/workload-1, ...)")
+    sim.add_argument("--policy", default="sia",
+                     help="sia, pollux, gavel, fifo, or several separated by commas")
+    sim.add_argument("--cluster", default="hetero64",
+                     help="hetero64, homo64, or a cluster TOML file (default hetero64)")
+    sim.add_argument("--scale", type=int, default=1, help="multiply the cluster's nodes")
+    sim.add_argument("--jobs", type=int, default=2, metavar="N",
+                     help="simulations to run in parallel processes (default 2)")
+    sim.add_argument("--json", metavar="OUT", help="write per-run metrics as JSON")
+    sim.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     pol = bench_sub.add_parser("policy", help="time whole Sia rounds vs the CVXPY+GLPK_MI path")
@@ -42,6 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         from sia_grpc.demo import run_demo
 
         return run_demo(num_jobs=args.jobs, rounds=args.rounds, seed=args.seed)
+    if args.command == "simulate":
+        from sia_grpc.sim.runner import run as run_sim
+
+        if args.scale < 1 or args.jobs < 1:
+            parser.error("--scale and --jobs must be >= 1")
+        try:
+            return run_sim(args.workloads, [p.strip() for p in args.policy.split(",")],
+                           args.cluster, args.scale, args.jobs, args.json, args.plots)
+        except ValueError as exc:
+            print(f"sia simulate: {exc}", file=sys.stderr)
+            return 2
     if args.command == "bench" and args.bench == "policy":
         from sia_grpc.bench import run
 

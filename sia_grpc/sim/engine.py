@@ -1,0 +1,252 @@
+"""The trace-driven, discrete-time simulator.
+
+Jobs arrive at their trace times; every round the policy under test (the very
+`Policy.optimize` the controller calls) allocates, the placer places, and each
+running job then advances by what it would really achieve over the round
+(`sim.truth`: measured step times, statistical efficiency by epoch, calibrated
+slowdowns), losing its checkpoint-restore delay whenever its GPUs change.
+
+The policy sees only what a real scheduler would: each job's goodput model is
+Sia's bootstrapped estimator, fed with 1-GPU profiles of every type at
+submission and then with the step times the job reports from its own runs —
+never the simulator's ground truth.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models.efficiency import gain
+from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob
+from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
+from sia_grpc.sim.truth import AppTruth, load_app
+from sia_grpc.sim.workload import Category, TraceJob
+
+_ADAPTIVITY = {Category.ADAPTIVE: Adaptivity.ADAPTIVE, Category.RIGID: Adaptivity.RIGID,
+               Category.STRONG_SCALING: Adaptivity.STRONG_SCALING}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    round_duration: float | None = None  # None: the policy's own (60 s Sia, 360 s Gavel)
+    max_hours: float = 24 * 14.0  # stop even if jobs remain (reported as unfinished)
+
+
+@dataclass
+class _Job:
+    """A job's state inside the simulator (mutable; never seen by the policy)."""
+
+    trace: TraceJob
+    app: AppTruth
+    model: JobGoodputModel  # the scheduler's estimate, fed by profiles and observations
+    progress: float = 0.0
+    restarts: int = 0
+    gpu_seconds: float = 0.0
+    start_time: float | None = None
+    finish_time: float | None = None
+    delay: float = 0.0  # restore time still to pay before training resumes
+    alloc: JobAllocation | None = None
+    observed: set = field(default_factory=set)
+    active_rounds: int = 0
+    active_sum: int = 0  # Σ active jobs over the rounds this job was active
+
+    @classmethod
+    def arrive(cls, trace: TraceJob) -> _Job:
+        app = load_app(trace.application)
+        model = JobGoodputModel(
+            estimator=_bootstrap(app), grad=app.grad_params(0.0),
+            init_batch_size=app.init_batch_size,
+            max_batch_size=max(app.max_batch_size, trace.batch_size),
+            local_bsz_limits={g: app.local_bsz_limits(g) for g in app.gpu_types})
+        return cls(trace, app, model)
+
+    def policy_job(self, now: float) -> PolicyJob:
+        t, app = self.trace, self.app
+        # The job reports its gradient statistics; the model's batch grids are
+        # shared across `with_grad` copies, so they survive from round to round.
+        # The trace's hand-tuned count and batch: what rigid and strong-scaling jobs
+        # run with, and what rigid schedulers (Gavel, FIFO) give every job.
+        return PolicyJob(
+            job_id=t.name, model=self.model.with_grad(app.grad_params(self.progress)),
+            adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
+            batch_size=t.batch_size, age=now - t.time, num_restarts=self.restarts,
+            restart_cost=app.restart_delay, submit_time=t.time)
+
+
+def _bootstrap(app: AppTruth) -> ThroughputEstimator:
+    """Sia's profiling pass: one GPU of each type over the seed batch sizes."""
+    est = ThroughputEstimator()
+    for gpu_type in app.gpu_types:
+        seed = app.seed_profile(gpu_type)
+        lo, hi = app.local_bsz_limits(gpu_type)
+        sizes = (np.unique(seed.local_bsz) if seed is not None
+                 else np.unique(np.geomspace(lo, hi, 10).round()))
+        sizes = sizes[(sizes >= lo) & (sizes <= hi)]
+        for bsz in sizes:
+            step, sync = app.step_time(gpu_type, 1, 1, int(bsz))
+            est.add_profile(gpu_type, int(bsz), step, sync)
+    return est
+
+
+def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
+             workload_name: str = "", cluster_name: str = "",
+             config: SimConfig = SimConfig()) -> SimResult:
+    """Replay `workload` on `cluster` under `policy`; deterministic for equal inputs."""
+    wall0 = time.perf_counter()
+    round_s = config.round_duration or policy.round_duration
+    pending = sorted(workload, key=lambda j: (j.time, j.name))
+    jobs: dict[str, _Job] = {}
+    previous: dict[str, JobAllocation] = {}
+    rounds: list[RoundRecord] = []
+    now, k = 0.0, 0
+    horizon = config.max_hours * 3600.0
+    while (k < len(pending) or any(j.finish_time is None for j in jobs.values())) \
+            and now < horizon:
+        while k < len(pending) and pending[k].time <= now:
+            jobs[pending[k].name] = _Job.arrive(pending[k])
+            k += 1
+        active = [j for j in jobs.values() if j.finish_time is None]
+        if not active:  # idle until the next arrival's round
+            now = np.ceil(pending[k].time / round_s) * round_s
+            continue
+        t0 = time.perf_counter()
+        result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous)
+        spent = time.perf_counter() - t0
+        in_use = dict.fromkeys(cluster.gpu_types, 0)
+        for j in active:
+            alloc = result.allocations.get(j.trace.name)
+            _apply(j, alloc, now)
+            j.active_rounds += 1
+            j.active_sum += len(active)
+            if alloc is not None:
+                in_use[alloc.config.gpu_type] += alloc.config.num_gpus
+                _advance(j, alloc, now, round_s)
+        rounds.append(RoundRecord(
+            time=now, policy_seconds=spent, active_jobs=len(active), gpus_in_use=in_use,
+            allocations={n: (a.config.gpu_type, a.config.num_gpus)
+                         for n, a in result.allocations.items()}))
+        previous = {n: a for n, a in result.allocations.items()
+                    if jobs[n].finish_time is None}
+        now += round_s
+    return SimResult(
+        workload=workload_name, policy=policy.name, cluster=cluster_name,
+        capacity=dict(cluster.capacity),
+        jobs=tuple(_record(j, cluster) for j in sorted(jobs.values(), key=lambda j: j.trace.name)),
+        rounds=tuple(rounds), wall_seconds=time.perf_counter() - wall0)
+
+
+def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> None:
+    """Switch the job to its new allocation; a change of GPUs costs a restore."""
+    old = job.alloc
+    changed = (old is None) != (alloc is None) or (
+        old is not None and alloc is not None and old.gpus != alloc.gpus)
+    if changed and alloc is not None:
+        job.delay = job.app.restart_delay
+        if old is not None or job.start_time is not None:
+            job.restarts += 1
+        if job.start_time is None:
+            job.start_time = now
+    elif changed and alloc is None and old is not None:
+        job.restarts += 1  # preempted: it checkpoints now and restores later
+    job.alloc = alloc
+
+
+def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> None:
+    """Progress over one round on `alloc`, from the ground truth."""
+    app, conf = job.app, alloc.config
+    job.gpu_seconds += conf.num_gpus * round_s
+    usable = max(round_s - job.delay, 0.0)
+    job.delay = max(job.delay - round_s, 0.0)
+    if usable <= 0:
+        return
+    reps, atomic, accum = alloc.num_replicas, alloc.atomic_bsz, alloc.accum_steps
+    step, sync = app.step_time(conf.gpu_type, conf.num_nodes, reps, atomic)
+    key = (conf.gpu_type, conf.num_nodes, reps, atomic)
+    if key not in job.observed:  # the job reports its measured step time once per shape
+        job.observed.add(key)
+        job.model.estimator.add_observation(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
+                                      step, sync)
+    iteration = step + (step - sync) * accum
+    batch = reps * atomic * (accum + 1)
+    rate = float(gain(app.grad_params(job.progress), batch, app.init_batch_size)) / iteration
+    left = app.max_progress - job.progress
+    if rate * usable >= left:
+        job.finish_time = now + (round_s - usable) + left / rate
+        job.progress = app.max_progress
+        # GPUs are held until the round ends; charge only the time actually used.
+        job.gpu_seconds -= conf.num_gpus * (now + round_s - job.finish_time)
+    else:
+        job.progress += rate * usable
+
+
+def _record(job: _Job, cluster: Cluster) -> JobRecord:
+    contention = job.active_sum / job.active_rounds if job.active_rounds else 1.0
+    return JobRecord(
+        name=job.trace.name, application=job.trace.application,
+        category=job.trace.category.value, submit_time=job.trace.time,
+        start_time=job.start_time, finish_time=job.finish_time,
+        gpu_seconds=job.gpu_seconds, restarts=job.restarts,
+        isolated_jct=isolated_jct(job.app, job.trace, cluster, contention),
+        contention=contention)
+
+
+def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
+                 contention: float) -> float | None:
+    """The job's completion time alone on a fair share of the cluster (paper
+    eq. 3, extended to heterogeneous clusters): 1/contention of every GPU type.
+
+    Computed from the ground truth: in each epoch the best configuration that fits
+    the share (a rigid or strong-scaling job: its tuned count and batch), no
+    waiting, one start-up restore. An oracle estimate of what a fair share gives.
+    """
+    share = {t: max(1, int(cluster.capacity[t] / max(contention, 1.0)))
+             for t in cluster.gpu_types}
+    fixed = trace.category is not Category.ADAPTIVE
+    times, batches = [], []
+    for conf in cluster.configs:
+        if conf.gpu_type not in app.gpu_types:
+            continue
+        if fixed:
+            if conf.num_gpus != cluster.first_count(trace.num_replicas):
+                continue
+            reps, totals = trace.num_replicas, [trace.batch_size]
+        else:
+            if conf.num_gpus > share[conf.gpu_type]:
+                continue
+            lo = app.local_bsz_limits(conf.gpu_type)[0]
+            reps = conf.num_gpus
+            totals = np.geomspace(max(app.init_batch_size, lo * reps),
+                                  max(app.max_batch_size, lo * reps), 12)
+        for total in totals:
+            it, b = _iteration(app, conf.gpu_type, conf.num_nodes, reps, float(total))
+            if it is not None:
+                times.append(it)
+                batches.append(b)
+    if not times:
+        return None
+    it_arr, b_arr = np.array(times), np.array(batches)
+    total_time = 0.0
+    for lo, hi in app.epoch_bounds():
+        rate = np.max(gain(app.grad_params(lo), b_arr, app.init_batch_size) / it_arr)
+        total_time += (hi - lo) / rate
+    return total_time + app.restart_delay
+
+
+def _iteration(app: AppTruth, gpu_type: str, nodes: int, reps: int,
+               total: float) -> tuple[float | None, int]:
+    """(iteration time, global batch) of `total` samples split over `reps`
+    replicas, with accumulation beyond the type's largest micro-batch."""
+    lo, hi = app.local_bsz_limits(gpu_type)
+    local = total / reps
+    accum = max(int(np.ceil(local / hi - 1e-8)) - 1, 0)
+    atomic = int(np.ceil(local / (accum + 1) - 1e-8))
+    if not lo <= atomic <= hi:
+        return None, 0
+    step, sync = app.step_time(gpu_type, nodes, reps, atomic)
+    return step + (step - sync) * accum, reps * atomic * (accum + 1)

@@ -1,0 +1,200 @@
+"""Job-arrival traces.
+
+A trace is a CSV file with a header row and one job per row:
+
+    name, time, application, num_replicas, batch_size[, category]
+
+`time` is the submission time in seconds from the start (a non-negative number);
+`application` one of `sia_grpc.models.profiles.APPLICATIONS`; `num_replicas` and
+`batch_size` the job's hand-tuned rigid configuration (positive integers), which
+rigid and strong-scaling jobs run with and rigid schedulers give every job;
+`category` (optional; empty or absent: adaptive) one of `adaptive`, `rigid`,
+`strong-scaling` (also spelt `strong_scaling` or `strong`; any case). Columns may
+come in any order; other columns are ignored. Names must be unique.
+
+The artifact's traces ship in the package (`sia_grpc/data/artifact/workloads/`)
+and are named by their path there without `.csv`: `philly/workload-1`,
+`saturn/workload-3`, `newtrace/workload-5`, `scale/rate_30/workload-2`, ...
+None of them has a `category` column: all their jobs are adaptive.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import math
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from sia_grpc.models.profiles import APPLICATIONS
+
+__all__ = ["Category", "TraceJob", "WorkloadError", "load_workload", "shipped_workloads"]
+
+
+class Category(enum.Enum):
+    ADAPTIVE = "adaptive"  # the scheduler picks GPU type, count and batch size
+    RIGID = "rigid"  # fixed GPU count and batch size; only the type is chosen
+    STRONG_SCALING = "strong-scaling"  # fixed batch size; type and count chosen
+
+
+_CATEGORY_SPELLINGS = {
+    "": Category.ADAPTIVE,
+    "adaptive": Category.ADAPTIVE,
+    "rigid": Category.RIGID,
+    "strong-scaling": Category.STRONG_SCALING,
+    "strong_scaling": Category.STRONG_SCALING,
+    "strong": Category.STRONG_SCALING,
+}
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    name: str
+    time: float  # submission, s from the start of the trace
+    application: str
+    num_replicas: int  # the hand-tuned rigid GPU count
+    batch_size: int  # the hand-tuned (global) batch size
+    category: Category = Category.ADAPTIVE
+
+
+class WorkloadError(ValueError):
+    """A malformed trace; the message names the file, line and field."""
+
+
+_REQUIRED = ("name", "time", "application", "num_replicas", "batch_size")
+_OPTIONAL = ("category",)
+
+
+def _root():
+    return resources.files("sia_grpc").joinpath("data", "artifact", "workloads")
+
+
+def _natural(s: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s))
+
+
+def shipped_workloads(group: str | None = None) -> tuple[str, ...]:
+    """Names of the shipped traces, e.g. `("newtrace/workload-1", ...,
+    "saturn/workload-5", "scale/rate_10/workload-1", ...)`; with `group`
+    (`"philly"`, `"scale"`, `"scale/rate_30"`, ...) only those under it."""
+    names: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        for child in node.iterdir():
+            if child.is_dir():
+                walk(child, f"{prefix}{child.name}/")
+            elif child.name.endswith(".csv"):
+                names.append(prefix + child.name[: -len(".csv")])
+
+    walk(_root(), "")
+    if group is not None:
+        prefix = group.strip("/") + "/"
+        names = [n for n in names if n.startswith(prefix)]
+        if not names:
+            groups = sorted({n.rsplit("/", 1)[0] for n in shipped_workloads()}, key=_natural)
+            raise ValueError(f"group: no shipped workloads under {group!r}; "
+                             f"groups: {', '.join(groups)}")
+    return tuple(sorted(names, key=_natural))
+
+
+def _read(path_or_name: str | os.PathLike[str]) -> tuple[str, str]:
+    """(text, name for messages) of a CSV file on disk or a shipped trace."""
+    path = Path(path_or_name)
+    if path.is_file():
+        return path.read_text(encoding="utf-8"), str(path_or_name)
+    name = str(path_or_name).strip("/")
+    name = name[: -len(".csv")] if name.endswith(".csv") else name
+    parts = name.split("/")
+    if name and ".." not in parts:
+        res = _root().joinpath(*parts[:-1], parts[-1] + ".csv")
+        if res.is_file():
+            return res.read_text(encoding="utf-8"), name + ".csv"
+    groups = sorted({n.rsplit("/", 1)[0] for n in shipped_workloads()}, key=_natural)
+    raise WorkloadError(f"{path_or_name}: no such file or shipped workload (shipped: "
+                        f"<group>/workload-<k> for group {', '.join(groups)})")
+
+
+def _number(where: str, field: str, value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise WorkloadError(f"{where}: {field}: not a number: {value!r}") from None
+    if not math.isfinite(x):
+        raise WorkloadError(f"{where}: {field}: not a finite number: {value!r}")
+    return x
+
+
+def _positive_int(where: str, field: str, value: str) -> int:
+    x = _number(where, field, value)
+    if x != int(x):
+        raise WorkloadError(f"{where}: {field}: not an integer: {value!r}")
+    if x <= 0:
+        raise WorkloadError(f"{where}: {field}: must be positive, got {value!r}")
+    return int(x)
+
+
+def load_workload(path_or_name: str | os.PathLike[str]) -> tuple[TraceJob, ...]:
+    """The jobs of a trace, sorted by (time, name): a CSV file, or a shipped trace's
+    name such as `"saturn/workload-1"`. Raises WorkloadError naming file, line
+    and field for anything malformed."""
+    text, src = _read(path_or_name)
+    reader = csv.reader(io.StringIO(text))
+    header: list[str] | None = None
+    for row in reader:
+        if any(cell.strip() for cell in row):
+            header = [cell.strip() for cell in row]
+            break
+    if header is None:
+        raise WorkloadError(f"{src}: empty file (no header)")
+    where = f"{src} line {reader.line_num}"
+    seen: set[str] = set()
+    for col in header:
+        if col in seen:
+            raise WorkloadError(f"{where}: header: duplicate column {col!r}")
+        seen.add(col)
+    missing = [c for c in _REQUIRED if c not in seen]
+    if missing:
+        raise WorkloadError(f"{where}: header: missing column(s) "
+                            f"{', '.join(map(repr, missing))} (have {', '.join(header)})")
+    index = {c: header.index(c) for c in (*_REQUIRED, *_OPTIONAL) if c in seen}
+
+    jobs: list[TraceJob] = []
+    first_line: dict[str, int] = {}
+    for row in reader:
+        if not any(cell.strip() for cell in row):
+            continue
+        line = reader.line_num
+        where = f"{src} line {line}"
+        if len(row) != len(header):
+            raise WorkloadError(f"{where}: expected {len(header)} fields, got {len(row)}")
+        cell = {c: row[i].strip() for c, i in index.items()}
+        name = cell["name"]
+        if not name:
+            raise WorkloadError(f"{where}: name: empty")
+        if name in first_line:
+            raise WorkloadError(f"{where}: name: duplicate {name!r} "
+                                f"(first on line {first_line[name]})")
+        time = _number(where, "time", cell["time"])
+        if time < 0:
+            raise WorkloadError(f"{where}: time: must be non-negative, got {cell['time']!r}")
+        app = cell["application"]
+        if app not in APPLICATIONS:
+            raise WorkloadError(f"{where}: application: unknown {app!r} "
+                                f"(known: {', '.join(APPLICATIONS)})")
+        replicas = _positive_int(where, "num_replicas", cell["num_replicas"])
+        batch = _positive_int(where, "batch_size", cell["batch_size"])
+        raw = cell.get("category", "")
+        category = _CATEGORY_SPELLINGS.get(raw.lower())
+        if category is None:
+            raise WorkloadError(f"{where}: category: unknown {raw!r} "
+                                f"(use adaptive, rigid or strong-scaling)")
+        first_line[name] = line
+        jobs.append(TraceJob(name=name, time=time, application=app, num_replicas=replicas,
+                             batch_size=batch, category=category))
+    if not jobs:
+        raise WorkloadError(f"{src}: no jobs")
+    return tuple(sorted(jobs, key=lambda j: (j.time, j.name)))
