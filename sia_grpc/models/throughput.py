@@ -22,11 +22,12 @@ takes s * T_c + T_sync and processes num_replicas * atomic_bsz * (s + 1) samples
 
 from __future__ import annotations
 
+import functools
 from dataclasses import astuple, dataclass
 
 import numpy as np
 import scipy.optimize
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 __all__ = [
     "PerfParams",
@@ -145,9 +146,19 @@ def _objective(theta: np.ndarray, data: tuple) -> tuple[float, np.ndarray]:
     return float(loss), grad
 
 
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
+    # Scanning the process's loaded libraries costs ~1.5 ms; do it once.
+    return ThreadpoolController()
+
+
 def fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_step_time,
                     optim_step_time) -> PerfParams:
     """Fit PerfParams to observed step times, as Pollux does.
+
+    A pure function of the data, memoised on it: jobs of one application share
+    their profiling data (and, in simulation, often their observations), so the
+    same ~10 ms fit would otherwise be repeated for each of them.
 
     `accum_step_time` is the time of a non-syncing micro-batch (for measurements
     at accumulation 0: step_time - sync_time) and `optim_step_time` the time of
@@ -166,6 +177,20 @@ def fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_step_time,
         raise ValueError("fit_perf_params: step times must be positive")
     if np.any(reps < 1) or np.any(nodes < 1) or np.any(nodes > reps):
         raise ValueError("fit_perf_params: need 1 <= num_nodes <= num_replicas")
+    key = tuple(a.tobytes() for a in (nodes, reps, bsz, t_accum, t_optim))
+    params = _FITS.get(key)
+    if params is None:
+        if len(_FITS) >= _FITS_LIMIT:
+            _FITS.clear()
+        params = _FITS[key] = _fit(nodes, reps, bsz, t_accum, t_optim)
+    return params
+
+
+_FITS: dict[tuple, PerfParams] = {}  # memo of fit_perf_params by its data
+_FITS_LIMIT = 4096
+
+
+def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
 
     theta = _START.copy()
     fixed = np.zeros(7, dtype=bool)
@@ -211,7 +236,7 @@ def fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_step_time,
     # A 7-parameter fit gains nothing from BLAS threads, and SciPy's bounded
     # L-BFGS-B is 15-40x slower with multi-threaded OpenBLAS on a busy machine
     # (scipy#22438): pin BLAS to one thread for the fit only.
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_controller().limit(limits=1, user_api="blas"):
         result = scipy.optimize.minimize(
             fun, x0, jac=True, method="L-BFGS-B",
             bounds=list(zip(lower, _UPPER[free], strict=True)),
