@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
                      help="skip the reference once one solve takes longer (s)")
     pol.add_argument("--no-reference", action="store_true", help="production path only")
     pol.add_argument("--json", metavar="OUT", help="also write results as JSON")
+    bsim = bench_sub.add_parser("sim", help="CPU-seconds to simulate whole workloads")
+    bsim.add_argument("workloads", nargs="*",
+                      default=["saturn/workload-1", "newtrace/workload-1"],
+                      help="default: saturn/workload-1 newtrace/workload-1")
+    bsim.add_argument("--policy", default="sia")
+    bsim.add_argument("--cluster", default="hetero64")
 
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -74,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--rounds must be >= 1 and --warmup >= 0")
         return run(args.scales, args.rounds, args.warmup, args.reference_limit,
                    not args.no_reference, args.json)
+    if args.command == "bench" and args.bench == "sim":
+        from sia_grpc.sim.runner import bench as bench_sim
+
+        try:
+            return bench_sim(args.workloads, args.policy, args.cluster)
+        except ValueError as exc:
+            print(f"sia bench sim: {exc}", file=sys.stderr)
+            return 2
     parser.error("unknown command")
     return 2
 

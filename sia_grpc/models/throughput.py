@@ -224,12 +224,17 @@ def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
     is_log = free < _G
 
     def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
-        values = np.where(is_log, np.exp(np.where(is_log, x, 0.0)), x)
-        full = theta.copy()
-        full[free] = values
-        loss, grad = _objective(full, data)
-        grad = grad[free]
-        return loss, np.where(is_log, grad * values, grad)
+        with np.errstate(all="ignore"):
+            values = np.where(is_log, np.exp(np.where(is_log, x, 0.0)), x)
+            full = theta.copy()
+            full[free] = values
+            loss, grad = _objective(full, data)
+            grad = np.where(is_log, grad[free] * values, grad[free])
+        if not (np.isfinite(loss) and np.all(np.isfinite(grad))):
+            # A trial step far outside any sane time (exp overflow): a huge loss
+            # makes the line search back off instead of carrying NaNs on.
+            return 1e100, np.zeros_like(x)
+        return loss, grad
 
     x0 = np.where(is_log, np.log(theta[free]), theta[free])
     lower = np.where(is_log, np.log(_LOWER[free]), _LOWER[free])
@@ -242,7 +247,8 @@ def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
             bounds=list(zip(lower, _UPPER[free], strict=True)),
             options={"ftol": 1e-10, "maxiter": 2000},
         )
-    values = np.where(is_log, np.exp(np.where(is_log, result.x, 0.0)), result.x)
+    x = result.x if np.all(np.isfinite(result.x)) else x0
+    values = np.where(is_log, np.exp(np.where(is_log, x, 0.0)), x)
     theta[free] = np.clip(values, _LOWER[free], _UPPER[free])
     if not np.any(nodes > 1):
         # Prior: crossing nodes is no faster than staying within one.

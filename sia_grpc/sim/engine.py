@@ -98,7 +98,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
              workload_name: str = "", cluster_name: str = "",
              config: SimConfig = SimConfig()) -> SimResult:
     """Replay `workload` on `cluster` under `policy`; deterministic for equal inputs."""
-    wall0 = time.perf_counter()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     round_s = config.round_duration or policy.round_duration
     pending = sorted(workload, key=lambda j: (j.time, j.name))
     jobs: dict[str, _Job] = {}
@@ -138,7 +138,8 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         workload=workload_name, policy=policy.name, cluster=cluster_name,
         capacity=dict(cluster.capacity),
         jobs=tuple(_record(j, cluster) for j in sorted(jobs.values(), key=lambda j: j.trace.name)),
-        rounds=tuple(rounds), wall_seconds=time.perf_counter() - wall0)
+        rounds=tuple(rounds), wall_seconds=time.perf_counter() - wall0,
+        cpu_seconds=time.process_time() - cpu0)
 
 
 def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> None:

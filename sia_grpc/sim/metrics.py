@@ -219,6 +219,7 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
         "cluster": result.cluster,
         "capacity": {str(k): int(v) for k, v in result.capacity.items()},
         "wall_seconds": _num(result.wall_seconds),
+        "cpu_seconds": _num(result.cpu_seconds),
         "metrics": {k: (_num(v) if isinstance(v, float) else v)
                     for k, v in metrics.as_dict().items()},
         "jobs": [
@@ -289,4 +290,5 @@ def from_json(data: Mapping[str, Any]) -> SimResult:
         jobs=jobs,
         rounds=rounds,
         wall_seconds=float(data.get("wall_seconds") or 0.0),
+        cpu_seconds=float(data.get("cpu_seconds") or 0.0),
     )

@@ -44,4 +44,5 @@ class SimResult:
     capacity: Mapping[str, int]  # GPUs per type
     jobs: tuple[JobRecord, ...]
     rounds: tuple[RoundRecord, ...]
-    wall_seconds: float = 0.0  # CPU-bound wall time of the whole run
+    wall_seconds: float = 0.0  # wall time of the whole run
+    cpu_seconds: float = 0.0  # CPU time of the process running it
