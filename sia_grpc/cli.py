@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--json", metavar="OUT", help="write per-run metrics as JSON")
     sim.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR")
 
+    rep = sub.add_parser("report", help="simulate --json output as markdown beside the paper")
+    rep.add_argument("json_path", metavar="RESULTS.json")
+    rep.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
+    rep.add_argument("--produced-by", default="", metavar="CMD",
+                     help="the command that produced the JSON, quoted in the report")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     pol = bench_sub.add_parser("policy", help="time whole Sia rounds vs the CVXPY+GLPK_MI path")
@@ -73,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"sia simulate: {exc}", file=sys.stderr)
             return 2
+    if args.command == "report":
+        from sia_grpc.sim.report import write
+
+        return write(args.json_path, args.out, args.produced_by)
     if args.command == "bench" and args.bench == "policy":
         from sia_grpc.bench import run
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import gain
+from sia_grpc.models.goodput import NUM_BATCH_SAMPLES
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob
 from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
@@ -30,6 +31,9 @@ from sia_grpc.sim.workload import Category, TraceJob
 
 _ADAPTIVITY = {Category.ADAPTIVE: Adaptivity.ADAPTIVE, Category.RIGID: Adaptivity.RIGID,
                Category.STRONG_SCALING: Adaptivity.STRONG_SCALING}
+
+
+_EPS_S = 1e-6  # arrival-time slack: round starts are multiples of a float round length
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class _Job:
         return PolicyJob(
             job_id=t.name, model=self.model.with_grad(app.grad_params(self.progress)),
             adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
-            batch_size=t.batch_size, age=now - t.time, num_restarts=self.restarts,
+            batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
             restart_cost=app.restart_delay, submit_time=t.time)
 
 
@@ -108,12 +112,14 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     horizon = config.max_hours * 3600.0
     while (k < len(pending) or any(j.finish_time is None for j in jobs.values())) \
             and now < horizon:
-        while k < len(pending) and pending[k].time <= now:
+        while k < len(pending) and pending[k].time <= now + _EPS_S:
             jobs[pending[k].name] = _Job.arrive(pending[k])
             k += 1
         active = [j for j in jobs.values() if j.finish_time is None]
-        if not active:  # idle until the next arrival's round
-            now = np.ceil(pending[k].time / round_s) * round_s
+        if not active:  # idle until the first round at or after the next arrival
+            n = np.ceil(pending[k].time / round_s)
+            n += n * round_s < pending[k].time  # float rounding can land just before it
+            now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
         result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous)
@@ -147,14 +153,17 @@ def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> None:
     old = job.alloc
     changed = (old is None) != (alloc is None) or (
         old is not None and alloc is not None and old.gpus != alloc.gpus)
+    # One checkpoint-restart cycle is one restart: a resize or move of a running
+    # job, or a preemption (whose later resume completes the same cycle). Every
+    # (re)start pays the restore delay, the first start included.
     if changed and alloc is not None:
         job.delay = job.app.restart_delay
-        if old is not None or job.start_time is not None:
+        if old is not None:
             job.restarts += 1
         if job.start_time is None:
             job.start_time = now
-    elif changed and alloc is None and old is not None:
-        job.restarts += 1  # preempted: it checkpoints now and restores later
+    elif changed and old is not None:
+        job.restarts += 1
     job.alloc = alloc
 
 
@@ -222,8 +231,9 @@ def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
                 continue
             lo = app.local_bsz_limits(conf.gpu_type)[0]
             reps = conf.num_gpus
+            # As fine a batch grid as the policy's own (50 geometric steps).
             totals = np.geomspace(max(app.init_batch_size, lo * reps),
-                                  max(app.max_batch_size, lo * reps), 12)
+                                  max(app.max_batch_size, lo * reps), NUM_BATCH_SAMPLES)
         for total in totals:
             it, b = _iteration(app, conf.gpu_type, conf.num_nodes, reps, float(total))
             if it is not None:

@@ -33,11 +33,12 @@ def resolve_workloads(items: Sequence[str]) -> list[str]:
             out.append(str(path))
         elif item in shipped_workloads():
             out.append(item)
-        elif shipped_workloads(item):
-            out.extend(shipped_workloads(item))
         else:
-            raise ValueError(f"workload: {item!r} is not a file, a directory, or a shipped "
-                             f"workload (e.g. saturn, saturn/workload-1)")
+            try:
+                out.extend(shipped_workloads(item))
+            except ValueError:
+                raise ValueError(f"workload: {item!r} is not a file, a directory, or a "
+                                 f"shipped workload (e.g. saturn, saturn/workload-1)") from None
     return out
 
 

@@ -1,0 +1,102 @@
+"""`sia report RESULTS.json`: the simulator's metrics per trace group and policy
+(mean ± std over the group's workloads) beside the paper's Table 3."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The paper's Table 3 (heterogeneous 64 GPUs), average JCT in hours, and Sia's
+# p99 JCT, as the artifact's README quotes them. Helios = the saturn traces.
+PAPER_AVG_JCT_H = {
+    "philly": {"sia": 0.6, "pollux": 1.0, "gavel": 1.9},
+    "saturn": {"sia": 0.7, "pollux": 1.0, "gavel": 2.5},
+    "newtrace": {"sia": 0.7, "pollux": 1.5, "gavel": 11.3},
+}
+PAPER_SIA_P99_H = {"philly": 9.5, "saturn": 10.9, "newtrace": 4.6}
+GROUP_TITLE = {"philly": "Philly", "saturn": "Helios (saturn)", "newtrace": "newTrace"}
+FIELDS = ("avg_jct_h", "p99_jct_h", "makespan_h", "gpu_hours_per_job", "restarts_per_job",
+          "contention_mean", "contention_max", "ftf_worst", "unfair_fraction",
+          "policy_ms_median", "policy_ms_p95", "cpu_seconds")
+
+
+def _group(workload: str) -> str:
+    return Path(workload).parent.name or workload.split("/")[0]
+
+
+def collect(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """group → policy → field → values over the group's workloads."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for run in runs:
+        cell = out[_group(run["workload"])][run["policy"]]
+        for f in FIELDS:
+            v = run["cpu_seconds"] if f == "cpu_seconds" else run["metrics"].get(f)
+            if v is not None:
+                cell[f].append(float(v))
+    return out
+
+
+def _ms(values: list[float], digits: int = 2) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+
+
+def markdown(runs: Sequence[Mapping[str, Any]], command: str = "") -> str:
+    data = collect(runs)
+    lines = ["# Simulator results beside the paper's Table 3", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += ["Cells are mean ± std over the group's workloads (population std). "
+              "Paper: Table 3 of the Sia paper, heterogeneous 64-GPU cluster.", ""]
+    for group in sorted(data, key=lambda g: list(GROUP_TITLE).index(g)
+                        if g in GROUP_TITLE else 99):
+        policies = data[group]
+        n = max(len(v.get("avg_jct_h", [])) for v in policies.values())
+        lines += [f"## {GROUP_TITLE.get(group, group)} ({n} workloads)", ""]
+        lines += ["| policy | avg JCT h | paper | p99 JCT h | makespan h | GPU h/job | "
+                  "restarts/job | contention mean | max | worst FTF | unfair | "
+                  "policy ms p50 | p95 | CPU s/run |",
+                  "|" + "---|" * 14]
+        for policy in ("sia", "pollux", "gavel", "fifo"):
+            if policy not in policies:
+                continue
+            c = policies[policy]
+            paper = PAPER_AVG_JCT_H.get(group, {}).get(policy)
+            lines.append(
+                f"| {policy} | {_ms(c['avg_jct_h'])} | {paper if paper is not None else '—'} | "
+                f"{_ms(c['p99_jct_h'])} | {_ms(c['makespan_h'], 1)} | "
+                f"{_ms(c['gpu_hours_per_job'])} | {_ms(c['restarts_per_job'], 1)} | "
+                f"{_ms(c['contention_mean'], 1)} | {_ms(c['contention_max'], 0)} | "
+                f"{_ms(c['ftf_worst'], 1)} | {_ms(c['unfair_fraction'])} | "
+                f"{_ms(c['policy_ms_median'], 1)} | {_ms(c['policy_ms_p95'], 1)} | "
+                f"{_ms(c['cpu_seconds'], 0)} |")
+        sia = policies.get("sia", {}).get("avg_jct_h")
+        ratios = []
+        for other in ("pollux", "gavel"):
+            o = policies.get(other, {}).get("avg_jct_h")
+            paper = PAPER_AVG_JCT_H.get(group, {})
+            if sia and o and other in paper:
+                ratios.append(f"Sia/{other} avg JCT: {np.mean(sia) / np.mean(o):.2f} "
+                              f"(paper {paper['sia'] / paper[other]:.2f})")
+        if group in PAPER_SIA_P99_H:
+            ratios.append(f"paper's Sia p99 JCT: {PAPER_SIA_P99_H[group]} h")
+        lines += ["", "; ".join(ratios), ""]
+    return "\n".join(lines)
+
+
+def write(json_path: str, out: str | None, command: str = "") -> int:
+    runs = json.loads(Path(json_path).read_text())
+    text = markdown(runs, command)
+    if out:
+        Path(out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
