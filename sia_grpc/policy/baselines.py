@@ -32,12 +32,11 @@ import numpy as np
 from sia_grpc.policy.candidates import (
     build_candidates,
     candidate_index,
-    current_index,
     estimate,
     start_gpus,
 )
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.rounds import assemble, finish_round, solve_and_finish
+from sia_grpc.policy.rounds import finish_round, ilp_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
@@ -89,15 +88,11 @@ class GavelPolicy:
         views = [rigid_view(cluster, j) for j in jobs]
         table = build_candidates(cluster, views, previous, scale_rules=False)
         timings["estimate"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         # Throughput normalised by the job's best type: Gavel's max-sum-throughput.
         best = table.per_job_reduce(np.maximum, table.goodput, 1.0)
-        current = current_index(cluster, views, previous)
-        problem, rows, start = assemble(table, table.goodput / best[table.job], 0.0, current)
-        timings["build"] = time.perf_counter() - t0
-        return solve_and_finish(table, views, problem, rows, start, previous, timings,
-                                time_limit=self.config.solver_time_limit,
-                                rel_gap=self.config.rel_gap, solver=self.config.solver)
+        return ilp_round(table, views, previous, lambda _: table.goodput / best[table.job],
+                         0.0, timings, time_limit=self.config.solver_time_limit,
+                         rel_gap=self.config.rel_gap, solver=self.config.solver)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ the chosen configurations on physical GPUs, and explain the outcome."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from sia_grpc.policy.candidates import CandidateTable
+from sia_grpc.policy.candidates import CandidateTable, current_index
 from sia_grpc.policy.placer import place
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import solve, solve_reference
@@ -43,6 +43,21 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float,
     same = np.flatnonzero(table.config[rows] == current[job])
     start[job[same]] = same
     return problem, rows, start
+
+
+def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
+              previous: Mapping[str, JobAllocation],
+              values: Callable[[np.ndarray], np.ndarray], none_value: float,
+              timings: dict[str, float], *, time_limit: float, rel_gap: float,
+              solver: str) -> RoundResult:
+    """The rest of a round for an ILP policy: `values(current)` gives every
+    candidate's value from each job's current configuration index (-1: none)."""
+    t0 = time.perf_counter()
+    current = current_index(table.cluster, jobs, previous)
+    problem, rows, start = assemble(table, values(current), none_value, current)
+    timings["build"] = time.perf_counter() - t0
+    return solve_and_finish(table, jobs, problem, rows, start, previous, timings,
+                            time_limit=time_limit, rel_gap=rel_gap, solver=solver)
 
 
 def solve_and_finish(table: CandidateTable, jobs: Sequence[PolicyJob],

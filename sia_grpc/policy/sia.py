@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sia_grpc.policy.candidates import CandidateTable, build_candidates, current_index
+from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.rounds import SOLVERS, assemble, solve_and_finish
+from sia_grpc.policy.rounds import SOLVERS, ilp_round
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 
@@ -105,15 +105,9 @@ class SiaPolicy:
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        current = current_index(cluster, jobs, previous)
-        problem, rows, start = assemble(table, self.values(table, jobs, current),
-                                        -cfg.lambda_, current)
-        timings["build"] = time.perf_counter() - t0
-        return solve_and_finish(table, jobs, problem, rows, start, previous, timings,
-                                time_limit=cfg.solver_time_limit, rel_gap=cfg.rel_gap,
-                                solver=cfg.solver)
+        return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
+                         -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
+                         rel_gap=cfg.rel_gap, solver=cfg.solver)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:

@@ -77,52 +77,51 @@ def _no_data(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="gray")
 
 
-def jct_cdf(results_by_policy: Mapping[str, Sequence[SimResult]], path: str | Path) -> Path:
-    """CDF of job completion time (hours, log x-axis) per policy, all workloads pooled.
-    Unfinished jobs are left out (the legend counts the jobs drawn)."""
+def _cdf_plot(series: Mapping[str, list[float]], path: str | Path, *, xlabel: str, title: str,
+              empty: str, include: tuple[float, ...] = (), line_at: float | None = None,
+              ) -> Path:
+    """One CDF per policy on a log x-axis (and an optional dashed reference line)."""
     fig = _figure()
     ax = fig.add_subplot()
     drawn: list[float] = []
-    for policy, results in results_by_policy.items():
-        jcts = [max(j, _MIN_JCT_H) for r in results for j in finished_jcts_h(r)]
-        if _ecdf(ax, jcts, str(policy)):
-            drawn.extend(jcts)
+    for policy, values in series.items():
+        if _ecdf(ax, values, str(policy)):
+            drawn.extend(values)
+    if line_at is not None:
+        ax.axvline(line_at, color="black", linestyle="--", linewidth=1.0,
+                   label=f"ρ = {line_at:g}")
+    if drawn or include:
+        _log_x(ax, drawn, include=include)
     if drawn:
-        _log_x(ax, drawn)
         ax.legend(loc="lower right")
     else:
-        _no_data(ax, "no finished jobs")
-    ax.set_xlabel("job completion time (hours)")
+        _no_data(ax, empty)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of jobs")
     ax.set_ylim(0.0, 1.02)
-    ax.set_title("JCT CDF")
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
+
+
+def jct_cdf(results_by_policy: Mapping[str, Sequence[SimResult]], path: str | Path) -> Path:
+    """CDF of job completion time (hours, log x-axis) per policy, all workloads pooled.
+    Unfinished jobs are left out (the legend counts the jobs drawn)."""
+    series = {p: [max(j, _MIN_JCT_H) for r in results for j in finished_jcts_h(r)]
+              for p, results in results_by_policy.items()}
+    return _cdf_plot(series, path, xlabel="job completion time (hours)", title="JCT CDF",
+                     empty="no finished jobs")
 
 
 def ftf_cdf(results_by_policy: Mapping[str, Sequence[SimResult]], path: str | Path) -> Path:
     """CDF of finish-time fairness ρ = JCT / isolated JCT per policy (log x-axis),
     with a vertical line at ρ = 1: jobs right of it finished later than they would
     have on their fair share of the cluster."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    drawn: list[float] = []
-    for policy, results in results_by_policy.items():
-        vals = [v for r in results for v in rhos(r) if v > 0]
-        if _ecdf(ax, vals, str(policy)):
-            drawn.extend(vals)
-    ax.axvline(1.0, color="black", linestyle="--", linewidth=1.0, label="ρ = 1")
-    _log_x(ax, drawn, include=(0.5, 2.0))
-    if drawn:
-        ax.legend(loc="lower right")
-    else:
-        _no_data(ax, "no jobs with a finish-time fairness")
-    ax.set_xlabel("finish-time fairness ρ (JCT / isolated JCT)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_ylim(0.0, 1.02)
-    ax.set_title("Finish-time fairness CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, path)
+    series = {p: [v for r in results for v in rhos(r) if v > 0]
+              for p, results in results_by_policy.items()}
+    return _cdf_plot(series, path, xlabel="finish-time fairness ρ (JCT / isolated JCT)",
+                     title="Finish-time fairness CDF", empty="no jobs with a finish-time fairness",
+                     include=(0.5, 2.0), line_at=1.0)
 
 
 def allocation_over_time(result: SimResult, path: str | Path) -> Path:
