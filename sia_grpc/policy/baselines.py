@@ -38,7 +38,7 @@ from sia_grpc.policy.candidates import (
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.rounds import finish_round, ilp_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
-from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
+from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,9 @@ def rigid_view(cluster: Cluster, job: PolicyJob) -> PolicyJob:
 
 
 @dataclass(frozen=True)
-class GavelPolicy:
+class GavelPolicy(RoundFromConfig):
     config: GavelConfig = GavelConfig()
     name: str = "gavel"
-
-    @property
-    def round_duration(self) -> float:
-        return self.config.round_duration
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation]) -> RoundResult:
@@ -101,13 +97,9 @@ class FifoConfig:
 
 
 @dataclass(frozen=True)
-class FifoPolicy:
+class FifoPolicy(RoundFromConfig):
     config: FifoConfig = FifoConfig()
     name: str = "fifo"
-
-    @property
-    def round_duration(self) -> float:
-        return self.config.round_duration
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation]) -> RoundResult:

@@ -31,7 +31,7 @@ import numpy as np
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.rounds import SOLVERS, ilp_round
-from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
+from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,9 @@ def min_count(job: PolicyJob) -> int:
 
 
 @dataclass(frozen=True)
-class SiaPolicy:
+class SiaPolicy(RoundFromConfig):
     config: SiaConfig = SiaConfig()
     name: str = "sia"
-
-    @property
-    def round_duration(self) -> float:
-        return self.config.round_duration
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation]) -> RoundResult:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -105,6 +105,16 @@ class RoundResult:
     timings: Mapping[str, float]  # seconds: estimate, build, solve, place, total
     solver_stats: Mapping[str, float] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # per job, human-readable
+
+
+class RoundFromConfig:
+    """Mixin for policies whose frozen `config` carries their round length."""
+
+    config: Any
+
+    @property
+    def round_duration(self) -> float:
+        return self.config.round_duration
 
 
 class Policy(Protocol):
