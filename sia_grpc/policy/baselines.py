@@ -9,12 +9,15 @@
   restricted configuration set with the same ILP solver. So it isolates what
   heterogeneity-awareness buys, without the GA's search noise or its minutes-long
   runtime at scale; it does not reproduce the GA's arbitrary multi-node shapes.
-- `GavelPolicy` — Gavel's max-sum-throughput objective, heterogeneity-aware,
-  rigid jobs: each job runs its submitted GPU count and batch size; the policy
-  picks a GPU type (or none) per job to maximise Σ normalised throughput
-  (throughput on the type / the job's best type). Gavel's round-robin time-share
-  mechanism over fractional allocations is not reproduced: each round is solved
-  as an integer program instead (rounds are 360 s, as in the paper).
+- `GavelPolicy` — Gavel (OSDI '20) as Sia's artifact runs it: rigid jobs (the
+  submitted GPU count and batch size), heterogeneity-aware. Each round solves
+  Gavel's max-sum-throughput LP over *time shares* x[job, type] (Σ_types x ≤ 1
+  per job; Σ_jobs x·GPUs ≤ capacity per type; value = iterations/s on the type),
+  then realises it by time-sharing: priority = x / (share of the type's time the
+  job has received), and jobs are granted whole GPUs greedily in priority order,
+  at most one type per job, until nothing more fits (work-conserving: jobs with
+  x = 0 fill GPUs left over). The received time comes in `PolicyJob.attained`,
+  so the policy stays stateless. Rounds are 360 s.
 - `FifoPolicy` — first come, first served, non-preemptive: running jobs keep
   their GPUs; queued jobs in submission order get their starting count on the
   type where they run fastest, until one does not fit anywhere.
@@ -28,16 +31,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
 from sia_grpc.policy.candidates import (
+    CandidateTable,
     build_candidates,
     candidate_index,
     estimate,
-    start_gpus,
 )
-from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.rounds import finish_round, ilp_round
+from sia_grpc.policy.cluster import Cluster, Config, GpuId
+from sia_grpc.policy.rounds import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
+from sia_grpc.policy.solvers import lp_interior
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
 
 
@@ -56,9 +61,6 @@ class PolluxPolicy(SiaPolicy):
 @dataclass(frozen=True)
 class GavelConfig:
     round_duration: float = 360.0
-    solver_time_limit: float = 30.0
-    rel_gap: float = 1e-4
-    solver: str = "highs"
 
 
 def rigid_view(cluster: Cluster, job: PolicyJob) -> PolicyJob:
@@ -66,7 +68,8 @@ def rigid_view(cluster: Cluster, job: PolicyJob) -> PolicyJob:
     minimum) and, if it has one, its submitted batch size."""
     if job.adaptivity is Adaptivity.RIGID:
         return job
-    n = job.num_gpus or start_gpus(cluster, job)
+    p = job.pipeline_gpus
+    n = job.num_gpus or -(-max(job.min_gpus, p) // p) * p  # whole replicas
     if job.batch_size is None:  # no submitted batch: best batch at that count
         return dataclasses.replace(job, min_gpus=n, max_gpus=n)
     return dataclasses.replace(job, adaptivity=Adaptivity.RIGID, num_gpus=n)
@@ -84,11 +87,107 @@ class GavelPolicy(RoundFromConfig):
         views = [rigid_view(cluster, j) for j in jobs]
         table = build_candidates(cluster, views, previous, scale_rules=False)
         timings["estimate"] = time.perf_counter() - t0
-        # Throughput normalised by the job's best type: Gavel's max-sum-throughput.
-        best = table.per_job_reduce(np.maximum, table.goodput, 1.0)
-        return ilp_round(table, views, previous, lambda _: table.goodput / best[table.job],
-                         0.0, timings, time_limit=self.config.solver_time_limit,
-                         rel_gap=self.config.rel_gap, solver=self.config.solver)
+        t0 = time.perf_counter()
+        # Gavel runs a job on exactly its own GPU count, spread over nodes as
+        # needed (not Sia's configuration set); the estimate of the row (replicas
+        # capped at that count) is the job's throughput on the type.
+        own = table.replicas * np.repeat([v.pipeline_gpus for v in views],
+                                         np.diff(table.offsets))
+        # Iterations/s: for a fixed batch the table's goodput is samples/s.
+        rate = table.goodput / np.maximum(table.batch_size, 1)
+        shares, objective = max_sum_throughput_shares(table, rate, own)
+        timings["solve"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        priority = time_share_priority(table, views, shares, self.round_duration)
+        chosen = greedy_grant(table, views, priority, shares, own)
+        timings["build"] = time.perf_counter() - t0
+        placed = pack_workers(cluster, {j: (table.types()[r], int(own[r]))
+                                        for j, r in chosen.items()}, previous)
+        return finish_round(table, views, chosen, previous, objective=objective,
+                            timings=timings, placed=placed)
+
+
+def max_sum_throughput_shares(table: CandidateTable, rate: np.ndarray,
+                              gpus: np.ndarray) -> tuple[np.ndarray, float]:
+    """Gavel's max-sum-throughput LP: the time share x of each candidate row
+    maximising Σ rate·x, with Σ x ≤ 1 over a job's rows and Σ x·gpus ≤ capacity
+    per type. Returns (x per row, objective)."""
+    n = len(table)
+    if n == 0:
+        return np.zeros(0), 0.0
+    cluster = table.cluster
+    num_types = len(cluster.gpu_types)
+    cols = np.arange(n)
+    a_ub = sparse.vstack([
+        sparse.csr_matrix((np.ones(n), (table.job, cols)), shape=(table.num_jobs, n)),
+        sparse.csr_matrix((gpus.astype(float), (table.types(), cols)),
+                          shape=(num_types, n)),
+    ])
+    b_ub = np.concatenate([np.ones(table.num_jobs),
+                           [float(cluster.capacity[t]) for t in cluster.gpu_types]])
+    x = lp_interior(rate, a_ub, b_ub)
+    return x, float(rate @ x)
+
+
+def time_share_priority(table: CandidateTable, jobs: Sequence[PolicyJob], shares: np.ndarray,
+                        round_duration: float) -> np.ndarray:
+    """Gavel's priority of each row: its time share x over the fraction of the
+    type's time the job has received so far. Every job is credited half a round
+    on every type (as Gavel does for new jobs), so fractions are never zero."""
+    types = table.cluster.gpu_types
+    received = np.array([[j.attained.get(t, 0.0) for t in types] for j in jobs],
+                        dtype=float).reshape(len(jobs), len(types)) + round_duration / 2
+    fraction = received / received.sum(axis=0)
+    return shares / fraction[table.job, table.types()]
+
+
+def greedy_grant(table: CandidateTable, jobs: Sequence[PolicyJob], priority: np.ndarray,
+                 shares: np.ndarray, gpus: np.ndarray) -> dict[str, int]:
+    """Grant rows in descending (priority, share), one row per job, while the
+    type has `gpus` of the row free. Returns job id → chosen row."""
+    free = np.array([table.cluster.capacity[t] for t in table.cluster.gpu_types])
+    types, owner = table.types(), table.job
+    chosen: dict[str, int] = {}
+    for r in np.lexsort((np.arange(len(table)), -shares, -priority)):
+        job_id = jobs[owner[r]].job_id
+        if job_id in chosen or gpus[r] > free[types[r]]:
+            continue
+        chosen[job_id] = int(r)
+        free[types[r]] -= gpus[r]
+    return chosen
+
+
+def pack_workers(cluster: Cluster, demand: Mapping[str, tuple[int, int]],
+                 previous: Mapping[str, JobAllocation],
+                 ) -> dict[str, tuple[Config, tuple[GpuId, ...]]]:
+    """Gavel's worker assignment: `demand` is job id → (type index, GPU count).
+    Per type, largest jobs first, a job keeps its previous GPUs when they are all
+    of this type, as many as it needs and still free; the others take the first
+    free GPUs in node order, spanning nodes as needed. Always fits when the
+    per-type counts do."""
+    out: dict[str, tuple[Config, tuple[GpuId, ...]]] = {}
+    for t, name in enumerate(cluster.gpu_types):
+        order = sorted((j for j, (tt, _) in demand.items() if tt == t),
+                       key=lambda j: (-demand[j][1], j))
+        free = {GpuId(n.name, k) for n in cluster.nodes if n.gpu_type == name
+                for k in range(n.num_gpus)}
+        rest = []
+        for j in order:
+            prev = tuple(previous[j].gpus) if j in previous else ()
+            if len(prev) == demand[j][1] and free.issuperset(prev):
+                free.difference_update(prev)
+                out[j] = (_shape(name, prev), prev)
+            else:
+                rest.append(j)
+        pool = sorted(free, key=lambda g: (cluster.nodes.index(cluster.node(g.node)), g.index))
+        for j in rest:
+            gpus, pool = tuple(sorted(pool[:demand[j][1]])), pool[demand[j][1]:]
+            out[j] = (_shape(name, gpus), gpus)
+    return out
+
+
+def _shape(gpu_type: str, gpus: Sequence[GpuId]) -> Config:
+    return Config(gpu_type, num_nodes=len({g.node for g in gpus}), num_gpus=len(gpus))
 
 
 @dataclass(frozen=True)

@@ -79,32 +79,26 @@ class CandidateTable:
         return out
 
 
-def start_gpus(cluster: Cluster, job: PolicyJob) -> int:
-    """The GPU count a job that has not run yet starts at: its minimum (or its
-    rigid count), rounded up to a count the configuration set has that is a
-    multiple of its replica size."""
-    want = job.num_gpus if job.adaptivity is Adaptivity.RIGID else job.min_gpus
-    want = max(want, job.pipeline_gpus)
-    first = cluster.first_count(want, job.pipeline_gpus)
-    return want if first is None else first  # nothing fits: no candidates either
-
-
 def count_bounds(cluster: Cluster, job: PolicyJob, current: Config | None, *,
-                 max_scale_up: float = 2.0, scale_rules: bool = True) -> tuple[int, int]:
-    """(fewest, most) GPUs the job may take this round. With `scale_rules`, a job
-    not running starts at its minimum and a running one may at most multiply its
-    count by `max_scale_up`; rigid jobs take exactly their count (rounded up to
-    the configuration set)."""
+                 max_scale_up: float = 2.0, scale_rules: bool = True) -> tuple[int, int, int]:
+    """(lo, hi, limit): the job may take the counts in [lo, hi] on a type; a type
+    with no count there offers instead its first count ≥ lo, if that is ≤ limit.
+
+    A rigid job takes its own count (on a type without that count, the next one
+    up: it still runs its own replicas there). With `scale_rules`, a job not yet
+    running starts at its minimum and a running one may at most multiply its
+    count by `max_scale_up`; `limit` is its `max_gpus`.
+    """
+    unbounded = cluster.total_gpus
     if job.adaptivity is Adaptivity.RIGID:
-        n = start_gpus(cluster, job)
-        return n, n
+        n = max(job.num_gpus, job.pipeline_gpus)
+        return n, n, unbounded
     lo = max(job.min_gpus, job.pipeline_gpus)
-    hi = job.max_gpus if job.max_gpus is not None else cluster.total_gpus
+    limit = job.max_gpus if job.max_gpus is not None else unbounded
+    hi = limit
     if scale_rules:
-        first = start_gpus(cluster, job)
-        cap = first if current is None else max(int(current.num_gpus * max_scale_up), first)
-        hi = min(hi, cap)
-    return lo, hi
+        hi = min(hi, lo if current is None else max(int(current.num_gpus * max_scale_up), lo))
+    return lo, hi, limit
 
 
 def candidate_configs(cluster: Cluster, job: PolicyJob, current: Config | None, *,
@@ -127,14 +121,17 @@ def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
     bounds = np.array([count_bounds(cluster, j, c, max_scale_up=max_scale_up,
                                     scale_rules=scale_rules)
                        for j, c in zip(jobs, current, strict=True)],
-                      dtype=np.int64).reshape(-1, 2)
+                      dtype=np.int64).reshape(-1, 3)
     gpus = cluster.config_arrays[0]
     num_types = len(cluster.gpu_types)
     starts = np.zeros((len(jobs), num_types), dtype=np.int64)
     ends = np.zeros_like(starts)
     for t, (a, b) in enumerate(cluster.type_ranges):
-        starts[:, t] = a + np.searchsorted(gpus[a:b], bounds[:, 0], side="left")
-        ends[:, t] = a + np.searchsorted(gpus[a:b], bounds[:, 1], side="right")
+        s = a + np.searchsorted(gpus[a:b], bounds[:, 0], side="left")
+        e = a + np.searchsorted(gpus[a:b], bounds[:, 1], side="right")
+        # No count of this type in [lo, hi]: its first count ≥ lo, within the limit.
+        up = (e <= s) & (s < b) & (gpus[np.minimum(s, b - 1)] <= bounds[:, 2])
+        starts[:, t], ends[:, t] = s, np.where(up, s + 1, e)
     for i, job in enumerate(jobs):
         if job.allowed_types is not None:
             for t, name in enumerate(cluster.gpu_types):

@@ -176,15 +176,18 @@ class Cluster:
             arr.setflags(write=False)
         return out
 
-    def first_count(self, want: int, multiple_of: int = 1) -> int | None:
-        """The smallest GPU count in the configuration set that is ≥ `want` and a
-        multiple of `multiple_of` (None if there is none)."""
+    def first_count(self, want: int, multiple_of: int = 1,
+                    gpu_type: str | None = None) -> int | None:
+        """The smallest GPU count in the configuration set (of `gpu_type`, or of
+        any type) that is ≥ `want` and a multiple of `multiple_of` (None if none)."""
         cache = self.__dict__.setdefault("_first_count", {})
-        key = (want, multiple_of)
+        key = (want, multiple_of, gpu_type)
         if key not in cache:
-            gpus = self.config_arrays[0]
-            ok = gpus[(gpus >= want) & (gpus % multiple_of == 0)]
-            cache[key] = int(ok.min()) if len(ok) else None
+            gpus, types, _ = self.config_arrays
+            ok = (gpus >= want) & (gpus % multiple_of == 0)
+            if gpu_type is not None:
+                ok &= types == self.gpu_types.index(gpu_type)
+            cache[key] = int(gpus[ok].min()) if ok.any() else None
         return cache[key]
 
     @cached_property

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from sia_grpc.policy.candidates import CandidateTable, current_index
+from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.placer import place
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import solve, solve_reference
@@ -86,16 +87,25 @@ def solve_and_finish(table: CandidateTable, jobs: Sequence[PolicyJob],
 def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mapping[str, int],
                  previous: Mapping[str, JobAllocation], *, objective: float,
                  timings: dict[str, float],
-                 solver_stats: Mapping[str, float] | None = None) -> RoundResult:
-    """Place the chosen rows (job id → row of `table`) and assemble the result."""
+                 solver_stats: Mapping[str, float] | None = None,
+                 placed: Mapping[str, tuple[Config, tuple[GpuId, ...]]] | None = None,
+                 ) -> RoundResult:
+    """Place the chosen rows (job id → row of `table`) and assemble the result.
+
+    `placed` (job id → its shape and GPUs) replaces Sia's placer for a policy
+    that places jobs its own way (Gavel)."""
     t0 = time.perf_counter()
-    configs = {j: table.config_of(r) for j, r in chosen.items()}
-    placed = place(table.cluster, configs,
-                   {j: a.gpus for j, a in previous.items() if a.gpus})
+    if placed is None:
+        configs = {j: table.config_of(r) for j, r in chosen.items()}
+        gpus = place(table.cluster, configs,
+                     {j: a.gpus for j, a in previous.items() if a.gpus}).placements
+    else:
+        configs = {j: c for j, (c, _) in placed.items()}
+        gpus = {j: g for j, (_, g) in placed.items()}
     allocations = {
         j: JobAllocation(
             config=configs[j],
-            gpus=placed.placements[j],
+            gpus=gpus[j],
             num_replicas=int(table.replicas[r]),
             batch_size=int(table.batch_size[r]),
             atomic_bsz=int(table.atomic_bsz[r]),

@@ -606,6 +606,38 @@ def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start):
             status == highspy.HighsModelStatus.kOptimal)
 
 
+def lp_interior(value: np.ndarray, a_ub, b_ub: np.ndarray) -> np.ndarray:
+    """max value·x s.t. a_ub·x ≤ b_ub (a scipy sparse matrix), 0 ≤ x ≤ 1, by
+    HiGHS's interior-point method without crossover.
+
+    On a degenerate LP the answer then lies inside the optimal face, as with the
+    interior-point solver (ECOS) Gavel uses: identical jobs get equal shares
+    rather than one simplex vertex's all-or-nothing. Entries below 1e-6 are 0.
+    """
+    import highspy
+
+    n = len(value)
+    if n == 0:
+        return np.zeros(0)
+    a = a_ub.tocsc()
+    h = _new_highs()
+    h.passModel(n, a.shape[0], a.nnz, int(highspy.MatrixFormat.kColwise.value),
+                int(highspy.ObjSense.kMaximize.value), 0.0, np.asarray(value, dtype=np.float64),
+                np.zeros(n), np.ones(n), np.full(a.shape[0], -highspy.kHighsInf),
+                np.asarray(b_ub, dtype=np.float64), a.indptr.astype(np.int32),
+                a.indices.astype(np.int32), a.data.astype(np.float64),
+                np.zeros(n, dtype=np.int32))
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.setOptionValue("presolve", "off")  # presolve alone can land on a vertex
+    h.run()
+    status = h.getModelStatus()
+    if status != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError(f"interior-point LP: {h.modelStatusToString(status)}")
+    x = np.clip(np.asarray(h.getSolution().col_value), 0.0, 1.0)
+    return np.where(x > 1e-6, x, 0.0)
+
+
 def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve: bool):
     """HiGHS simplex on the LP of `jobs` over `cols` and none, within `cap`.
     Returns (capacity duals, a basic optimum rounded down as a choice for

@@ -42,6 +42,8 @@ class PolicyJob:
 
     `age` and `num_restarts` feed Sia's restart factor; `restart_cost` is the
     job's measured (or hinted) checkpoint-restart time S_i in seconds.
+    `attained` is the time (seconds) the job has held GPUs of each type, for
+    time-sharing policies (Gavel); the caller keeps it, so policies stay stateless.
     """
 
     job_id: str
@@ -57,6 +59,7 @@ class PolicyJob:
     num_restarts: int = 0
     restart_cost: float = 30.0
     submit_time: float = 0.0  # for FIFO ordering
+    attained: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -80,6 +83,8 @@ class PolicyJob:
             raise ValueError(f"num_gpus: {self.num_gpus} is outside [min_gpus, max_gpus]")
         if self.restart_cost < 0 or self.age < 0 or self.num_restarts < 0:
             raise ValueError("restart_cost/age/num_restarts: must be non-negative")
+        if any(v < 0 for v in self.attained.values()):
+            raise ValueError("attained: time on a GPU type must be non-negative")
 
 
 @dataclass(frozen=True)

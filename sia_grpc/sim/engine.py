@@ -59,6 +59,7 @@ class _Job:
     observed: set = field(default_factory=set)
     active_rounds: int = 0
     active_sum: int = 0  # Σ active jobs over the rounds this job was active
+    attained: dict[str, float] = field(default_factory=dict)  # seconds held, per GPU type
 
     @classmethod
     def arrive(cls, trace: TraceJob) -> _Job:
@@ -80,7 +81,7 @@ class _Job:
             job_id=t.name, model=self.model.with_grad(app.grad_params(self.progress)),
             adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
             batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
-            restart_cost=app.restart_delay, submit_time=t.time)
+            restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained))
 
 
 def _bootstrap(app: AppTruth) -> ThroughputEstimator:
@@ -171,6 +172,7 @@ def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> Non
     """Progress over one round on `alloc`, from the ground truth."""
     app, conf = job.app, alloc.config
     job.gpu_seconds += conf.num_gpus * round_s
+    job.attained[conf.gpu_type] = job.attained.get(conf.gpu_type, 0.0) + round_s
     usable = max(round_s - job.delay, 0.0)
     job.delay = max(job.delay - round_s, 0.0)
     if usable <= 0:
@@ -223,7 +225,7 @@ def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
         if conf.gpu_type not in app.gpu_types:
             continue
         if fixed:
-            if conf.num_gpus != cluster.first_count(trace.num_replicas):
+            if conf.num_gpus != cluster.first_count(trace.num_replicas, gpu_type=conf.gpu_type):
                 continue
             reps, totals = trace.num_replicas, [trace.batch_size]
         else:

@@ -21,12 +21,14 @@ Step times
     2. Otherwise, from the placements rows averaged per (num_nodes, num_replicas,
        local_bsz) together with `scalability-<type>.csv`, with num_nodes capped at
        the largest node count in that data: the rows at exactly (nodes, replicas)
-       if there are any, else `scipy.interpolate.LinearNDInterpolator` over
-       (num_nodes, num_replicas, local_bsz) (coordinates rescaled to the unit
-       cube) evaluated at every local batch size measured for the type; where
-       that leaves fewer than two finite points (outside the data's hull), the
-       rows of the nearest measured (num_nodes, num_replicas) (Euclidean, after
-       the cap; ties to the smaller pair) stand in.
+       if there are any, else linear interpolation over replicas between the two
+       measured replica counts at that node count that bracket the request (at
+       every local batch size either was measured at); where none bracket it,
+       the rows of the nearest measured (num_nodes, num_replicas) (Euclidean,
+       after the cap; ties to the smaller pair) stand in. (A 3-D
+       `LinearNDInterpolator` over (nodes, replicas, batch) was used before: it
+       took 8–37 s to triangulate for some types and mixed in other node
+       counts' network costs.)
 
     Either way this gives, once per (type, nodes, replicas), a table of step and
     sync times over local batch size, interpolated linearly. Outside its measured
@@ -67,8 +69,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator
-from scipy.spatial import QhullError
 
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.models.profiles import (
@@ -175,9 +175,7 @@ class _TypeTable:
                 groups[int(n), int(r)].append((b, s, y))
         self.groups = {k: _Curve.of(v, ref) for k, v in sorted(groups.items())}
         self.max_nodes = max(n for n, _ in self.groups)
-        self.bsz_grid = tuple(sorted({b for c in self.groups.values() for b in c.bsz}))
         self._curves: dict[tuple[int, int], _Curve] = {}
-        self._interp: LinearNDInterpolator | None | bool = False  # False: not built yet
 
     def curve(self, num_nodes: int, num_replicas: int) -> _Curve:
         key = (num_nodes, num_replicas)
@@ -196,31 +194,27 @@ class _TypeTable:
         n = min(nodes, self.max_nodes)
         if (n, num_replicas) in self.groups:
             return self.groups[n, num_replicas]
-        interp = self._interpolator()
-        if interp is not None:
-            pts = np.array([(n, num_replicas, b) for b in self.bsz_grid], dtype=float)
-            vals = interp(pts[:, self._dims])
-            ok = np.all(np.isfinite(vals), axis=1)
-            if ok.sum() >= 2:
-                return _Curve.of(((b, s, y) for b, (s, y) in zip(
-                    pts[ok, 2], vals[ok], strict=True)), self.exact.get("1"))
+        between = self._between(n, num_replicas)
+        if between is not None:
+            return between
         near = min(self.groups, key=lambda g: ((g[0] - n) ** 2 + (g[1] - num_replicas) ** 2, g))
         return self.groups[near]
 
-    def _interpolator(self) -> LinearNDInterpolator | None:
-        if self._interp is False:
-            pts = np.array([(n, r, b) for (n, r), c in self.groups.items() for b in c.bsz],
-                           dtype=float)
-            vals = np.array([(s, y) for c in self.groups.values()
-                             for s, y in zip(c.step, c.sync, strict=True)], dtype=float)
-            # Drop coordinates that never vary (quad: always one node).
-            self._dims = [d for d in range(3) if np.ptp(pts[:, d]) > 0]
-            try:
-                self._interp = (LinearNDInterpolator(pts[:, self._dims], vals, rescale=True)
-                                if len(self._dims) >= 2 else None)
-            except (QhullError, ValueError):
-                self._interp = None
-        return self._interp  # type: ignore[return-value]
+    def _between(self, nodes: int, replicas: int) -> _Curve | None:
+        """Linear in replicas between the measured counts at `nodes` nodes that
+        bracket `replicas`, or None if none do."""
+        counts = [r for n, r in self.groups if n == nodes]
+        lo = max((r for r in counts if r < replicas), default=None)
+        hi = min((r for r in counts if r > replicas), default=None)
+        if lo is None or hi is None:
+            return None
+        a, b = self.groups[nodes, lo], self.groups[nodes, hi]
+        w = (replicas - lo) / (hi - lo)
+        rows = []
+        for x in sorted(set(a.bsz) | set(b.bsz)):
+            (sa, ya), (sb, yb) = a(x), b(x)
+            rows.append((x, (1 - w) * sa + w * sb, (1 - w) * ya + w * yb))
+        return _Curve.of(rows, self.exact.get("1"))
 
 
 @dataclass(frozen=True, eq=False)

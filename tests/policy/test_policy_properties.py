@@ -84,9 +84,11 @@ def test_rounds_are_always_valid(cluster, jobs, name):
         if name in ("sia", "pollux"):  # at most 2x per round, new jobs at their minimum
             for job in jobs:
                 a, prev = result.allocations.get(job.job_id), previous.get(job.job_id)
-                start = cluster.first_count(max(job.min_gpus, job.pipeline_gpus,
-                                                job.num_gpus or 1), job.pipeline_gpus)
                 if a is not None:
+                    # Per type, the first count at or above the job's minimum.
+                    start = cluster.first_count(max(job.min_gpus, job.pipeline_gpus,
+                                                    job.num_gpus or 1),
+                                                gpu_type=a.config.gpu_type)
                     cap = start if prev is None else max(2 * prev.config.num_gpus, start)
                     assert a.config.num_gpus <= cap
         previous = dict(result.allocations)
