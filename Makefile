@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench protos clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/sia bench policy
+
+# Regenerate sia_grpc/_proto from protos/ (the committed copy is checked by the tests).
+protos: $(STAMP)
+	$(BIN)/python -m sia_grpc.protogen
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,51 @@
+"""The `sia.v1` wire contract: messages as `pb`, service stubs and servicers by name.
+
+    from sia_grpc.api import pb
+    spec = pb.JobSpec(name="resnet", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE)
+
+The modules are generated from `protos/sia/v1/` (`make protos`).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sia_grpc._proto.sia.v1 import (
+    agent_service_pb2,
+    agent_service_pb2_grpc,
+    cluster_service_pb2,
+    cluster_service_pb2_grpc,
+    goodput_pb2,
+    job_pb2,
+    job_service_pb2,
+    job_service_pb2_grpc,
+    policy_service_pb2,
+    policy_service_pb2_grpc,
+)
+
+_MESSAGE_MODULES = (goodput_pb2, job_pb2, job_service_pb2, cluster_service_pb2,
+                    agent_service_pb2, policy_service_pb2)
+
+# Every message and enum value of the package, flat: pb.JobSpec, pb.JOB_STATE_QUEUED.
+pb = SimpleNamespace(**{name: getattr(m, name) for m in _MESSAGE_MODULES
+                        for name in dir(m) if not name.startswith("_")
+                        and name not in ("DESCRIPTOR",) and name[0].isupper()})
+
+JobServiceStub = job_service_pb2_grpc.JobServiceStub
+JobServiceServicer = job_service_pb2_grpc.JobServiceServicer
+add_JobServiceServicer_to_server = job_service_pb2_grpc.add_JobServiceServicer_to_server
+ClusterServiceStub = cluster_service_pb2_grpc.ClusterServiceStub
+ClusterServiceServicer = cluster_service_pb2_grpc.ClusterServiceServicer
+add_ClusterServiceServicer_to_server = cluster_service_pb2_grpc.add_ClusterServiceServicer_to_server
+AgentServiceStub = agent_service_pb2_grpc.AgentServiceStub
+AgentServiceServicer = agent_service_pb2_grpc.AgentServiceServicer
+add_AgentServiceServicer_to_server = agent_service_pb2_grpc.add_AgentServiceServicer_to_server
+PolicyServiceStub = policy_service_pb2_grpc.PolicyServiceStub
+PolicyServiceServicer = policy_service_pb2_grpc.PolicyServiceServicer
+add_PolicyServiceServicer_to_server = policy_service_pb2_grpc.add_PolicyServiceServicer_to_server
+
+# Full service names, for health checking and reflection.
+SERVICE_NAMES = tuple(
+    m.DESCRIPTOR.services_by_name[s].full_name
+    for m, s in ((job_service_pb2, "JobService"), (cluster_service_pb2, "ClusterService"),
+                 (agent_service_pb2, "AgentService"), (policy_service_pb2, "PolicyService")))
