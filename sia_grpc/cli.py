@@ -63,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     bsim.add_argument("--policy", default="sia")
     bsim.add_argument("--cluster", default="hetero64")
 
+    from sia_grpc.client.cli import add_commands
+
+    add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
+
     args = parser.parse_args(argv)
+    if getattr(args, "func", None) is not None:
+        return args.func(args)
     if args.command == "demo":
         from sia_grpc.demo import run_demo
 

@@ -1,0 +1,26 @@
+"""The node agent: a daemon per node that holds one stream to the controller,
+applies its placement directives to workers, and streams telemetry up.
+
+    config = AgentConfig(node_id="n1", controller="ctl:50051", gpu_type="rtx", num_gpus=8)
+    async with NodeAgent(config) as agent:   # modeled workers by default
+        await agent.run()
+
+Command line: `python -m sia_grpc.nodeagent --controller HOST:PORT --gpus rtx:8`.
+"""
+
+from sia_grpc.nodeagent.agent import (
+    ACK_MEMORY,
+    AgentConfig,
+    AgentStatus,
+    NodeAgent,
+    full_jitter_backoff,
+)
+from sia_grpc.nodeagent.backend import ExitCallback, Launch, WorkerBackend
+from sia_grpc.nodeagent.clock import Clock, ManualClock, MonotonicClock
+from sia_grpc.nodeagent.modeled import PROFILE_STEPS, ModeledBackend, Trajectory
+
+__all__ = [
+    "ACK_MEMORY", "AgentConfig", "AgentStatus", "Clock", "ExitCallback", "Launch",
+    "ManualClock", "ModeledBackend", "MonotonicClock", "NodeAgent", "PROFILE_STEPS",
+    "Trajectory", "WorkerBackend", "full_jitter_backoff",
+]

@@ -178,15 +178,13 @@ def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> Non
     if usable <= 0:
         return
     reps, atomic, accum = alloc.num_replicas, alloc.atomic_bsz, alloc.accum_steps
-    step, sync = app.step_time(conf.gpu_type, conf.num_nodes, reps, atomic)
+    rate, step, sync = app.progress_rate(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
+                                         job.progress)
     key = (conf.gpu_type, conf.num_nodes, reps, atomic)
     if key not in job.observed:  # the job reports its measured step time once per shape
         job.observed.add(key)
         job.model.estimator.add_observation(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
                                       step, sync)
-    iteration = step + (step - sync) * accum
-    batch = reps * atomic * (accum + 1)
-    rate = float(gain(app.grad_params(job.progress), batch, app.init_batch_size)) / iteration
     left = app.max_progress - job.progress
     if rate * usable >= left:
         job.finish_time = now + (round_s - usable) + left / rate

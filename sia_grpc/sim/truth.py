@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.efficiency import GradParams, gain
 from sia_grpc.models.profiles import (
     APPLICATIONS,
     StepTimes,
@@ -295,6 +295,24 @@ class AppTruth:
         step + (step − sync)·accum_steps."""
         step, sync = self.step_time(gpu_type, num_nodes, num_replicas, atomic_bsz)
         return step + (step - sync) * accum_steps
+
+    def progress_rate(self, gpu_type: str, num_nodes: int, num_replicas: int,
+                      atomic_bsz: float, accum_steps: int,
+                      progress: float) -> tuple[float, float, float]:
+        """(rate, step_time, sync_time): progress per second of training at `progress`
+        on this shape, and the step and sync times it comes from.
+
+        One iteration is step + (step − sync)·accum_steps seconds and advances
+        progress by `gain(grad_params(progress), B, init_batch_size)` with global
+        batch B = num_replicas·atomic_bsz·(accum_steps + 1). The rate holds within
+        an epoch (`epoch_bounds`). The simulator and the node agent's modeled
+        workers both call this, so they cannot drift apart.
+        """
+        step, sync = self.step_time(gpu_type, num_nodes, num_replicas, atomic_bsz)
+        iteration = step + (step - sync) * accum_steps
+        batch = num_replicas * atomic_bsz * (accum_steps + 1)
+        rate = float(gain(self.grad_params(progress), batch, self.init_batch_size)) / iteration
+        return rate, step, sync
 
     def seed_profile(self, gpu_type: str) -> StepTimes | None:
         """The 1-GPU profile Sia bootstraps from (seed-profiles), None if there is none.

@@ -1,0 +1,475 @@
+"""Client SDK for the Sia controller: a blocking `SiaClient` and an asyncio `AsyncSiaClient`.
+
+    with SiaClient("127.0.0.1:50051") as sia:
+        job = sia.submit(load_spec("job.yaml")).wait(timeout=3600)
+
+Every failed call raises `ApiError` (never a raw `grpc.RpcError`). Reads retry on
+UNAVAILABLE with full-jitter exponential backoff; CreateJob is not retried here
+(its request_id makes a retry by the caller safe), nor are Cancel and Delete.
+
+The two clients differ only in call shapes (`await`, `async for`); request
+building, the retry schedule, watch resumption and the terminal-state check are
+shared module-level pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from sia_grpc.api import ClusterServiceStub, JobServiceStub, pb
+from sia_grpc.errors import ApiError
+
+DEFAULT_TARGET = os.environ.get("SIA_CONTROLLER") or "127.0.0.1:50051"
+
+TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,
+                             pb.JOB_STATE_CANCELLED})
+
+
+def is_terminal(job: pb.Job) -> bool:
+    """Whether the job has finished for good (SUCCEEDED, FAILED or CANCELLED)."""
+    return job.status.state in TERMINAL_STATES
+
+
+# -- shared pieces -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Which failures to retry and how long to wait: full jitter, U(0, min(cap, base*2^n)).
+
+    Full jitter spreads the retries of many clients that failed together (a
+    controller restart) instead of having them return in lockstep.
+    """
+
+    retries: int = 4
+    base: float = 0.1
+    cap: float = 2.0
+    rand: Callable[[], float] = random.random
+
+    def should_retry(self, err: grpc.RpcError, attempt: int) -> bool:
+        """Retry attempt number `attempt` (0-based) after `err`?"""
+        return attempt < self.retries and _code(err) == grpc.StatusCode.UNAVAILABLE
+
+    def delay(self, attempt: int) -> float:
+        return self.rand() * min(self.cap, self.base * 2 ** attempt)
+
+
+def _code(err: grpc.RpcError) -> grpc.StatusCode:
+    code = getattr(err, "code", None)
+    return code() if callable(code) else grpc.StatusCode.UNKNOWN
+
+
+def _create_request(spec: pb.JobSpec, job_id: str, request_id: str | None) -> Any:
+    # A fresh request_id per submit makes a retry of this same call (by grpc or a
+    # proxy) harmless: the server returns the job it already created.
+    return pb.CreateJobRequest(spec=spec, job_id=job_id,
+                               request_id=str(uuid.uuid4()) if request_id is None else request_id)
+
+
+def _list_request(states: Iterable[int], tenant: str, page_size: int, token: str) -> Any:
+    return pb.ListJobsRequest(states=list(states), tenant=tenant, page_size=page_size,
+                              page_token=token)
+
+
+class _WatchCursor:
+    """Where a watch stands, so that a broken stream resumes without gaps or repeats.
+
+    A reconnect asks for the changes after the last revision yielded, and drops any
+    change at or before it that a server repeats. Snapshot events (since_revision=0)
+    do not move the cursor: they are not in revision order, so a snapshot cut short
+    is requested whole again; seeing a job's state twice is harmless, skipping the
+    jobs not yet sent is not. `failures` counts reconnects since the last event, so
+    the retry budget bounds consecutive failures, not a long watch's lifetime.
+    """
+
+    def __init__(self, job_id: str, since_revision: int, backoff: Backoff) -> None:
+        self.job_id, self.since, self.backoff = job_id, since_revision, backoff
+        self.failures = 0
+
+    def request(self) -> Any:
+        return pb.WatchJobsRequest(job_id=self.job_id, since_revision=self.since)
+
+    def accept(self, ev: Any) -> bool:
+        """Record an event; False when it repeats one already yielded."""
+        self.failures = 0
+        if ev.kind == pb.JobEvent.KIND_SNAPSHOT:
+            return True
+        if ev.revision <= self.since:
+            return False
+        self.since = ev.revision
+        return True
+
+    def retry(self, err: grpc.RpcError) -> float | None:
+        """The delay before reconnecting after `err`, or None to give up."""
+        if not self.backoff.should_retry(err, self.failures):
+            return None
+        self.failures += 1
+        return self.backoff.delay(self.failures - 1)
+
+
+def _next_version(job: Any, ev: Any) -> Any | None:
+    """The followed job's next version from a watch event (None if the event adds nothing)."""
+    if ev.job.job_id != job.job_id:
+        return None
+    if ev.kind == pb.JobEvent.KIND_DELETED:
+        raise ApiError(grpc.StatusCode.NOT_FOUND,
+                       f"job {job.job_id!r} was deleted before it finished",
+                       reason="JOB_NOT_FOUND", metadata={"job": job.job_id})
+    if ev.job.revision and ev.job.revision <= job.revision:
+        return None
+    return ev.job
+
+
+def _watch_ended(job_id: str) -> ApiError:
+    return ApiError(grpc.StatusCode.UNAVAILABLE,
+                    f"the controller ended the watch before job {job_id!r} finished")
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out waiting for the job to finish")
+    return left
+
+
+def _timed_out(err: grpc.RpcError, deadline: float | None) -> bool:
+    # The 10 ms slack: grpc fires the deadline at (not after) the instant we computed.
+    return (deadline is not None and _code(err) == grpc.StatusCode.DEADLINE_EXCEEDED
+            and time.monotonic() >= deadline - 0.01)
+
+
+# -- blocking client -----------------------------------------------------------------
+
+
+class SiaClient:
+    """A blocking client for the controller's JobService and ClusterService."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float = 10.0,
+                 read_retries: int = 4, channel: grpc.Channel | None = None,
+                 sleep: Callable[[float], None] | None = None,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.target = target
+        self._timeout = timeout
+        self._backoff = Backoff(retries=read_retries, rand=rand)
+        self._sleep = sleep or time.sleep
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else grpc.insecure_channel(target)
+        self._jobs = JobServiceStub(self._channel)
+        self._cluster = ClusterServiceStub(self._channel)
+        self._closed = False
+
+    def close(self) -> None:
+        """Close the channel (if this client opened it); safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_channel:
+                self._channel.close()
+
+    def __enter__(self) -> SiaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- calls --
+
+    def _call_timeout(self, deadline: float | None) -> float:
+        left = _remaining(deadline)
+        return self._timeout if left is None else min(self._timeout, left)
+
+    def _write(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return method(request, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise ApiError.from_rpc_error(err) from err
+
+    def _read(self, method: Callable[..., Any], request: Any,
+              deadline: float | None = None) -> Any:
+        for attempt in itertools.count():
+            try:
+                return method(request, timeout=self._call_timeout(deadline))
+            except grpc.RpcError as err:
+                if _timed_out(err, deadline):
+                    raise TimeoutError("timed out waiting for the job to finish") from err
+                if not self._backoff.should_retry(err, attempt):
+                    raise ApiError.from_rpc_error(err) from err
+            self._sleep(self._backoff.delay(attempt))
+        raise AssertionError("unreachable")
+
+    def submit(self, spec: pb.JobSpec, *, job_id: str = "",
+               request_id: str | None = None) -> JobHandle:
+        """Create a job; `request_id` (a fresh uuid4 by default) makes a retry return it."""
+        job = self._write(self._jobs.CreateJob, _create_request(spec, job_id, request_id))
+        return JobHandle(self, job.job_id)
+
+    def get(self, job_id: str) -> pb.Job:
+        return self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id))
+
+    def list(self, *, states: Iterable[int] = (), tenant: str = "",
+             page_size: int = 100) -> Iterator[pb.Job]:
+        """Every matching job, in creation order, fetching pages as it goes."""
+        states, token = tuple(states), ""
+        while True:
+            page = self._read(self._jobs.ListJobs,
+                              _list_request(states, tenant, page_size, token))
+            yield from page.jobs
+            token = page.next_page_token
+            if not token:
+                return
+
+    def cancel(self, job_id: str) -> pb.Job:
+        return self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id))
+
+    def delete(self, job_id: str) -> None:
+        self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
+
+    def watch(self, *, job_id: str = "", since_revision: int = 0) -> Iterator[pb.JobEvent]:
+        """Job events after `since_revision` (0: a snapshot of every job first), forever.
+
+        A stream broken with UNAVAILABLE is reopened after the last revision yielded.
+        """
+        return self._events(job_id, since_revision, None)
+
+    def _events(self, job_id: str, since_revision: int,
+                deadline: float | None) -> Iterator[pb.JobEvent]:
+        cursor = _WatchCursor(job_id, since_revision, self._backoff)
+        while True:
+            call = self._jobs.WatchJobs(cursor.request(), timeout=_remaining(deadline))
+            try:
+                for ev in call:
+                    if cursor.accept(ev):
+                        yield ev
+                return
+            except grpc.RpcError as err:
+                if _timed_out(err, deadline):
+                    raise TimeoutError("timed out waiting for the job to finish") from err
+                delay = cursor.retry(err)
+                if delay is None:
+                    raise ApiError.from_rpc_error(err) from err
+            finally:
+                call.cancel()
+            left = _remaining(deadline)
+            self._sleep(delay if left is None else min(delay, left))
+
+    def _follow(self, job_id: str, deadline: float | None = None) -> Iterator[pb.Job]:
+        job = self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id), deadline)
+        yield job
+        if is_terminal(job):
+            return
+        events = self._events(job_id, job.revision, deadline)
+        with contextlib.closing(events):
+            for ev in events:
+                nxt = _next_version(job, ev)
+                if nxt is not None:
+                    job = nxt
+                    yield job
+                    if is_terminal(job):
+                        return
+        raise _watch_ended(job_id)
+
+    def cluster(self) -> pb.Cluster:
+        return self._read(self._cluster.GetCluster, pb.GetClusterRequest())
+
+    def rounds(self, limit: int = 20) -> list[pb.Round]:
+        """The most recent scheduling rounds."""
+        return list(self._read(self._cluster.ListRounds,
+                               pb.ListRoundsRequest(limit=limit)).rounds)
+
+    def handle(self, job_id: str) -> JobHandle:
+        return JobHandle(self, job_id)
+
+
+class JobHandle:
+    """One job on a `SiaClient`: its current version, its progress, and waiting for it."""
+
+    def __init__(self, client: SiaClient, job_id: str) -> None:
+        self._client, self.job_id = client, job_id
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.job_id!r})"
+
+    def job(self) -> pb.Job:
+        return self._client.get(self.job_id)
+
+    def status(self) -> pb.JobStatus:
+        return self.job().status
+
+    def watch(self) -> Iterator[pb.Job]:
+        """The job's current version, then each new one until it reaches a terminal state."""
+        return self._client._follow(self.job_id)
+
+    def wait(self, timeout: float | None = None) -> pb.Job:
+        """The terminal job; TimeoutError if it has not finished within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        versions = self._client._follow(self.job_id, deadline)
+        with contextlib.closing(versions):
+            for job in versions:
+                last = job
+        return last
+
+    def cancel(self) -> pb.Job:
+        return self._client.cancel(self.job_id)
+
+
+# -- asyncio client ------------------------------------------------------------------
+
+
+class AsyncSiaClient:
+    """The `SiaClient` API over `grpc.aio`: coroutines and async iterators."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float = 10.0,
+                 read_retries: int = 4, channel: grpc.aio.Channel | None = None,
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 rand: Callable[[], float] = random.random) -> None:
+        self.target = target
+        self._timeout = timeout
+        self._backoff = Backoff(retries=read_retries, rand=rand)
+        self._sleep = sleep or asyncio.sleep
+        self._owns_channel = channel is None
+        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        self._jobs = JobServiceStub(self._channel)
+        self._cluster = ClusterServiceStub(self._channel)
+        self._closed = False
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._owns_channel:
+                await self._channel.close()
+
+    async def __aenter__(self) -> AsyncSiaClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _write(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._timeout)
+        except grpc.RpcError as err:
+            raise ApiError.from_rpc_error(err) from err
+
+    async def _read(self, method: Callable[..., Any], request: Any) -> Any:
+        for attempt in itertools.count():
+            try:
+                return await method(request, timeout=self._timeout)
+            except grpc.RpcError as err:
+                if not self._backoff.should_retry(err, attempt):
+                    raise ApiError.from_rpc_error(err) from err
+            await self._sleep(self._backoff.delay(attempt))
+        raise AssertionError("unreachable")
+
+    async def submit(self, spec: pb.JobSpec, *, job_id: str = "",
+                     request_id: str | None = None) -> AsyncJobHandle:
+        job = await self._write(self._jobs.CreateJob, _create_request(spec, job_id, request_id))
+        return AsyncJobHandle(self, job.job_id)
+
+    async def get(self, job_id: str) -> pb.Job:
+        return await self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id))
+
+    async def list(self, *, states: Iterable[int] = (), tenant: str = "",
+                   page_size: int = 100) -> AsyncIterator[pb.Job]:
+        states, token = tuple(states), ""
+        while True:
+            page = await self._read(self._jobs.ListJobs,
+                                    _list_request(states, tenant, page_size, token))
+            for job in page.jobs:
+                yield job
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def cancel(self, job_id: str) -> pb.Job:
+        return await self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id))
+
+    async def delete(self, job_id: str) -> None:
+        await self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
+
+    async def watch(self, *, job_id: str = "",
+                    since_revision: int = 0) -> AsyncIterator[pb.JobEvent]:
+        cursor = _WatchCursor(job_id, since_revision, self._backoff)
+        while True:
+            call = self._jobs.WatchJobs(cursor.request())
+            try:
+                async for ev in call:
+                    if cursor.accept(ev):
+                        yield ev
+                return
+            except grpc.RpcError as err:
+                delay = cursor.retry(err)
+                if delay is None:
+                    raise ApiError.from_rpc_error(err) from err
+            finally:
+                call.cancel()
+            await self._sleep(delay)
+
+    async def _follow(self, job_id: str) -> AsyncIterator[pb.Job]:
+        job = await self.get(job_id)
+        yield job
+        if is_terminal(job):
+            return
+        events = self.watch(job_id=job_id, since_revision=job.revision)
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                nxt = _next_version(job, ev)
+                if nxt is not None:
+                    job = nxt
+                    yield job
+                    if is_terminal(job):
+                        return
+        raise _watch_ended(job_id)
+
+    async def cluster(self) -> pb.Cluster:
+        return await self._read(self._cluster.GetCluster, pb.GetClusterRequest())
+
+    async def rounds(self, limit: int = 20) -> list[pb.Round]:
+        resp = await self._read(self._cluster.ListRounds, pb.ListRoundsRequest(limit=limit))
+        return list(resp.rounds)
+
+    def handle(self, job_id: str) -> AsyncJobHandle:
+        return AsyncJobHandle(self, job_id)
+
+
+class AsyncJobHandle:
+    """One job on an `AsyncSiaClient`."""
+
+    def __init__(self, client: AsyncSiaClient, job_id: str) -> None:
+        self._client, self.job_id = client, job_id
+
+    def __repr__(self) -> str:
+        return f"AsyncJobHandle({self.job_id!r})"
+
+    async def job(self) -> pb.Job:
+        return await self._client.get(self.job_id)
+
+    async def status(self) -> pb.JobStatus:
+        return (await self.job()).status
+
+    def watch(self) -> AsyncIterator[pb.Job]:
+        """The job's current version, then each new one until it reaches a terminal state."""
+        return self._client._follow(self.job_id)
+
+    async def wait(self, timeout: float | None = None) -> pb.Job:
+        """The terminal job; TimeoutError if it has not finished within `timeout` seconds."""
+        async with asyncio.timeout(timeout):
+            versions = self._client._follow(self.job_id)
+            async with contextlib.aclosing(versions):
+                async for job in versions:
+                    last = job
+        return last
+
+    async def cancel(self) -> pb.Job:
+        return await self._client.cancel(self.job_id)

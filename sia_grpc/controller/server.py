@@ -1,0 +1,551 @@
+"""The controller's async shell: gRPC services, the event queue, the round timer.
+
+All decisions are `ControllerState.handle` (pure, synchronous); this module only
+turns RPCs, agent streams and timers into events, one at a time, and carries out
+the actions: persist (SQLite, on one writer thread, before an RPC says OK), send
+to agents, solve (in a spawn process pool, never on the loop), publish rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sia_grpc import api
+from sia_grpc.api import pb
+from sia_grpc.controller import state as sm
+from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.solver_pool import SolverPool
+from sia_grpc.controller.store import Store as JobStore
+from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.validation import check_job_id, resolve
+from sia_grpc.errors import ApiError, failed_precondition, invalid, not_found, unavailable
+
+log = structlog.get_logger("sia.controller")
+VERSION = "0.1.0"
+
+
+class Clock:
+    """Wall time for timestamps and `sleep` for timers; tests inject another."""
+
+    rate = 1.0  # controller seconds per real second
+
+    def time(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class ScaledClock(Clock):
+    """Time running `rate`× faster than real time (a 60 s round takes 60/rate s).
+    `sia replay --time-scale` and the end-to-end tests run controller and modeled
+    agents at one rate, so the whole system is a sped-up real cluster."""
+
+    def __init__(self, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"rate: must be positive, got {rate}")
+        self.rate = float(rate)
+        self._wall0, self._mono0 = time.time(), time.monotonic()
+
+    def time(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0) * self.rate
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds / self.rate)
+
+
+class Status(enum.Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+def rpc(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+    """Typed errors become statuses; anything else is INTERNAL, logged, never a crash."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())
+        except StoreError as err:
+            log.error("store error", error=str(err), rpc=method.__name__)
+            await context.abort_with_status(unavailable(str(err), "STORE_UNAVAILABLE").to_status())
+        except ValueError as err:  # from the store: malformed page tokens
+            field = str(err).split(":", 1)[0]
+            await context.abort_with_status(invalid(field, str(err).split(": ", 1)[-1]).to_status())
+    return wrapper
+
+
+@dataclass
+class _Agent:
+    node_id: str
+    outbox: asyncio.Queue
+    context: grpc.aio.ServicerContext
+
+
+class Controller:
+    """`async with Controller(config) as c:` serves until closed; `c.port` is the bound port."""
+
+    def __init__(self, config: ControllerConfig | None = None, *,
+                 clock: Clock | None = None, telemetry=None) -> None:
+        self.config = config = config or ControllerConfig()
+        self.clock = clock or Clock()
+        self.telemetry = telemetry
+        self.status = Status.CREATED
+        self.state = sm.ControllerState(sm.ControllerSettings(
+            heartbeat_timeout=config.heartbeat_timeout,
+            checkpoint_root=config.checkpoint_root))
+        self.port = 0
+        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._agents: dict[str, _Agent] = {}
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
+        self._store: JobStore | None = None
+        self._pool = SolverPool(inline=config.inline_solver)
+        self._tasks: list[asyncio.Task] = []
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._changed = asyncio.Event()  # set after every store commit
+        self._round_watchers: set[asyncio.Queue] = set()
+        self._early: asyncio.Task | None = None
+        self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
+        self._create_flush: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Controller:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self.status is not Status.CREATED:
+            return
+        self._store = await self._in_store(JobStore, self.config.db_path,
+                                           synchronous=self.config.store_synchronous)
+        now = self.clock.time()
+        self.state.started_at = now
+        for stored in await self._in_store(self._store.all_jobs):
+            self.state.restore(stored.job, stored.extra, now)
+        opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
+                ("grpc.max_send_message_length", self.config.max_message_bytes)]
+        server = grpc.aio.server(options=opts)
+        api.add_JobServiceServicer_to_server(JobService(self), server)
+        api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
+        api.add_AgentServiceServicer_to_server(AgentService(self), server)
+        from sia_grpc.controller.policy_service import PolicyService
+        api.add_PolicyServiceServicer_to_server(PolicyService(), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (*api.SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"listen: cannot bind {self.config.listen}")
+        await server.start()
+        self._server = server
+        for name in ("", *api.SERVICE_NAMES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.telemetry is not None:
+            self.telemetry.observe(
+                queue_length=self._events.qsize, jobs_by_state=self.state.jobs_by_state,
+                gpus_allocated=self.state.gpus_allocated,
+                agents_connected=lambda: len(self._agents))
+        self.status = Status.RUNNING
+        self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
+                       asyncio.create_task(self._timer(), name="sia-rounds"),
+                       asyncio.create_task(self._liveness(), name="sia-liveness")]
+        log.info("controller started", listen=self.config.listen, port=self.port,
+                 jobs=len(self.state.jobs), policy=self.config.policy)
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Graceful stop: NOT_SERVING, timers off, in-flight work finished or capped,
+        agent streams drained, server stopped, pool and store closed. Safe twice."""
+        if self.status in (Status.CLOSING, Status.CLOSED):
+            return
+        if self.status is Status.CREATED:
+            self.status = Status.CLOSED
+            return
+        self.status = Status.CLOSING
+        await self._health.enter_graceful_shutdown()
+        for t in [*self._tasks, self._early, self._create_flush]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*[t for t in self._tasks if t], return_exceptions=True)
+        for agent in self._agents.values():
+            agent.outbox.put_nowait(None)
+        if self._server is not None:
+            await self._server.stop(grace)
+        self._pool.close()
+        if self._store is not None:
+            await self._in_store(self._store.close)
+        self._writer.shutdown(wait=True)
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+        self.status = Status.CLOSED
+        log.info("controller stopped")
+
+    # ------------------------------------------------------------ events
+
+    async def submit(self, event: sm.Event) -> None:
+        """Handle `event` and carry out its actions; returns once they are durable."""
+        done = asyncio.get_running_loop().create_future()
+        await self._events.put((event, done))
+        await done
+
+    def post(self, event: sm.Event) -> None:
+        self._events.put_nowait((event, None))
+
+    async def _process(self) -> None:
+        while True:
+            event, done = await self._events.get()
+            try:
+                await self._perform(self.state.handle(event))
+            except Exception as exc:  # the loop must survive any one event
+                log.exception("event failed", event=type(event).__name__)
+                if done is not None and not done.done():
+                    done.set_exception(exc)
+                continue
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def _perform(self, actions: list[sm.Action]) -> None:
+        for action in actions:
+            match action:
+                case sm.Persist():
+                    await self._persist(action.job_ids)
+                case sm.Send():
+                    agent = self._agents.get(action.node_id)
+                    if agent is not None:  # else: re-sent when it reconnects
+                        agent.outbox.put_nowait(action.message)
+                case sm.Solve():
+                    asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
+                case sm.RoundDone():
+                    self._round_done(action.round)
+                case sm.WantRound():
+                    self._schedule_early(action.trigger)
+
+    async def _persist(self, job_ids: tuple[str, ...]) -> None:
+        items = [(pb.Job.FromString(self.state.jobs[j].job.SerializeToString()),
+                  self.state.extra(j)) for j in job_ids if j in self.state.jobs]
+        if items:
+            await self._in_store(self._store.put_jobs, items)
+            self._changed.set()
+
+    async def _in_store(self, fn, *args, **kw):
+        return await asyncio.get_running_loop().run_in_executor(
+            self._writer, functools.partial(fn, *args, **kw))
+
+    # ------------------------------------------------------------ rounds
+
+    async def _timer(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.round_duration)
+            self.post(sm.Tick(self.clock.time(), "timer"))
+
+    async def _liveness(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.heartbeat_interval)
+            self.post(sm.Liveness(self.clock.time()))
+
+    def _schedule_early(self, trigger: str) -> None:
+        if self._early is not None and not self._early.done():
+            return
+
+        async def later() -> None:
+            await self.clock.sleep(self.config.early_round_delay)
+            self.post(sm.Tick(self.clock.time(), trigger))
+        self._early = asyncio.create_task(later(), name="sia-early-round")
+
+    async def _solve(self, action: sm.Solve) -> None:
+        structlog.contextvars.bind_contextvars(round=action.round_no)
+        self._solve_started = time.time_ns()
+        try:
+            result = await self._pool.solve(self.config.policy, action.cluster, action.jobs,
+                                            action.previous, timeout=self.config.solve_timeout)
+            error = ""
+        except TimeoutError:
+            result, error = None, (f"solver timed out after {self.config.solve_timeout:g} s: "
+                                   "previous allocation kept")
+        except Exception as exc:
+            log.exception("solve failed")
+            result, error = None, f"solve failed ({type(exc).__name__}): previous allocation kept"
+        self.post(sm.SolveFinished(self.clock.time(), action.round_no, result, error))
+
+    def _round_done(self, rnd: pb.Round) -> None:
+        end = time.time_ns()
+        start = getattr(self, "_solve_started", end)
+        rnd.dispatch_ms = 0.0
+        rnd.total_ms = (end - start) / 1e6
+        self.rounds.append(rnd)
+        for q in list(self._round_watchers):
+            q.put_nowait(rnd)
+        log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
+                 gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
+                 note=rnd.note or None)
+        if self.telemetry is not None:
+            phases, t = [], start
+            for name, ms in (("estimate", rnd.estimate_ms), ("solve", rnd.solve_ms),
+                             ("place", rnd.place_ms)):
+                phases.append((name, t, t + int(ms * 1e6)))
+                t += int(ms * 1e6)
+            phases.append(("dispatch", t, max(t, end)))
+            self.telemetry.record_round(
+                rnd.round, trigger=rnd.trigger, start_ns=start, phases=phases,
+                attributes={"jobs": rnd.jobs, "gpus": rnd.gpus_allocated,
+                            "jobs_moved": rnd.jobs_moved, "objective": rnd.objective},
+                error=rnd.note or None)
+
+    # ------------------------------------------------------------ jobs
+
+    async def create_job(self, request: pb.CreateJobRequest) -> pb.Job:
+        resolve(request.spec)
+        if request.job_id:
+            check_job_id(request.job_id)
+        if len(request.request_id) > 128:
+            raise invalid("request_id", "at most 128 characters")
+        job = pb.Job(job_id=request.job_id or f"{request.spec.name or 'job'}-"
+                     f"{uuid.uuid4().hex[:8]}", spec=request.spec)
+        if not request.job_id and len(job.job_id) > 63:
+            job.job_id = f"job-{uuid.uuid4().hex[:12]}"
+        now = self.clock.time()
+        job.status.state = pb.JOB_STATE_QUEUED
+        job.status.reason = "accepted"
+        job.status.create_time.FromNanoseconds(int(now * 1e9))
+        job.status.update_time.CopyFrom(job.status.create_time)
+        fut = asyncio.get_running_loop().create_future()
+        # Group commit: concurrent creates share one transaction.
+        self._creates.append((job, request.request_id, fut))
+        if self._create_flush is None or self._create_flush.done():
+            self._create_flush = asyncio.create_task(self._flush_creates())
+        stored, created = await fut
+        if created:
+            await self.submit(sm.JobCreated(now, stored))
+            log.info("job created", job_id=stored.job_id, application=stored.spec.application)
+        current = self.state.job(stored.job_id)
+        return pb.Job.FromString(current.SerializeToString()) if current else stored
+
+    async def _flush_creates(self) -> None:
+        while self._creates:
+            batch, self._creates = self._creates, []
+            try:
+                results = await self._in_store(self._store.create_jobs,
+                                               [(j, r) for j, r, _ in batch])
+            except StoreError as err:
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            self._changed.set()
+            for (job, _, fut), res in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(res, Exception):
+                    fut.set_exception(_store_conflict(res, job.job_id))
+                else:
+                    fut.set_result(res)
+
+    def get_job(self, job_id: str) -> pb.Job:
+        job = self.state.job(job_id)
+        if job is None:
+            raise not_found("job", job_id)
+        return pb.Job.FromString(job.SerializeToString())
+
+    async def cancel_job(self, job_id: str) -> pb.Job:
+        self.get_job(job_id)
+        await self.submit(sm.JobCancelRequested(self.clock.time(), job_id))
+        return self.get_job(job_id)
+
+    async def delete_job(self, job_id: str) -> None:
+        job = self.get_job(job_id)
+        if job.status.state not in sm.TERMINAL:
+            raise failed_precondition(
+                f"job {job_id!r} is {pb.JobState.Name(job.status.state)}; cancel it first",
+                "JOB_NOT_FINISHED")
+        await self._in_store(self._store.delete_job, job_id)
+        self._changed.set()
+        await self.submit(sm.JobDeleted(self.clock.time(), job_id))
+
+    async def watch_jobs(self, request: pb.WatchJobsRequest) -> AsyncIterator[pb.JobEvent]:
+        rev = request.since_revision
+        if rev == 0:
+            rev = self._store.revision
+            for stored in await self._in_store(self._store.all_jobs):
+                if not request.job_id or stored.job.job_id == request.job_id:
+                    yield pb.JobEvent(kind=pb.JobEvent.KIND_SNAPSHOT, revision=stored.job.revision,
+                                      job=stored.job)
+        while self.status is Status.RUNNING:
+            self._changed.clear()
+            try:
+                events = await self._in_store(self._store.events_since, rev, 500)
+            except StoreError as err:
+                raise failed_precondition(f"since_revision {rev}: {err}; watch from 0 "
+                                          "for a fresh snapshot", "REVISION_COMPACTED") from None
+            for revision, kind, job in events:
+                rev = revision
+                if not request.job_id or job.job_id == request.job_id:
+                    yield pb.JobEvent(kind=kind, revision=revision, job=job)
+            if not events:
+                await self._changed.wait()
+
+    # ------------------------------------------------------------ agents
+
+    async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "register":
+            raise invalid("register", "the first message on the stream must be register")
+        reg = first.register
+        check_job_id(reg.node_id, "register.node_id")
+        if len(reg.gpus) != 1 or reg.gpus[0].count == 0 or not reg.gpus[0].gpu_type:
+            raise invalid("register.gpus", "one GPU type with a positive count per node")
+        node = reg.node_id
+        old = self._agents.get(node)
+        if old is not None:  # a second stream for one node replaces the first
+            old.outbox.put_nowait(None)
+        agent = _Agent(node, asyncio.Queue(), context)
+        self._agents[node] = agent
+        log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
+                 gpus=reg.gpus[0].count)
+        agent.outbox.put_nowait(pb.ControllerMessage(registered=pb.Registered(
+            controller_version=VERSION,
+            # Agents keep real time; the interval is in the controller's clock.
+            heartbeat_interval_s=self.config.heartbeat_interval / self.clock.rate)))
+        await self.submit(sm.AgentRegistered(
+            self.clock.time(), node, reg.gpus[0].gpu_type, reg.gpus[0].count, reg.agent_version,
+            tuple((r.job_id, r.generation, tuple(r.local_gpus)) for r in reg.running)))
+
+        async def read() -> None:
+            async for msg in requests:
+                if msg.WhichOneof("kind") is None:
+                    continue
+                self.post(sm.AgentMessage(self.clock.time(), node, msg))
+            agent.outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read(), name=f"sia-agent-{node}")
+        try:
+            while True:
+                msg = await agent.outbox.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+            if self._agents.get(node) is agent:
+                del self._agents[node]
+                self.post(sm.AgentDisconnected(self.clock.time(), node))
+                log.info("agent disconnected", node_id=node)
+
+
+def _store_conflict(err: Exception, job_id: str) -> ApiError:
+    from sia_grpc.controller.store import JobExists, RequestConflict
+    from sia_grpc.errors import already_exists
+
+    if isinstance(err, JobExists):
+        return already_exists("job", job_id)
+    if isinstance(err, RequestConflict):
+        return already_exists("request", job_id, "request_id: already used for a different spec")
+    return unavailable(str(err), "STORE_UNAVAILABLE")
+
+
+# ---------------------------------------------------------------- services
+
+
+class JobService(api.JobServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    @rpc
+    async def CreateJob(self, request, context):
+        return await self.c.create_job(request)
+
+    @rpc
+    async def GetJob(self, request, context):
+        return self.c.get_job(request.job_id)
+
+    @rpc
+    async def ListJobs(self, request, context):
+        if request.page_size > 1000:
+            raise invalid("page_size", "at most 1000")
+        jobs, token = await self.c._in_store(
+            self.c._store.list_jobs, states=tuple(request.states), tenant=request.tenant,
+            page_size=request.page_size or 100, page_token=request.page_token)
+        # The store lags the live state by at most one write: show the live version.
+        live = [self.c.state.job(j.job_id) or j for j in jobs]
+        return pb.ListJobsResponse(jobs=live, next_page_token=token)
+
+    @rpc
+    async def CancelJob(self, request, context):
+        return await self.c.cancel_job(request.job_id)
+
+    @rpc
+    async def DeleteJob(self, request, context):
+        await self.c.delete_job(request.job_id)
+        return pb.DeleteJobResponse()
+
+    async def WatchJobs(self, request, context):
+        try:
+            async for ev in self.c.watch_jobs(request):
+                yield ev
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())
+
+
+class ClusterService(api.ClusterServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    @rpc
+    async def GetCluster(self, request, context):
+        out = self.c.state.cluster_pb()
+        out.policy = self.c.config.policy
+        out.round_duration_s = self.c.config.round_duration
+        return out
+
+    @rpc
+    async def ListRounds(self, request, context):
+        limit = request.limit or 20
+        return pb.ListRoundsResponse(rounds=list(self.c.rounds)[-limit:])
+
+    async def WatchRounds(self, request, context):
+        q: asyncio.Queue = asyncio.Queue()
+        self.c._round_watchers.add(q)
+        try:
+            while self.c.status is Status.RUNNING:
+                yield await q.get()
+        finally:
+            self.c._round_watchers.discard(q)
+
+
+class AgentService(api.AgentServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    async def Connect(self, request_iterator, context):
+        try:
+            async for msg in self.c.agent_stream(request_iterator, context):
+                yield msg
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())

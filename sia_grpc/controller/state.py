@@ -1,0 +1,820 @@
+"""The controller's decisions: a synchronous state machine with no I/O.
+
+`ControllerState.handle(event) -> list[Action]` is the whole controller logic;
+the async shell (`controller.server`) feeds it events from RPCs, agent streams
+and the round timer, one at a time, and carries out the actions it returns
+(send a message to an agent, persist jobs, start a solve, publish a round).
+Every time it needs is in the events (`Event.at`), so tests drive it with no
+sockets and no clock.
+
+A job's life: QUEUED → PROFILING (one GPU of each type for a short pass, the
+paper's bootstrap; it is schedulable once one type has a profile) → RUNNING →
+(RESTARTING: STOP to its old nodes, wait for their checkpoints, then RUN at the
+new allocation) → ... → SUCCEEDED / FAILED / CANCELLED. A RUN goes out only when
+every GPU it needs has been released by whoever held it, so no GPU is ever used
+by two jobs, even while jobs move.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf import timestamp_pb2
+
+from sia_grpc.api import pb
+from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
+from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models.efficiency import GradParams
+from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
+from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
+
+TERMINAL = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+# Until a job reports gradient statistics: no statistical gain from a larger
+# batch (gain = 1), so the policy keeps it near its initial batch size.
+NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # wall-clock seconds (injected clock)
+
+
+@dataclass(frozen=True)
+class JobCreated(Event):
+    job: pb.Job  # durable already
+
+
+@dataclass(frozen=True)
+class JobCancelRequested(Event):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobDeleted(Event):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class AgentRegistered(Event):
+    node_id: str
+    gpu_type: str
+    num_gpus: int
+    version: str = ""
+    running: tuple[tuple[str, int, tuple[int, ...]], ...] = ()  # (job, generation, gpus)
+
+
+@dataclass(frozen=True)
+class AgentMessage(Event):
+    node_id: str
+    message: pb.AgentMessage  # heartbeat, telemetry, ack or exit
+
+
+@dataclass(frozen=True)
+class AgentDisconnected(Event):
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Liveness(Event):
+    """Periodic check: agents silent past the heartbeat timeout are lost."""
+
+
+@dataclass(frozen=True)
+class Tick(Event):
+    trigger: str = "timer"  # or "arrival"
+
+
+@dataclass(frozen=True)
+class SolveFinished(Event):
+    round_no: int
+    result: RoundResult | None
+    error: str = ""  # set when the solve failed or timed out: nothing changes
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Send:
+    node_id: str
+    message: pb.ControllerMessage
+
+
+@dataclass(frozen=True)
+class Persist:
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Solve:
+    round_no: int
+    trigger: str
+    cluster: Cluster
+    jobs: tuple[PolicyJob, ...]
+    previous: Mapping[str, JobAllocation]
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    round: pb.Round
+
+
+@dataclass(frozen=True)
+class WantRound:
+    """Ask the shell for an early (debounced) round: a job became schedulable."""
+
+    trigger: str = "arrival"
+
+
+Action = Send | Persist | Solve | RoundDone | WantRound
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    heartbeat_timeout: float = 15.0  # seconds without a message: the agent is lost
+    profile_batch_sizes: int = 10  # micro-batch sizes per profiling pass
+    persist_progress_every: float = 10.0  # seconds between progress-only writes
+    checkpoint_root: str = "/var/lib/sia/checkpoints"
+    master_port_base: int = 29500
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass
+class _NodeRec:
+    name: str
+    gpu_type: str
+    num_gpus: int
+    version: str = ""
+    state: int = pb.NODE_STATE_READY
+    last_seen: float = 0.0
+    holder: dict[int, str] = field(default_factory=dict)  # GPU index -> job physically on it
+
+
+@dataclass
+class _JobRec:
+    job: pb.Job
+    res: Resolved
+    estimator: ThroughputEstimator = field(default_factory=ThroughputEstimator)
+    samples: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    grad: GradParams | None = None
+    profiled: set[str] = field(default_factory=set)  # types with a finished profiling pass
+    usable: set[str] = field(default_factory=set)  # types whose profile had samples
+    profiling: dict[str, tuple[str, int]] = field(default_factory=dict)  # type -> (node, gpu)
+    alloc: JobAllocation | None = None  # what it runs on (RUN sent)
+    target: JobAllocation | None = None  # what it moves to once GPUs are released
+    moving: bool = False  # target set by a round (None target = preempted)
+    held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> its GPUs there
+    stopping: set[str] = field(default_factory=set)  # nodes sent STOP, not acknowledged yet
+    generation: int = 0
+    checkpoint: float = 0.0  # progress fraction of its last checkpoint
+    attained: dict[str, float] = field(default_factory=dict)
+    run_since: float | None = None
+    last_persist: float = 0.0
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def state(self) -> int:
+        return self.job.status.state
+
+
+class ControllerState:
+    """All the controller knows. Mutated only by `handle`."""
+
+    def __init__(self, settings: ControllerSettings = ControllerSettings(), *,
+                 started_at: float = 0.0) -> None:
+        self.settings = settings
+        self.jobs: dict[str, _JobRec] = {}
+        self.nodes: dict[str, _NodeRec] = {}
+        self.round_no = 0
+        self.solving: int | None = None
+        self.started_at = started_at
+        # Directive ids are unique across controller restarts: a random base.
+        self._next_directive = secrets.randbits(40) << 20
+        # Directives sent and not yet acknowledged: id -> (job, node, action, message).
+        # They are sent again, unchanged, when their agent reconnects.
+        self._pending_acks: dict[int, tuple[str, str, int, pb.ControllerMessage]] = {}
+        self._round_started, self._round_trigger = 0.0, "timer"
+        self.refused = 0  # RUN directives an agent refused (should stay 0)
+
+    # ------------------------------------------------------------ loading
+
+    def restore(self, job: pb.Job, extra: bytes, at: float) -> None:
+        """Reload a job from the store after a controller restart. Nodes it held
+        come back as not yet seen: unless their agent reconnects within the
+        heartbeat timeout, the job is requeued from its last checkpoint."""
+        rec = _JobRec(job=job, res=resolve(job.spec))
+        if extra:
+            _load_extra(rec, json.loads(extra))
+        self.jobs[job.job_id] = rec
+        for node, gpus in rec.held.items():
+            n = self.nodes.get(node)
+            if n is None:
+                a = rec.alloc
+                gpu_type = a.config.gpu_type if a else ""
+                n = self.nodes[node] = _NodeRec(node, gpu_type, max(gpus) + 1, last_seen=at)
+            n.holder.update(dict.fromkeys(gpus, job.job_id))
+
+    def extra(self, job_id: str) -> bytes:
+        """The controller-private part of a job, persisted beside it."""
+        return json.dumps(_dump_extra(self.jobs[job_id]), separators=(",", ":")).encode()
+
+    # ------------------------------------------------------------ dispatch
+
+    def handle(self, event: Event) -> list[Action]:
+        out: list[Action] = []
+        match event:
+            case JobCreated():
+                self._created(event, out)
+            case JobCancelRequested():
+                self._cancel(event, out)
+            case JobDeleted():
+                self.jobs.pop(event.job_id, None)
+            case AgentRegistered():
+                self._registered(event, out)
+            case AgentMessage():
+                self._agent_message(event, out)
+            case AgentDisconnected():
+                pass  # liveness is judged by heartbeats (Tick), so a quick reconnect is free
+            case Tick():
+                self._tick(event, out)
+            case Liveness():
+                self._check_liveness(event.at, out)
+            case SolveFinished():
+                self._solved(event, out)
+            case _:
+                raise TypeError(f"unknown event {event!r}")
+        self._start_profiles(event.at, out)
+        self._dispatch_pending(event.at, out)
+        return _merge_persists(out)
+
+    # ------------------------------------------------------------ jobs
+
+    def _created(self, ev: JobCreated, out: list[Action]) -> None:
+        job = pb.Job()
+        job.CopyFrom(ev.job)
+        rec = _JobRec(job=job, res=resolve(job.spec))
+        self.jobs[job.job_id] = rec
+        self._set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
+        out.append(Persist((job.job_id,)))
+
+    def _cancel(self, ev: JobCancelRequested, out: list[Action]) -> None:
+        rec = self.jobs.get(ev.job_id)
+        if rec is None or rec.state in TERMINAL:
+            return
+        self._finish(rec, pb.JOB_STATE_CANCELLED, ev.at, "cancelled by request", out)
+
+    def _finish(self, rec: _JobRec, state: int, at: float, reason: str,
+                out: list[Action], *, except_node: str = "") -> None:
+        """End a job: stop it wherever it still runs (GPUs are released on the acks)."""
+        rec.target, rec.moving = None, False
+        self._account(rec, at)
+        rec.alloc = None
+        self._stop_everywhere(rec, out, except_node=except_node)
+        rec.job.status.ClearField("allocation")
+        rec.job.status.finish_time.CopyFrom(_ts(at))
+        self._set_state(rec, state, at, reason)
+        out.append(Persist((rec.job_id,)))
+
+    # ------------------------------------------------------------ agents
+
+    def _registered(self, ev: AgentRegistered, out: list[Action]) -> None:
+        node = self.nodes.get(ev.node_id)
+        if node is None:
+            node = self.nodes[ev.node_id] = _NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
+        node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
+        node.state, node.last_seen = pb.NODE_STATE_READY, ev.at
+        reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
+        # Re-deliver what it may have missed; the agent ignores ids it already applied.
+        unacked = set()
+        for job_id, name, _, msg in self._pending_acks.values():
+            if name == ev.node_id:
+                unacked.add(job_id)
+                out.append(Send(name, msg))
+        # Jobs we believe run here but the agent does not have: their workers are gone.
+        for job_id in {j for j in node.holder.values()}:
+            rec = self.jobs.get(job_id)
+            if rec is None or job_id in reported or job_id in unacked:
+                continue
+            if ev.node_id in rec.held and ev.node_id not in rec.stopping:
+                self._release(rec, ev.node_id)
+                self._interrupt(rec, ev.at, f"requeued: its workers on {ev.node_id} are gone", out)
+            elif ev.node_id in rec.stopping:  # it stopped while we were apart
+                self._stop_acked(rec, ev.node_id, ev.at, out)
+        # Workers the agent runs that we did not place there (or of an older generation): fence.
+        for job_id, (gen, gpus) in reported.items():
+            if job_id in unacked:
+                continue
+            rec = self.jobs.get(job_id)
+            ours = (rec is not None and rec.state not in TERMINAL and gen == rec.generation
+                    and rec.held.get(ev.node_id) == tuple(sorted(gpus)))
+            if not ours:
+                node.holder.update({g: job_id for g in gpus if g not in node.holder})
+                self._send_stop(job_id, gen, ev.node_id, out)
+                if rec is not None:
+                    rec.held.setdefault(ev.node_id, tuple(sorted(gpus)))
+                    rec.stopping.add(ev.node_id)
+
+    def _agent_message(self, ev: AgentMessage, out: list[Action]) -> None:
+        node = self.nodes.get(ev.node_id)
+        if node is None:
+            return
+        node.last_seen = ev.at
+        msg = ev.message
+        kind = msg.WhichOneof("kind")
+        if kind == "telemetry":
+            self._telemetry(node, msg.telemetry, ev.at, out)
+        elif kind == "ack":
+            self._ack(node, msg.ack, ev.at, out)
+        elif kind == "exit":
+            self._exit(node, msg.exit, ev.at, out)
+
+    def _telemetry(self, node: _NodeRec, t: pb.Telemetry, at: float, out: list[Action]) -> None:
+        rec = self.jobs.get(t.job_id)
+        if rec is None:
+            return
+        if t.profile:
+            self._profiled(rec, node, t, at, out)
+            return
+        if t.generation != rec.generation or rec.state in TERMINAL:
+            return  # a fenced generation's late report
+        new_shape = False
+        for s in t.samples:
+            key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
+            if key not in rec.samples and s.step_time_s > 0:
+                rec.samples[key] = (s.step_time_s, min(s.sync_time_s, s.step_time_s))
+                rec.estimator.add_observation(s.gpu_type, s.num_nodes, s.num_replicas,
+                                              s.atomic_batch_size, s.accum_steps,
+                                              s.step_time_s, rec.samples[key][1])
+                new_shape = True
+        if t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
+            rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
+        rec.job.status.progress = max(rec.job.status.progress, min(t.progress, 1.0))
+        if t.HasField("checkpoint"):
+            rec.checkpoint = max(rec.checkpoint, t.checkpoint.progress)
+        if new_shape or at - rec.last_persist >= self.settings.persist_progress_every:
+            rec.last_persist = at
+            out.append(Persist((rec.job_id,)))
+
+    def _profiled(self, rec: _JobRec, node: _NodeRec, t: pb.Telemetry, at: float,
+                  out: list[Action]) -> None:
+        where = rec.profiling.get(node.gpu_type)
+        if where is None or where[0] != node.name:
+            return
+        del rec.profiling[node.gpu_type]
+        if node.holder.get(where[1]) == rec.job_id:
+            del node.holder[where[1]]
+        rec.profiled.add(node.gpu_type)
+        for s in t.samples:
+            if s.step_time_s > 0 and s.num_replicas == 1 and s.num_nodes == 1:
+                sync = min(s.sync_time_s, s.step_time_s)
+                rec.samples[(s.gpu_type, 1, 1, s.atomic_batch_size, 0)] = (s.step_time_s, sync)
+                rec.estimator.add_profile(s.gpu_type, s.atomic_batch_size, s.step_time_s, sync)
+                rec.usable.add(s.gpu_type)
+        if rec.state in TERMINAL:
+            return
+        if rec.state == pb.JOB_STATE_PROFILING and rec.usable:
+            self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
+            out.append(WantRound())
+        elif rec.state == pb.JOB_STATE_PROFILING and not self._profile_types(rec):
+            self._finish(rec, pb.JOB_STATE_FAILED, at,
+                         "failed: no GPU type in the cluster can run it (profiling found none)",
+                         out)
+        out.append(Persist((rec.job_id,)))
+
+    def _ack(self, node: _NodeRec, ack: pb.DirectiveAck, at: float, out: list[Action]) -> None:
+        pending = self._pending_acks.pop(ack.directive_id, None)
+        if pending is None:
+            return  # a re-delivered directive's second ack
+        job_id, node_id, action, _ = pending
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            for g in [g for g, j in node.holder.items() if j == job_id]:
+                del node.holder[g]
+            return
+        if action == pb.Directive.ACTION_STOP:
+            self._stop_acked(rec, node_id, at, out)
+        elif not ack.ok and ack.generation == rec.generation and node_id in rec.held:
+            # The agent refused to start it (bad GPUs, draining): run it elsewhere.
+            self.refused += 1
+            self._release(rec, node_id)
+            self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
+
+    def _exit(self, node: _NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:
+        rec = self.jobs.get(ex.job_id)
+        if rec is None:
+            return
+        if ex.kind == pb.JobExit.KIND_CHECKPOINTED:
+            rec.checkpoint = max(rec.checkpoint, ex.progress)
+            rec.job.status.progress = max(rec.job.status.progress, ex.progress)
+            return
+        if ex.generation != rec.generation or rec.state in TERMINAL:
+            return
+        self._release(rec, node.name)
+        if ex.kind == pb.JobExit.KIND_COMPLETED:
+            rec.job.status.progress = 1.0
+            self._finish(rec, pb.JOB_STATE_SUCCEEDED, at, "completed", out, except_node=node.name)
+        else:
+            msg = ex.message or "worker failed"
+            rec.job.status.message = msg
+            self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}", out,
+                         except_node=node.name)
+
+    # ------------------------------------------------------------ rounds
+
+    def _tick(self, ev: Tick, out: list[Action]) -> None:
+        self._check_liveness(ev.at, out)
+        if self.solving is not None:
+            return
+        ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY]
+        jobs = [r for r in self.jobs.values() if self._schedulable(r)]
+        if not ready or not jobs:
+            return
+        cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready)
+        names = {n.name for n in ready}
+        policy_jobs, previous = [], {}
+        for rec in jobs:
+            pj = self._policy_job(rec, cluster, ev.at)
+            if pj is None:
+                continue
+            policy_jobs.append(pj)
+            cur = rec.target if rec.moving else rec.alloc
+            if cur is not None and all(g.node in names for g in cur.gpus):
+                previous[rec.job_id] = cur
+        if not policy_jobs:
+            return
+        self.round_no += 1
+        self.solving = self.round_no
+        self._round_started, self._round_trigger = ev.at, ev.trigger
+        out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous))
+
+    def _solved(self, ev: SolveFinished, out: list[Action]) -> None:
+        if ev.round_no != self.solving:
+            return
+        self.solving = None
+        rnd = pb.Round(round=ev.round_no, trigger=self._round_trigger, note=ev.error)
+        rnd.start_time.CopyFrom(_ts(self._round_started))
+        if ev.result is None:
+            rnd.note = ev.error or "solve failed: previous allocation kept"
+            out.append(RoundDone(rnd))
+            return
+        res = ev.result
+        moved = 0
+        for job_id, reason in res.reasons.items():
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state in TERMINAL:
+                continue
+            new = res.allocations.get(job_id)
+            if _same_gpus(rec.target if rec.moving else rec.alloc, new):
+                if new is not None and not rec.moving:
+                    rec.job.status.reason = reason
+                continue
+            # Any GPU of the new allocation on a node that is no longer ready: skip.
+            if new is not None and any(self.nodes.get(g.node) is None or
+                                       self.nodes[g.node].state != pb.NODE_STATE_READY
+                                       for g in new.gpus):
+                continue
+            moved += 1
+            rec.target, rec.moving = new, True
+            rec.job.status.reason = reason
+            if rec.held:  # one checkpoint-restart cycle: a move, resize or preemption
+                rec.job.status.restarts += 1
+                self._stop_everywhere(rec, out)
+                self._set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, reason)
+            out.append(Persist((job_id,)))
+        t = res.timings
+        rnd.jobs = len(res.reasons)
+        rnd.gpus_allocated = sum(a.config.num_gpus for a in res.allocations.values())
+        rnd.jobs_moved = moved
+        rnd.objective = float(res.objective)
+        rnd.estimate_ms = 1e3 * t.get("estimate", 0.0)
+        rnd.solve_ms = 1e3 * (t.get("build", 0.0) + t.get("solve", 0.0))
+        rnd.place_ms = 1e3 * t.get("place", 0.0)
+        out.append(RoundDone(rnd))
+
+    def _schedulable(self, rec: _JobRec) -> bool:
+        return rec.state not in TERMINAL and bool(rec.usable) and rec.state != pb.JOB_STATE_FAILED
+
+    def _policy_job(self, rec: _JobRec, cluster: Cluster, at: float) -> PolicyJob | None:
+        res = rec.res
+        types = rec.usable & set(cluster.gpu_types)
+        if res.allowed_types is not None:
+            types &= res.allowed_types
+        if not types:
+            return None
+        model = JobGoodputModel(
+            estimator=rec.estimator, grad=rec.grad or NEUTRAL_GRAD,
+            init_batch_size=res.init_batch_size, max_batch_size=res.max_batch_size,
+            local_bsz_limits={t: res.local_bsz_limits[t] for t in types
+                              if t in res.local_bsz_limits})
+        created = rec.job.status.create_time.ToNanoseconds() / 1e9
+        return PolicyJob(
+            job_id=rec.job_id, model=model, adaptivity=res.adaptivity, min_gpus=res.min_gpus,
+            max_gpus=res.max_gpus, allowed_types=frozenset(types),
+            pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
+            age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
+            restart_cost=res.restart_cost, submit_time=created, attained=dict(rec.attained))
+
+    # ------------------------------------------------------------ moving GPUs
+
+    def _dispatch_pending(self, at: float, out: list[Action]) -> None:
+        """Start every job whose target's GPUs are all released."""
+        for rec in self.jobs.values():
+            if not rec.moving or rec.held or rec.state in TERMINAL:
+                continue
+            target = rec.target
+            if target is None:  # preempted, and now fully stopped
+                rec.moving = False
+                self._account(rec, at)
+                rec.alloc = None
+                rec.job.status.ClearField("allocation")
+                self._set_state(rec, pb.JOB_STATE_QUEUED, at, rec.job.status.reason)
+                out.append(Persist((rec.job_id,)))
+                continue
+            if any(self.nodes[g.node].holder.get(g.index) is not None for g in target.gpus):
+                continue
+            self._run(rec, target, at, out)
+
+    def _run(self, rec: _JobRec, alloc: JobAllocation, at: float, out: list[Action]) -> None:
+        self._account(rec, at)
+        rec.generation += 1
+        rec.alloc, rec.target, rec.moving = alloc, None, False
+        rec.run_since = at
+        status = rec.job.status
+        status.generation = rec.generation
+        status.allocation.CopyFrom(allocation_pb(alloc))
+        status.goodput = alloc.goodput
+        if not status.HasField("start_time"):
+            status.start_time.CopyFrom(_ts(at))
+        by_node: dict[str, list[int]] = {}
+        for g in alloc.gpus:
+            by_node.setdefault(g.node, []).append(g.index)
+        nodes = sorted(by_node)
+        world = sum(len(v) for v in by_node.values())
+        port = self.settings.master_port_base + zlib.crc32(
+            f"{rec.job_id}/{rec.generation}".encode()) % 1000
+        offset = 0
+        for name in nodes:
+            gpus = tuple(sorted(by_node[name]))
+            node = self.nodes[name]
+            node.holder.update(dict.fromkeys(gpus, rec.job_id))
+            rec.held[name] = gpus
+            d = pb.Directive(
+                round=self.round_no, job_id=rec.job_id, generation=rec.generation,
+                action=pb.Directive.ACTION_RUN,
+                spec=rec.job.spec, local_gpus=gpus,
+                world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
+                                     master_port=port, nodes=nodes),
+                allocation=status.allocation,
+                checkpoint_path=f"{self.settings.checkpoint_root}/{rec.job_id}",
+                restore_progress=rec.checkpoint)
+            offset += len(gpus)
+            out.append(self._directive(name, d))
+        self._set_state(rec, pb.JOB_STATE_RUNNING, at, status.reason or "running")
+        out.append(Persist((rec.job_id,)))
+
+    def _stop_everywhere(self, rec: _JobRec, out: list[Action], except_node: str = "") -> None:
+        for name in rec.held:
+            if name != except_node and name not in rec.stopping:
+                rec.stopping.add(name)
+                self._send_stop(rec.job_id, rec.generation, name, out)
+
+    def _send_stop(self, job_id: str, generation: int, node: str, out: list[Action]) -> None:
+        out.append(self._directive(node, pb.Directive(
+            round=self.round_no, job_id=job_id, generation=generation,
+            action=pb.Directive.ACTION_STOP)))
+
+    def _stop_acked(self, rec: _JobRec, node: str, at: float, out: list[Action]) -> None:
+        self._release(rec, node)
+
+    def _release(self, rec: _JobRec, node_name: str) -> None:
+        gpus = rec.held.pop(node_name, ())
+        rec.stopping.discard(node_name)
+        node = self.nodes.get(node_name)
+        if node is not None:
+            for g in gpus:
+                if node.holder.get(g) == rec.job_id:
+                    del node.holder[g]
+
+    def _interrupt(self, rec: _JobRec, at: float, reason: str, out: list[Action]) -> None:
+        """Its allocation broke (node lost, workers gone): requeue from its checkpoint."""
+        if rec.state in TERMINAL:
+            return
+        self._account(rec, at)
+        rec.alloc, rec.target, rec.moving = None, None, bool(rec.held)
+        if rec.held:
+            self._stop_everywhere(rec, out)
+        rec.job.status.ClearField("allocation")
+        rec.job.status.restarts += 1
+        rec.generation += 1  # fence whatever still runs of the old generation
+        rec.job.status.generation = rec.generation
+        self._set_state(rec, pb.JOB_STATE_QUEUED, at, reason)
+        out.append(Persist((rec.job_id,)))
+        out.append(WantRound("requeue"))
+
+    def _check_liveness(self, at: float, out: list[Action]) -> None:
+        for node in self.nodes.values():
+            if node.state == pb.NODE_STATE_LOST:
+                continue
+            if at - node.last_seen > self.settings.heartbeat_timeout:
+                node.state = pb.NODE_STATE_LOST
+                for job_id in set(node.holder.values()):
+                    rec = self.jobs.get(job_id)
+                    if rec is None:
+                        continue
+                    for t, (n, _) in list(rec.profiling.items()):
+                        if n == node.name:
+                            del rec.profiling[t]
+                    if node.name in rec.held:
+                        self._release(rec, node.name)
+                        if rec.alloc is not None and not rec.moving:
+                            self._interrupt(rec, at, f"requeued: node {node.name} lost", out)
+                node.holder.clear()
+
+    # ------------------------------------------------------------ profiling
+
+    def _profile_types(self, rec: _JobRec) -> set[str]:
+        """Types present in the cluster the job may use and has not profiled yet."""
+        present = {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY}
+        allowed = rec.res.allowed_types if rec.res.allowed_types is not None else present
+        return {t for t in present & allowed
+                if t not in rec.profiled and t in rec.res.local_bsz_limits}
+
+    def _start_profiles(self, at: float, out: list[Action]) -> None:
+        """Give every job still missing a profile one idle GPU of that type."""
+        busy = {(g.node, g.index) for r in self.jobs.values()
+                for a in (r.alloc, r.target) if a is not None for g in a.gpus}
+        for rec in self.jobs.values():
+            if rec.state in TERMINAL:
+                continue
+            for t in sorted(self._profile_types(rec) - set(rec.profiling)):
+                slot = self._idle_gpu(t, busy)
+                if slot is None:
+                    continue
+                node, gpu = slot
+                busy.add(slot)
+                self.nodes[node].holder[gpu] = rec.job_id
+                rec.profiling[t] = (node, gpu)
+                lo, hi = rec.res.local_bsz_limits[t]
+                req = pb.ProfileRequest(
+                    job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
+                    local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
+                        lo, hi, self.settings.profile_batch_sizes))
+                out.append(Send(node, pb.ControllerMessage(profile=req)))
+
+    def _idle_gpu(self, gpu_type: str, busy: set) -> tuple[str, int] | None:
+        for node in sorted(self.nodes.values(), key=lambda n: n.name):
+            if node.gpu_type != gpu_type or node.state != pb.NODE_STATE_READY:
+                continue
+            for g in range(node.num_gpus):
+                if g not in node.holder and (node.name, g) not in busy:
+                    return node.name, g
+        return None
+
+    # ------------------------------------------------------------ helpers
+
+    def _directive(self, node: str, d: pb.Directive) -> Send:
+        """Number the directive, remember it until acknowledged, and send it."""
+        self._next_directive += 1
+        d.directive_id = self._next_directive
+        msg = pb.ControllerMessage(directive=d)
+        self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
+        return Send(node, msg)
+
+    def _account(self, rec: _JobRec, at: float) -> None:
+        """Credit the time it held its allocation (Gavel's time shares)."""
+        if rec.alloc is not None and rec.run_since is not None:
+            t = rec.alloc.config.gpu_type
+            rec.attained[t] = rec.attained.get(t, 0.0) + max(at - rec.run_since, 0.0)
+        rec.run_since = at if rec.alloc is not None else None
+
+    def _set_state(self, rec: _JobRec, state: int, at: float, reason: str) -> None:
+        st = rec.job.status
+        st.state = state
+        st.reason = reason
+        st.update_time.CopyFrom(_ts(at))
+
+    # ------------------------------------------------------------ views
+
+    def job(self, job_id: str) -> pb.Job | None:
+        rec = self.jobs.get(job_id)
+        return rec.job if rec is not None else None
+
+    def jobs_by_state(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for rec in list(self.jobs.values()):  # also read from the metrics thread
+            name = pb.JobState.Name(rec.state)
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    def gpus_allocated(self) -> dict[str, int]:
+        nodes = list(self.nodes.values())  # also read from the metrics thread
+        out = {n.gpu_type: 0 for n in nodes}
+        for n in nodes:
+            out[n.gpu_type] += len(n.holder)
+        return out
+
+    def cluster_pb(self) -> pb.Cluster:
+        c = pb.Cluster()
+        types: dict[str, pb.GpuTypeSummary] = {}
+        for n in sorted(self.nodes.values(), key=lambda n: (n.gpu_type, n.name)):
+            node = c.nodes.add(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus,
+                               state=n.state, agent_version=n.version)
+            node.last_heartbeat.CopyFrom(_ts(n.last_seen))
+            for g in range(n.num_gpus):
+                node.gpus.add(index=g, job_id=n.holder.get(g, ""))
+            s = types.setdefault(n.gpu_type, pb.GpuTypeSummary(gpu_type=n.gpu_type))
+            if n.state == pb.NODE_STATE_READY:
+                s.nodes += 1
+                s.gpus += n.num_gpus
+                s.allocated += len(n.holder)
+        c.types.extend(types.values())
+        return c
+
+
+# ---------------------------------------------------------------- conversions
+
+
+def allocation_pb(a: JobAllocation) -> pb.Allocation:
+    return pb.Allocation(
+        gpu_type=a.config.gpu_type, num_gpus=a.config.num_gpus, num_nodes=a.config.num_nodes,
+        gpus=[pb.GpuRef(node=g.node, index=g.index) for g in a.gpus],
+        batch_size=a.batch_size, num_replicas=a.num_replicas,
+        atomic_batch_size=a.atomic_bsz, accum_steps=a.accum_steps)
+
+
+def allocation_from(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
+    return JobAllocation(
+        config=Config(a.gpu_type, num_nodes=a.num_nodes, num_gpus=a.num_gpus),
+        gpus=tuple(GpuId(g.node, g.index) for g in a.gpus), num_replicas=a.num_replicas,
+        batch_size=a.batch_size, atomic_bsz=a.atomic_batch_size, accum_steps=a.accum_steps,
+        goodput=goodput)
+
+
+def _same_gpus(a: JobAllocation | None, b: JobAllocation | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.config == b.config and tuple(sorted(a.gpus)) == tuple(sorted(b.gpus))
+
+
+def _ts(at: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(at * 1e9))
+    return ts
+
+
+def _merge_persists(actions: Sequence[Action]) -> list[Action]:
+    """One Persist per handle() call, listing each job once, after the sends."""
+    ids: dict[str, None] = {}
+    rest = []
+    for a in actions:
+        if isinstance(a, Persist):
+            ids.update(dict.fromkeys(a.job_ids))
+        else:
+            rest.append(a)
+    want = [a for a in rest if isinstance(a, WantRound)][:1]
+    rest = [a for a in rest if not isinstance(a, WantRound)]
+    return ([Persist(tuple(ids))] if ids else []) + rest + want
+
+
+def _dump_extra(rec: _JobRec) -> dict:
+    return {
+        "samples": [[*k, *v] for k, v in rec.samples.items()],
+        "grad": [rec.grad.sqr, rec.grad.var] if rec.grad else None,
+        "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
+        "held": {n: list(g) for n, g in rec.held.items()},
+        "generation": rec.generation, "checkpoint": rec.checkpoint,
+        "attained": rec.attained,
+    }
+
+
+def _load_extra(rec: _JobRec, d: Mapping) -> None:
+    for t, nodes, reps, atomic, accum, step, sync in d.get("samples", ()):
+        rec.samples[(t, nodes, reps, atomic, accum)] = (step, sync)
+        if nodes == reps == 1 and accum == 0:
+            rec.estimator.add_profile(t, atomic, step, sync)
+        else:
+            rec.estimator.add_observation(t, nodes, reps, atomic, accum, step, sync)
+    if d.get("grad"):
+        rec.grad = GradParams(*d["grad"])
+    rec.profiled, rec.usable = set(d.get("profiled", ())), set(d.get("usable", ()))
+    rec.held = {n: tuple(g) for n, g in d.get("held", {}).items()}
+    rec.generation = int(d.get("generation", 0))
+    rec.checkpoint = float(d.get("checkpoint", 0.0))
+    rec.attained = dict(d.get("attained", {}))
+    st = rec.job.status
+    if st.HasField("allocation") and rec.held:
+        rec.alloc = allocation_from(st.allocation, st.goodput)
+    if st.state == pb.JOB_STATE_PROFILING:  # the pass was cut short: profile again
+        rec.profiling.clear()

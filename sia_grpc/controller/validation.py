@@ -1,0 +1,154 @@
+"""Checking a submitted `JobSpec` and filling in what the application implies.
+
+Every rule raises `errors.invalid(field, message)`, so a bad request comes back
+as INVALID_ARGUMENT naming the field ("spec.max_gpus: 2 is below min_gpus 4"),
+never as a crash or a silent default. Zero means "unset" in proto3; where an
+unset field has a default, the default is stated here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+
+from sia_grpc.api import pb
+from sia_grpc.errors import ApiError, invalid
+from sia_grpc.policy.types import Adaptivity
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_MAX_GPUS = 1 << 16
+_MAX_BATCH = 1 << 24
+_MAX_LABELS = 64
+
+ADAPTIVITY = {pb.ADAPTIVITY_ADAPTIVE: Adaptivity.ADAPTIVE,
+              pb.ADAPTIVITY_STRONG_SCALING: Adaptivity.STRONG_SCALING,
+              pb.ADAPTIVITY_RIGID: Adaptivity.RIGID}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A valid spec's scheduling parameters, defaults applied."""
+
+    adaptivity: Adaptivity
+    min_gpus: int
+    max_gpus: int | None
+    num_gpus: int | None
+    pipeline_gpus: int
+    allowed_types: frozenset[str] | None
+    batch_size: int | None  # fixed global batch (strong-scaling, rigid)
+    init_batch_size: int  # the batch the gradient statistics are normalised to
+    max_batch_size: int
+    local_bsz_limits: Mapping[str, tuple[int, int]]  # per GPU type, (min, max) micro-batch
+    restart_cost: float
+
+
+@cache
+def _application(name: str):
+    """The shipped profile data of a known application, or None."""
+    from sia_grpc.sim.truth import SUPPORTED_APPLICATIONS, load_app
+
+    return load_app(name) if name in SUPPORTED_APPLICATIONS else None
+
+
+def known_application(name: str) -> bool:
+    return _application(name) is not None
+
+
+def check_job_id(job_id: str, field: str = "job_id") -> None:
+    if not _NAME.match(job_id):
+        raise invalid(field, f"{job_id!r} is not a valid id ([A-Za-z0-9._-], 1 to 63 characters, "
+                             "starting with a letter or digit)")
+
+
+def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
+    """Validate `spec` and return its scheduling parameters; raises ApiError."""
+
+    def bad(field: str, message: str) -> ApiError:
+        return invalid(f"{path}.{field}", message)
+
+    if spec.name and not _NAME.match(spec.name):
+        raise bad("name", f"{spec.name!r} is not a valid name ([A-Za-z0-9._-], at most 63)")
+    if spec.adaptivity not in ADAPTIVITY:
+        raise bad("adaptivity", "must be set to adaptive, strong-scaling or rigid")
+    adaptivity = ADAPTIVITY[spec.adaptivity]
+    app = _application(spec.application)
+    if not spec.application:
+        raise bad("application", "must be set (the model the job trains, e.g. cifar10)")
+    if app is None and not spec.command:
+        raise bad("application", f"unknown application {spec.application!r} and no command to run")
+    for field in ("min_gpus", "max_gpus", "num_gpus", "pipeline_gpus"):
+        if getattr(spec, field) > _MAX_GPUS:
+            raise bad(field, f"{getattr(spec, field)} is above the limit of {_MAX_GPUS}")
+    for field in ("batch_size", "max_batch_size"):
+        if getattr(spec, field) > _MAX_BATCH:
+            raise bad(field, f"{getattr(spec, field)} is above the limit of {_MAX_BATCH}")
+    pipeline = spec.pipeline_gpus or 1
+    min_gpus = spec.min_gpus or 1
+    max_gpus = spec.max_gpus or None
+    if max_gpus is not None and max_gpus < min_gpus:
+        raise bad("max_gpus", f"{max_gpus} is below min_gpus {min_gpus}")
+    num_gpus = spec.num_gpus or None
+    if adaptivity is Adaptivity.RIGID and num_gpus is None:
+        raise bad("num_gpus", "required for rigid jobs")
+    if num_gpus is not None:
+        if num_gpus % pipeline:
+            raise bad("num_gpus", f"{num_gpus} is not a multiple of pipeline_gpus {pipeline}")
+        if num_gpus < min_gpus or (max_gpus is not None and num_gpus > max_gpus):
+            raise bad("num_gpus", f"{num_gpus} is outside [min_gpus, max_gpus]")
+    if adaptivity is not Adaptivity.ADAPTIVE and not spec.batch_size:
+        raise bad("batch_size", f"required for {adaptivity.value} jobs")
+    for i, t in enumerate(spec.allowed_gpu_types):
+        if not _NAME.match(t):
+            raise bad(f"allowed_gpu_types[{i}]", f"{t!r} is not a valid GPU type name")
+    limits: dict[str, tuple[int, int]] = {}
+    if app is not None:
+        limits = {t: app.local_bsz_limits(t) for t in app.gpu_types}
+    for i, lim in enumerate(spec.type_batch_limits):
+        f = f"type_batch_limits[{i}]"
+        if not _NAME.match(lim.gpu_type):
+            raise bad(f"{f}.gpu_type", f"{lim.gpu_type!r} is not a valid GPU type name")
+        if not 1 <= lim.min_local_batch_size <= lim.max_local_batch_size <= _MAX_BATCH:
+            raise bad(f, "needs 1 <= min_local_batch_size <= max_local_batch_size")
+        limits[lim.gpu_type] = (lim.min_local_batch_size, lim.max_local_batch_size)
+    if not limits:
+        raise bad("type_batch_limits", "required for an application without shipped profiles")
+    init = app.init_batch_size if app is not None else (spec.batch_size or 0)
+    if init <= 0:
+        raise bad("batch_size", "required for an application without shipped profiles")
+    max_batch = spec.max_batch_size or (app.max_batch_size if app is not None else init)
+    if adaptivity is Adaptivity.ADAPTIVE and spec.batch_size > max_batch:
+        raise bad("batch_size", f"{spec.batch_size} is above max_batch_size {max_batch}")
+    max_batch = max(max_batch, spec.batch_size)  # a fixed batch is its own limit
+    if max_batch < init:
+        raise bad("max_batch_size", f"{max_batch} is below the initial batch size {init}")
+    which = spec.WhichOneof("target")
+    if which == "epochs" and not (math.isfinite(spec.epochs) and spec.epochs >= 0):
+        raise bad("epochs", f"must be a non-negative number, got {spec.epochs}")
+    if not (math.isfinite(spec.restart_cost_s) and 0 <= spec.restart_cost_s <= 86400):
+        raise bad("restart_cost_s", f"must be within [0, 86400] seconds, got {spec.restart_cost_s}")
+    restart = spec.restart_cost_s or (app.restart_delay if app is not None else 30.0)
+    if spec.tenant and not _NAME.match(spec.tenant):
+        raise bad("tenant", f"{spec.tenant!r} is not a valid tenant name")
+    if len(spec.labels) > _MAX_LABELS:
+        raise bad("labels", f"at most {_MAX_LABELS} labels")
+    for key, value in spec.labels.items():
+        if not _NAME.match(key) or len(value) > 256:
+            raise bad(f"labels[{key!r}]", "keys are names ([A-Za-z0-9._-]), values at most 256")
+    return Resolved(
+        adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,
+        pipeline_gpus=pipeline,
+        allowed_types=frozenset(spec.allowed_gpu_types) if spec.allowed_gpu_types else None,
+        batch_size=spec.batch_size if adaptivity is not Adaptivity.ADAPTIVE else None,
+        init_batch_size=int(init), max_batch_size=int(max_batch),
+        local_bsz_limits=limits, restart_cost=float(restart))
+
+
+def profile_batch_sizes(lo: int, hi: int, count: int = 10) -> list[int]:
+    """The ~`count` geometrically spaced micro-batch sizes a profiling pass tries."""
+    if hi <= lo:
+        return [lo]
+    ratio = (hi / lo) ** (1 / max(count - 1, 1))
+    return sorted({min(hi, max(lo, round(lo * ratio**k))) for k in range(count)})

@@ -1,0 +1,516 @@
+"""The node agent: one bidirectional stream to the controller, directives applied
+at most once, workers that outlive a lost connection.
+
+Stream: Register first (inventory, version, the jobs still running here), then
+Heartbeats every `Registered.heartbeat_interval_s`, Telemetry every
+`telemetry_interval_s`, and DirectiveAck / JobExit as things happen. When the
+stream fails the agent reconnects with full-jitter exponential backoff; workers
+keep running meanwhile and the next Register lists them.
+
+Everything the agent sends goes through one FIFO outbox that outlives a stream,
+so a JobExit is never lost to a reconnect and always precedes the ack of the
+directive that caused it. Directives are applied one at a time, in arrival
+order, by one task that also outlives streams; acks of the last
+`ACK_MEMORY` directive ids are kept, so a re-delivered directive is answered
+with the same ack and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import functools
+import importlib.metadata
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import structlog
+
+from sia_grpc.api import AgentServiceStub, pb
+from sia_grpc.nodeagent.backend import Launch, WorkerBackend
+from sia_grpc.nodeagent.clock import Clock, MonotonicClock
+
+__all__ = ["ACK_MEMORY", "AgentConfig", "AgentStatus", "NodeAgent", "full_jitter_backoff"]
+
+ACK_MEMORY = 1000  # directive ids whose acks are remembered for re-delivery
+
+
+def _agent_version() -> str:
+    try:
+        return importlib.metadata.version("sia-grpc")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
+
+
+def _positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}: must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What one node agent needs. Times are clock (real) seconds unless named modeled."""
+
+    node_id: str
+    controller: str  # "host:port"
+    gpu_type: str
+    num_gpus: int
+    time_scale: float = 1.0  # modeled seconds per real second (modeled workers)
+    telemetry_interval_s: float = 2.0
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 10.0
+    heartbeat_interval_s: float = 5.0  # only if Registered leaves it unset
+    register_timeout_s: float = 10.0  # for the controller's Registered
+    close_grace_s: float = 2.0  # close(): time to flush final JobExits
+    agent_version: str = field(default_factory=_agent_version)
+
+    def __post_init__(self) -> None:
+        if not self.node_id:
+            raise ValueError("node_id: must not be empty")
+        host, sep, port = self.controller.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"controller: expected HOST:PORT, got {self.controller!r}")
+        if not self.gpu_type:
+            raise ValueError("gpu_type: must not be empty")
+        if self.num_gpus < 1:
+            raise ValueError(f"num_gpus: must be >= 1, got {self.num_gpus}")
+        for name in ("time_scale", "telemetry_interval_s", "backoff_base_s", "backoff_cap_s",
+                     "heartbeat_interval_s", "register_timeout_s"):
+            _positive(name, getattr(self, name))
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError("backoff_cap_s: must be >= backoff_base_s")
+        if self.close_grace_s < 0:
+            raise ValueError("close_grace_s: must be >= 0")
+
+
+def full_jitter_backoff(attempt: int, *, base: float, cap: float,
+                        rng: random.Random | None = None) -> float:
+    """Seconds to wait before reconnect `attempt` (0-based): uniform(0, min(cap,
+    base·2^attempt)), so agents that lost the controller together do not return
+    together."""
+    bound = min(cap, base * 2.0 ** min(attempt, 64))
+    return (rng or random).uniform(0.0, bound)
+
+
+class AgentStatus(enum.Enum):
+    INIT = "init"
+    CONNECTING = "connecting"  # opening a stream, waiting for Registered
+    REGISTERED = "registered"  # stream up
+    BACKOFF = "backoff"  # waiting to reconnect
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class _Outbox:
+    """FIFO of AgentMessages that survives reconnects; a failed write goes back
+    to the front so order is kept."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[pb.AgentMessage] = collections.deque()
+        self._ready = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._writing = 0
+
+    def put(self, msg: pb.AgentMessage) -> None:
+        self._items.append(msg)
+        self._ready.set()
+        self._empty.clear()
+
+    def put_front(self, msg: pb.AgentMessage) -> None:
+        self._items.appendleft(msg)
+        self._ready.set()
+        self._empty.clear()
+
+    async def get(self) -> pb.AgentMessage:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        self._writing += 1
+        return self._items.popleft()
+
+    def done(self) -> None:
+        """The message from the last `get` was written (or handed back)."""
+        self._writing -= 1
+        if not self._items and not self._writing:
+            self._empty.set()
+
+    async def flushed(self) -> None:
+        await self._empty.wait()
+
+    @property
+    def pending(self) -> bool:
+        """Messages queued or being written."""
+        return not self._empty.is_set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _ProtocolError(Exception):
+    pass
+
+
+class NodeAgent:
+    """The daemon on one node. `async with NodeAgent(config) as agent: await agent.run()`.
+
+    `backend` defaults to modeled workers (`ModeledBackend`) on `clock`;
+    `backoff(attempt) -> seconds` defaults to `full_jitter_backoff` with the
+    config's base and cap.
+    """
+
+    def __init__(self, config: AgentConfig, backend: WorkerBackend | None = None, *,
+                 clock: Clock | None = None,
+                 backoff: Callable[[int], float] | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        if backend is None:
+            from sia_grpc.nodeagent.modeled import ModeledBackend
+
+            backend = ModeledBackend(config.gpu_type, time_scale=config.time_scale,
+                                     clock=self.clock, node_id=config.node_id)
+        self.backend = backend
+        self._backoff = backoff or functools.partial(
+            full_jitter_backoff, base=config.backoff_base_s, cap=config.backoff_cap_s,
+            rng=random.Random())
+        self.status = AgentStatus.INIT
+        self.drain_reason: str | None = None  # set by Drain: no new RUNs
+        self.registrations = 0  # streams that got as far as Registered
+        self.heartbeat_interval_s = config.heartbeat_interval_s
+        self._log = structlog.get_logger().bind(node_id=config.node_id)
+        self._outbox = _Outbox()
+        self._directives: asyncio.Queue[pb.Directive] = asyncio.Queue()
+        self._acks: collections.OrderedDict[int, pb.DirectiveAck] = collections.OrderedDict()
+        self._profiling: dict[int, str] = {}  # local GPU -> job being profiled on it
+        self._profiles: set[asyncio.Task[None]] = set()
+        self._connector: asyncio.Task[None] | None = None
+        self._processor: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._stream_up = False  # registered on a live stream
+        self._call: Any = None  # that stream
+        self._session_over = asyncio.Event()  # set when it ends
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self.drain_reason is not None
+
+    async def start(self) -> None:
+        """Begin connecting (in the background); returns at once. Idempotent."""
+        if self.status is not AgentStatus.INIT:
+            if self.status in (AgentStatus.CLOSING, AgentStatus.CLOSED):
+                raise RuntimeError("NodeAgent: closed, cannot start again")
+            return
+        self.status = AgentStatus.CONNECTING
+        self._processor = asyncio.create_task(self._process_directives(),
+                                              name="nodeagent:directives")
+        self._connector = asyncio.create_task(self._connect_loop(), name="nodeagent:connect")
+        self._log.info("agent started", controller=self.config.controller,
+                       gpu_type=self.config.gpu_type, num_gpus=self.config.num_gpus)
+
+    async def run(self) -> None:
+        """Start if needed and run until `close()`."""
+        await self.start()
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        """Checkpoint running jobs (their JobExits sent if connected, within
+        `close_grace_s`), end the stream, stop everything. Safe to call twice."""
+        if self._close_task is None:
+            self._close_task = asyncio.create_task(self._close(), name="nodeagent:close")
+        await asyncio.shield(self._close_task)
+
+    async def __aenter__(self) -> NodeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _close(self) -> None:
+        self.status = AgentStatus.CLOSING
+        try:
+            await _cancel(*[t for t in (self._processor, *self._profiles) if t is not None])
+            for job in self.backend.running():
+                try:
+                    self._send(exit=await self.backend.stop(job.job_id))
+                except Exception:  # still close the rest
+                    self._log.exception("checkpoint on close failed", job_id=job.job_id)
+            if self._stream_up:  # disconnected: the controller learns from the lost node
+                await self._end_stream()
+        finally:
+            if self._connector is not None:
+                await _cancel(self._connector)
+            await self.backend.close()
+            self.status = AgentStatus.CLOSED
+            self._closed.set()
+            self._log.info("agent closed")
+
+    async def _end_stream(self) -> None:
+        """Flush the outbox, half-close, and let the controller end the call: a
+        cancelled call may lose what was written just before."""
+        call = self._call
+        try:
+            async with asyncio.timeout(self.config.close_grace_s):
+                await self._outbox.flushed()
+                if call is not None:
+                    await call.done_writing()
+                    await self._session_over.wait()
+        except TimeoutError:
+            self._log.warning("closing without a clean end of stream", unsent=len(self._outbox))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as exc:  # already failing
+            self._log.info("stream failed while closing", error=str(exc))
+
+    # -- the stream -----------------------------------------------------------------
+
+    async def _connect_loop(self) -> None:
+        attempt = 0
+        while True:
+            self._set_status(AgentStatus.CONNECTING)
+            before = self.registrations
+            try:
+                await self._session()
+                if self.status is AgentStatus.CLOSING:
+                    return  # close() ended it
+                self._log.warning("stream ended by the controller")
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self._log.warning("stream failed", code=exc.code().name, details=exc.details())
+            except (_ProtocolError, TimeoutError) as exc:
+                self._log.warning("stream failed", error=str(exc) or type(exc).__name__)
+            except Exception:  # a bug here must not stop the agent for good
+                self._log.exception("stream failed unexpectedly")
+            if self.status is AgentStatus.CLOSING:
+                return
+            if self.registrations > before:
+                attempt = 0  # the controller was there: start the backoff afresh
+            delay = self._backoff(attempt)
+            attempt += 1
+            self._set_status(AgentStatus.BACKOFF)
+            self._log.info("reconnecting", attempt=attempt, delay_s=round(delay, 3))
+            await self.clock.sleep(delay)
+
+    async def _session(self) -> None:
+        """One stream, from Register until it fails or ends."""
+        # A fresh channel each time, so gRPC's own reconnect backoff never stacks
+        # on top of ours.
+        async with grpc.aio.insecure_channel(self.config.controller) as channel:
+            call = AgentServiceStub(channel).Connect()
+            tasks: list[asyncio.Task[Any]] = []
+            try:
+                running = self.backend.running()
+                await call.write(pb.AgentMessage(register=pb.Register(
+                    node_id=self.config.node_id,
+                    gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type,
+                                          count=self.config.num_gpus)],
+                    agent_version=self.config.agent_version, running=running)))
+                async with asyncio.timeout(self.config.register_timeout_s):
+                    first = await call.read()
+                if first is grpc.aio.EOF:
+                    raise _ProtocolError("stream closed before Registered")
+                if first.WhichOneof("kind") != "registered":
+                    raise _ProtocolError(f"expected Registered first, got "
+                                         f"{first.WhichOneof('kind')}")
+                self._on_registered(first.registered)
+                self.registrations += 1
+                self._stream_up, self._call = True, call
+                self._session_over.clear()
+                self._set_status(AgentStatus.REGISTERED)
+                self._log.info("registered", running=[r.job_id for r in running],
+                               heartbeat_interval_s=self.heartbeat_interval_s)
+                tasks = [asyncio.create_task(coro, name=f"nodeagent:{name}") for name, coro in (
+                    ("read", self._read(call)), ("write", self._write(call)),
+                    ("heartbeat", self._heartbeats()), ("telemetry", self._telemetry()))]
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if (exc := t.exception()) is not None:
+                        raise exc
+            finally:
+                self._stream_up, self._call = False, None
+                self._session_over.set()
+                await _cancel(*tasks)
+                call.cancel()
+
+    def _set_status(self, status: AgentStatus) -> None:
+        if self.status not in (AgentStatus.CLOSING, AgentStatus.CLOSED):
+            self.status = status
+
+    def _on_registered(self, msg: pb.Registered) -> None:
+        if msg.heartbeat_interval_s > 0:
+            self.heartbeat_interval_s = msg.heartbeat_interval_s
+        else:
+            self._log.warning("Registered without heartbeat_interval_s; using the default",
+                              heartbeat_interval_s=self.config.heartbeat_interval_s)
+            self.heartbeat_interval_s = self.config.heartbeat_interval_s
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                return
+            kind = msg.WhichOneof("kind")
+            if kind == "directive":
+                self._directives.put_nowait(msg.directive)
+            elif kind == "profile":
+                self._start_profile(msg.profile)
+            elif kind == "drain":
+                self.drain_reason = msg.drain.reason or "unspecified"
+                self._log.warning("draining: no new jobs", reason=self.drain_reason)
+            elif kind == "registered":
+                self._on_registered(msg.registered)
+            else:
+                self._log.warning("ignoring an empty or unknown controller message")
+
+    async def _write(self, call: Any) -> None:
+        while True:
+            msg = await self._outbox.get()
+            try:
+                await call.write(msg)
+            except BaseException:
+                self._outbox.put_front(msg)  # for the next stream, in order
+                raise
+            finally:
+                self._outbox.done()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await self.clock.sleep(self.heartbeat_interval_s)
+            self._send(heartbeat=pb.Heartbeat())
+
+    async def _telemetry(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.telemetry_interval_s)
+            for t in self.backend.telemetry():
+                self._send(telemetry=t)
+
+    def _send(self, **kind: Any) -> None:
+        self._outbox.put(pb.AgentMessage(**kind))
+
+    # -- directives -----------------------------------------------------------------
+
+    async def _process_directives(self) -> None:
+        while True:
+            d = await self._directives.get()
+            ack = self._acks.get(d.directive_id) if d.directive_id else None
+            log = self._log.bind(job_id=d.job_id, generation=d.generation,
+                                 directive_id=d.directive_id, round=d.round)
+            if ack is not None:
+                log.info("directive re-delivered: same ack, no change", ok=ack.ok)
+            else:
+                try:
+                    error = await self._apply(d, log)
+                except Exception as exc:  # the ack must still go out
+                    log.exception("directive failed")
+                    error = f"internal error: {type(exc).__name__}: {exc}"
+                ack = pb.DirectiveAck(directive_id=d.directive_id, job_id=d.job_id,
+                                      generation=d.generation, ok=not error, error=error)
+                if d.directive_id:
+                    self._acks[d.directive_id] = ack
+                    while len(self._acks) > ACK_MEMORY:
+                        self._acks.popitem(last=False)
+                if error:
+                    log.warning("directive rejected", error=error)
+            self._send(ack=ack)
+
+    async def _apply(self, d: pb.Directive, log: Any) -> str:
+        """Carry out `d`; the error for its ack, "" if it succeeded."""
+        if not d.directive_id:
+            return "directive_id: must be set"
+        if not d.job_id:
+            return "job_id: must be set"
+        running = {r.job_id: r for r in self.backend.running()}
+        current = running.get(d.job_id)
+        if d.action == pb.Directive.ACTION_RUN:
+            if current is not None and current.generation == d.generation:
+                log.info("already running this generation")
+                return ""
+            if current is not None and current.generation > d.generation:
+                return f"stale generation {d.generation} (running {current.generation})"
+            if self.draining:
+                return f"node draining ({self.drain_reason})"
+            error = self._check_gpus(d.local_gpus, d.job_id, running)
+            if error:
+                return error
+            launch = Launch.from_directive(d)
+            try:
+                self.backend.check(launch)
+            except ValueError as exc:
+                return str(exc)
+            if current is not None:
+                log.info("stopping the older generation first", old=current.generation)
+                self._send(exit=await self.backend.stop(d.job_id))
+            await self.backend.start(launch, self._on_exit)
+            log.info("running", gpus=list(d.local_gpus))
+            return ""
+        if d.action == pb.Directive.ACTION_STOP:
+            if current is None:
+                log.info("stop: not running here")
+                return ""
+            if current.generation > d.generation:
+                return f"stale generation {d.generation} (running {current.generation})"
+            self._send(exit=await self.backend.stop(d.job_id))
+            log.info("stopped", generation=current.generation)
+            return ""
+        return f"action: unsupported ({pb.Directive.Action.Name(d.action)})"
+
+    def _check_gpus(self, gpus: Any, job_id: str, running: dict[str, pb.RunningJob]) -> str:
+        n = self.config.num_gpus
+        if not gpus:
+            return "local_gpus: empty"
+        if len(set(gpus)) != len(gpus):
+            dup = next(g for g in gpus if list(gpus).count(g) > 1)
+            return f"local_gpus: GPU {dup} listed twice"
+        held = {g: f"held by job {r.job_id} generation {r.generation}"
+                for r in running.values() if r.job_id != job_id for g in r.local_gpus}
+        held.update({g: f"profiling job {j}" for g, j in self._profiling.items()})
+        for g in gpus:
+            if g >= n:
+                return f"local_gpus: GPU {g} does not exist (this node has GPUs 0..{n - 1})"
+            if g in held:
+                return f"local_gpus: GPU {g} is {held[g]}"
+        return ""
+
+    def _on_exit(self, exit_: pb.JobExit) -> None:
+        self._log.info("job exited", job_id=exit_.job_id, generation=exit_.generation,
+                       kind=pb.JobExit.Kind.Name(exit_.kind), progress=exit_.progress)
+        self._send(exit=exit_)
+
+    # -- profiling ------------------------------------------------------------------
+
+    def _start_profile(self, req: pb.ProfileRequest) -> None:
+        log = self._log.bind(job_id=req.job_id, generation=req.generation, gpu=req.local_gpu)
+        running = {r.job_id: r for r in self.backend.running()}
+        error = self._check_gpus([req.local_gpu], "", running)
+        if error:  # answered, so the controller does not wait for it
+            log.warning("profile request refused", error=error)
+            self._send(telemetry=pb.Telemetry(job_id=req.job_id, generation=req.generation,
+                                              profile=True))
+            return
+        self._profiling[req.local_gpu] = req.job_id
+        task = asyncio.create_task(self._profile(req, log), name=f"nodeagent:profile:{req.job_id}")
+        self._profiles.add(task)
+        task.add_done_callback(self._profiles.discard)
+
+    async def _profile(self, req: pb.ProfileRequest, log: Any) -> None:
+        try:
+            result = await self.backend.profile(req)
+        except Exception:
+            log.exception("profile failed")
+            result = pb.Telemetry(job_id=req.job_id, generation=req.generation, profile=True)
+        finally:
+            del self._profiling[req.local_gpu]  # free before the controller hears of it
+        self._send(telemetry=result)
+
+
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,179 @@
+"""Drive `ControllerState` with no sockets: solves run inline, and a perfect
+in-memory "cluster" of agents answers directives the way real agents do. The
+agents' own view of which job runs on which GPU is the ground truth the
+invariants are checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sia_grpc.api import pb
+from sia_grpc.controller.state import (
+    Action,
+    AgentMessage,
+    AgentRegistered,
+    ControllerSettings,
+    ControllerState,
+    Event,
+    JobCreated,
+    Persist,
+    Send,
+    Solve,
+    SolveFinished,
+    Tick,
+)
+from sia_grpc.policy import make_policy
+from sia_grpc.sim.truth import load_app
+
+
+@dataclass
+class FakeAgent:
+    name: str
+    gpu_type: str
+    num_gpus: int
+    running: dict[str, tuple[int, tuple[int, ...], float]] = field(default_factory=dict)
+    busy: dict[int, str] = field(default_factory=dict)  # GPU -> job, as the agent sees it
+    up: bool = True
+
+    def register_event(self, at: float) -> AgentRegistered:
+        return AgentRegistered(at, self.name, self.gpu_type, self.num_gpus, "test",
+                               tuple((j, g, gp) for j, (g, gp, _) in self.running.items()))
+
+
+class Harness:
+    def __init__(self, nodes: dict[str, tuple[str, int]], *, policy: str = "sia",
+                 settings: ControllerSettings | None = None):
+        self.state = ControllerState(settings or ControllerSettings(heartbeat_timeout=30.0))
+        self.policy = make_policy(policy)
+        self.now = 1_000.0
+        self.agents = {n: FakeAgent(n, t, k) for n, (t, k) in nodes.items()}
+        self.outbox: list[Send] = []
+        self.persisted: set[str] = set()
+        self.rounds = 0
+        for a in self.agents.values():
+            self.feed(a.register_event(self.now))
+
+    # ---------------------------------------------------------------- driving
+
+    def feed(self, event: Event) -> list[Action]:
+        actions = self.state.handle(event)
+        for a in actions:
+            if isinstance(a, Send):
+                self.outbox.append(a)
+            elif isinstance(a, Persist):
+                self.persisted.update(a.job_ids)
+            elif isinstance(a, Solve):
+                result = self.policy.optimize(a.cluster, list(a.jobs), dict(a.previous))
+                self.rounds += 1
+                self.feed(SolveFinished(self.now, a.round_no, result))
+        self.check()
+        return actions
+
+    def submit(self, job_id: str, application: str = "cifar10", **spec) -> None:
+        spec.setdefault("adaptivity", pb.ADAPTIVITY_ADAPTIVE)
+        job = pb.Job(job_id=job_id, spec=pb.JobSpec(name=job_id, application=application, **spec))
+        job.status.create_time.FromNanoseconds(int(self.now * 1e9))
+        self.feed(JobCreated(self.now, job))
+
+    def tick(self, seconds: float = 60.0, trigger: str = "timer") -> None:
+        self.now += seconds
+        self.heartbeat()
+        self.feed(Tick(self.now, trigger))
+
+    def heartbeat(self) -> None:
+        for a in self.agents.values():
+            if a.up:
+                self.feed(AgentMessage(self.now, a.name, pb.AgentMessage(heartbeat=pb.Heartbeat())))
+
+    def deliver(self, max_steps: int = 1000) -> None:
+        """Let the agents answer everything sent, until nothing is left."""
+        for _ in range(max_steps):
+            if not self.outbox:
+                return
+            send = self.outbox.pop(0)
+            agent = self.agents[send.node_id]
+            if agent.up:
+                for reply in self._answer(agent, send.message):
+                    self.feed(AgentMessage(self.now, agent.name, reply))
+        raise AssertionError("directives kept coming")
+
+    def complete(self, job_id: str) -> None:
+        """The job's rank-0 node reports it finished."""
+        for agent in self.agents.values():
+            run = agent.running.get(job_id)
+            if run is not None and run[2] == 0:
+                self._drop(agent, job_id)
+                self.feed(AgentMessage(self.now, agent.name, pb.AgentMessage(exit=pb.JobExit(
+                    job_id=job_id, generation=run[0], kind=pb.JobExit.KIND_COMPLETED,
+                    progress=1.0))))
+                return
+        raise AssertionError(f"{job_id} runs nowhere")
+
+    # ---------------------------------------------------------------- agents
+
+    def _answer(self, agent: FakeAgent, msg: pb.ControllerMessage) -> list[pb.AgentMessage]:
+        kind = msg.WhichOneof("kind")
+        if kind == "profile":
+            p = msg.profile
+            app = load_app(p.spec.application)
+            samples = []
+            if agent.gpu_type in app.gpu_types:
+                for b in p.local_batch_sizes:
+                    step, sync = app.step_time(agent.gpu_type, 1, 1, b)
+                    samples.append(pb.ThroughputSample(
+                        gpu_type=agent.gpu_type, num_nodes=1, num_replicas=1,
+                        atomic_batch_size=b, step_time_s=step, sync_time_s=sync, count=5))
+            return [pb.AgentMessage(telemetry=pb.Telemetry(
+                job_id=p.job_id, generation=p.generation, profile=True, samples=samples))]
+        d = msg.directive
+        ack = pb.DirectiveAck(directive_id=d.directive_id, job_id=d.job_id,
+                              generation=d.generation, ok=True)
+        out = []
+        if d.action == pb.Directive.ACTION_STOP:
+            run = agent.running.get(d.job_id)
+            if run is not None and run[0] <= d.generation:
+                self._drop(agent, d.job_id)
+                out.append(pb.AgentMessage(exit=pb.JobExit(
+                    job_id=d.job_id, generation=run[0], kind=pb.JobExit.KIND_CHECKPOINTED,
+                    progress=0.5)))
+        else:
+            if d.job_id in agent.running:
+                self._drop(agent, d.job_id)
+            for g in d.local_gpus:
+                assert g < agent.num_gpus, f"{agent.name}: GPU {g} does not exist"
+                assert g not in agent.busy, (
+                    f"{agent.name}/{g}: RUN {d.job_id} while {agent.busy[g]} still runs there")
+                agent.busy[g] = d.job_id
+            agent.running[d.job_id] = (d.generation, tuple(d.local_gpus), d.world.rank_offset)
+            a = d.allocation
+            out.append(pb.AgentMessage(telemetry=pb.Telemetry(
+                job_id=d.job_id, generation=d.generation, progress=0.1,
+                grad=pb.GradientStats(sqr=1.0, var=5.0),
+                samples=[pb.ThroughputSample(
+                    gpu_type=agent.gpu_type, num_nodes=a.num_nodes,
+                    num_replicas=a.num_replicas, atomic_batch_size=a.atomic_batch_size,
+                    accum_steps=a.accum_steps, step_time_s=0.2, sync_time_s=0.05, count=10)])))
+        out.append(pb.AgentMessage(ack=ack))
+        return out
+
+    @staticmethod
+    def _drop(agent: FakeAgent, job_id: str) -> None:
+        _, gpus, _ = agent.running.pop(job_id)
+        for g in gpus:
+            del agent.busy[g]
+
+    # ---------------------------------------------------------------- invariants
+
+    def check(self) -> None:
+        # The controller never believes a GPU holds a job that another node lists...
+        for node in self.state.nodes.values():
+            for g in node.holder:
+                assert 0 <= g < node.num_gpus
+        # ...and every job's held GPUs are exactly what the nodes record for it.
+        for rec in self.state.jobs.values():
+            for name, gpus in rec.held.items():
+                node = self.state.nodes[name]
+                assert all(node.holder.get(g) == rec.job_id for g in gpus), (rec.job_id, name)
+
+    def state_of(self, job_id: str) -> int:
+        return self.state.jobs[job_id].job.status.state

@@ -1,0 +1,220 @@
+"""The controller's state machine, driven synchronously (no sockets, no clock)."""
+
+from __future__ import annotations
+
+from harness import Harness
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sia_grpc.api import pb
+from sia_grpc.controller.state import (
+    AgentMessage,
+    ControllerState,
+    JobCancelRequested,
+    Persist,
+    Send,
+    Solve,
+    Tick,
+    WantRound,
+)
+
+NODES = {"rtx-0": ("rtx", 8), "aws-0": ("aws", 4), "aws-1": ("aws", 4)}
+
+
+def sends(actions, kind):
+    return [a for a in actions if isinstance(a, Send) and a.message.WhichOneof("kind") == kind]
+
+
+def test_new_job_is_profiled_on_each_type_then_scheduled_and_completes():
+    h = Harness(NODES)
+    h.submit("j1")
+    assert h.state_of("j1") == pb.JOB_STATE_PROFILING
+    profiles = [s for s in h.outbox if s.message.WhichOneof("kind") == "profile"]
+    assert sorted(h.agents[s.node_id].gpu_type for s in profiles) == ["aws", "rtx"]
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_QUEUED
+    assert h.state.jobs["j1"].usable == {"aws", "rtx"}
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING and rec.generation == 1
+    assert rec.job.status.HasField("allocation") and rec.job.status.reason
+    assert sum(len(a.busy) for a in h.agents.values()) == rec.alloc.config.num_gpus
+    h.complete("j1")
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_SUCCEEDED
+    assert not any(a.busy for a in h.agents.values())
+    assert not any(n.holder for n in h.state.nodes.values())
+    assert "j1" in h.persisted
+
+
+def test_profile_request_uses_batch_sizes_within_the_types_limits():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    (p,) = [s.message.profile for s in h.outbox]
+    lo, hi = h.state.jobs["j1"].res.local_bsz_limits["rtx"]
+    assert 5 <= len(p.local_batch_sizes) <= 10
+    assert min(p.local_batch_sizes) == lo and max(p.local_batch_sizes) == hi
+
+
+def test_a_job_that_grows_is_stopped_before_it_runs_again():
+    h = Harness(NODES)
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    first = h.state.jobs["j1"].alloc
+    for _ in range(6):  # Sia doubles at most each round while it gains
+        h.tick()
+        h.deliver()
+    rec = h.state.jobs["j1"]
+    assert rec.alloc.config.num_gpus > first.config.num_gpus
+    assert rec.job.status.restarts >= 1 and rec.generation == rec.job.status.restarts + 1
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING
+
+
+def test_many_jobs_share_without_double_allocation_and_all_finish():
+    h = Harness(NODES)
+    for k in range(8):
+        h.submit(f"j{k}", application=["cifar10", "bert", "deepspeech2"][k % 3])
+    h.deliver()
+    for _ in range(30):
+        h.tick()
+        h.deliver()
+        running = [j for j, r in h.state.jobs.items() if r.state == pb.JOB_STATE_RUNNING
+                   and r.held]
+        if running:
+            h.complete(running[0])
+            h.deliver()
+    assert all(h.state_of(f"j{k}") == pb.JOB_STATE_SUCCEEDED for k in range(8))
+
+
+def test_only_one_solve_in_flight():
+    h = Harness(NODES)
+    h.submit("j1")
+    h.deliver()
+    h.now += 60
+    h.heartbeat()
+    first = h.state.handle(Tick(h.now))
+    assert any(isinstance(a, Solve) for a in first)
+    again = h.state.handle(Tick(h.now))
+    assert not any(isinstance(a, Solve) for a in again)
+
+
+def test_lost_agent_requeues_its_jobs_which_then_run_elsewhere():
+    h = Harness({"rtx-0": ("rtx", 8), "rtx-1": ("rtx", 8)}, policy="gavel")
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=512)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    node = h.state.jobs["j1"].alloc.gpus[0].node
+    h.agents[node].up = False
+    h.agents[node].running.clear()
+    h.agents[node].busy.clear()
+    h.tick(31.0)  # past the heartbeat timeout: requeued, and rescheduled in the same round
+    rec = h.state.jobs["j1"]
+    assert h.state.nodes[node].state == pb.NODE_STATE_LOST
+    assert rec.job.status.restarts == 1
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING
+    assert {g.node for g in rec.alloc.gpus} == {({"rtx-0", "rtx-1"} - {node}).pop()}
+
+
+def test_agent_reconnecting_with_a_stale_generation_is_fenced():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    gen = h.state.jobs["j1"].generation
+    agent = h.agents["rtx-0"]
+    agent.running["j1"] = (gen - 1 if gen > 1 else 0, agent.running["j1"][1], 0)
+    actions = h.feed(agent.register_event(h.now))
+    stops = [s for s in sends(actions, "directive")
+             if s.message.directive.action == pb.Directive.ACTION_STOP]
+    assert [s.message.directive.job_id for s in stops] == ["j1"]
+
+
+def test_redelivered_ack_changes_nothing():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    (run,) = [s for s in h.outbox if s.message.WhichOneof("kind") == "directive"]
+    h.deliver()
+    before = h.state.jobs["j1"].job.SerializeToString()
+    ack = pb.DirectiveAck(directive_id=run.message.directive.directive_id, job_id="j1",
+                          generation=run.message.directive.generation, ok=False, error="dup")
+    h.feed(AgentMessage(h.now, "rtx-0", pb.AgentMessage(ack=ack)))
+    assert h.state.jobs["j1"].job.SerializeToString() == before
+
+
+def test_cancel_stops_the_job_and_frees_its_gpus():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    actions = h.feed(JobCancelRequested(h.now, "j1"))
+    assert h.state_of("j1") == pb.JOB_STATE_CANCELLED
+    assert any(isinstance(a, Persist) and "j1" in a.job_ids for a in actions)
+    h.deliver()
+    assert not h.agents["rtx-0"].busy and not h.state.nodes["rtx-0"].holder
+
+
+def test_job_becoming_schedulable_asks_for_an_early_round():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    (send,) = h.outbox
+    h.outbox.clear()
+    (reply,) = h._answer(h.agents["rtx-0"], send.message)
+    actions = h.state.handle(AgentMessage(h.now, "rtx-0", reply))
+    assert any(isinstance(a, WantRound) for a in actions)
+
+
+def test_state_survives_a_restart_through_its_persisted_form():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    job, extra = rec.job, h.state.extra("j1")
+    fresh = ControllerState(h.state.settings)
+    fresh.restore(pb.Job.FromString(job.SerializeToString()), extra, h.now)
+    again = fresh.jobs["j1"]
+    assert again.generation == rec.generation and again.held == rec.held
+    assert again.alloc.gpus == rec.alloc.gpus and again.usable == rec.usable
+    # The agent comes back running the same generation: nothing is stopped.
+    actions = fresh.handle(h.agents["rtx-0"].register_event(h.now + 1))
+    assert not [a for a in sends(actions, "directive")
+                if a.message.directive.action == pb.Directive.ACTION_STOP]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["submit", "tick", "complete", "cancel", "kill"]),
+                          st.integers(0, 5)), min_size=5, max_size=25))
+def test_random_event_sequences_never_put_two_jobs_on_one_gpu(script):
+    h = Harness(NODES)
+    n = 0
+    for op, k in script:
+        if op == "submit":
+            h.submit(f"j{n}", application=["cifar10", "bert"][k % 2])
+            n += 1
+        elif op == "tick":
+            h.tick()
+        elif op == "complete":
+            running = sorted(j for j, r in h.state.jobs.items()
+                             if r.state == pb.JOB_STATE_RUNNING and r.held and not r.moving)
+            if running:
+                job = running[k % len(running)]
+                if any(job in a.running and a.running[job][2] == 0 for a in h.agents.values()):
+                    h.complete(job)
+        elif op == "cancel" and n:
+            h.feed(JobCancelRequested(h.now, f"j{k % n}"))
+        elif op == "kill":
+            agent = h.agents[sorted(h.agents)[k % len(h.agents)]]
+            agent.up = not agent.up
+            if agent.up:
+                h.feed(agent.register_event(h.now))
+        h.deliver()  # FakeAgent asserts no RUN lands on a busy GPU

@@ -1,0 +1,332 @@
+"""The controller's SQLite store: idempotent creates, revisions, paging, changelog, durability."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sia_grpc.api import pb
+from sia_grpc.controller.store import (
+    Compacted,
+    JobExists,
+    NotFound,
+    RequestConflict,
+    Store,
+    StoreError,
+)
+
+CREATED, UPDATED, DELETED = (pb.JobEvent.KIND_CREATED, pb.JobEvent.KIND_UPDATED,
+                             pb.JobEvent.KIND_DELETED)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job(job_id: str, *, name: str = "", state: int = pb.JOB_STATE_QUEUED, tenant: str = "",
+        batch: int = 0) -> pb.Job:
+    spec = pb.JobSpec(name=name or job_id, application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE,
+                      tenant=tenant, batch_size=batch, labels={"team": "x"})
+    return pb.Job(job_id=job_id, spec=spec, status=pb.JobStatus(state=state))
+
+
+def created(result) -> pb.Job:
+    assert not isinstance(result, StoreError), result
+    stored, is_new = result
+    assert is_new
+    return stored
+
+
+@pytest.fixture
+def store():
+    with Store(":memory:") as s:
+        yield s
+
+
+def test_create_get_roundtrip(store: Store):
+    assert store.revision == 0
+    original = job("a", state=pb.JOB_STATE_RUNNING, tenant="t1")
+    stored = created(store.create_jobs([(original, "")])[0])
+
+    assert stored.revision == 1 and store.revision == 1
+    assert original.revision == 0  # the caller's message is not modified
+    got = store.get_job("a")
+    assert got is not None and got.extra == b""
+    assert got.job == stored
+    expected = pb.Job()
+    expected.CopyFrom(original)
+    expected.revision = 1
+    assert got.job == expected
+    assert store.get_job("missing") is None
+    assert store.create_jobs([]) == [] and store.revision == 1
+
+
+def test_create_is_idempotent_per_request_and_items_fail_alone(store: Store):
+    first = created(store.create_jobs([(job("a", batch=64), "req-a")])[0])
+
+    results = store.create_jobs([
+        (job("a-retry", name="a", batch=64), "req-a"),  # a retry: the server generated a fresh id
+        (job("a-other", name="a", batch=128), "req-a"),  # same request_id, different spec
+        (job("a"), "req-new"),  # job_id taken by another request
+        (job("b"), "req-b"),
+        (job("b-retry", name="b"), "req-b"),  # duplicate within the same batch
+    ])
+
+    assert results[0] == (first, False)
+    assert isinstance(results[1], RequestConflict) and "req-a" in str(results[1])
+    assert isinstance(results[2], JobExists) and "'a'" in str(results[2])
+    b = created(results[3])
+    assert b.revision == 2  # failed and repeated items take no revision
+    assert results[4] == (b, False)
+    assert store.revision == 2
+    assert [s.job.job_id for s in store.all_jobs()] == ["a", "b"]
+    assert [rev for rev, _, _ in store.events_since(0)] == [1, 2]
+    # Empty request ids never match each other.
+    assert created(store.create_jobs([(job("c"), "")])[0]).revision == 3
+    assert created(store.create_jobs([(job("d"), "")])[0]).revision == 4
+
+
+def test_revisions_increase_across_create_put_delete(store: Store):
+    a, b = (created(r) for r in store.create_jobs([(job("a"), ""), (job("b"), "")]))
+    assert (a.revision, b.revision) == (1, 2)
+
+    running = job("a", state=pb.JOB_STATE_RUNNING)
+    assert store.put_jobs([(running, b"telemetry")]) == [3]
+    assert running.revision == 0
+    got = store.get_job("a")
+    assert got.job.revision == 3 and got.job.status.state == pb.JOB_STATE_RUNNING
+    assert got.extra == b"telemetry"
+    # extra=None keeps what was stored.
+    assert store.put_jobs([(job("a", state=pb.JOB_STATE_SUCCEEDED), None),
+                           (job("b", state=pb.JOB_STATE_RUNNING), b"")]) == [4, 5]
+    assert store.get_job("a").extra == b"telemetry"
+    assert store.get_job("a").job.status.state == pb.JOB_STATE_SUCCEEDED
+
+    assert store.delete_job("a") == 6 and store.revision == 6
+    assert store.get_job("a") is None
+    with pytest.raises(NotFound):
+        store.delete_job("a")
+    # An unknown job fails the whole batch: b's update is not written either.
+    with pytest.raises(NotFound, match="'ghost'"):
+        store.put_jobs([(job("b", state=pb.JOB_STATE_FAILED), b"x"), (job("ghost"), None)])
+    assert store.revision == 6
+    assert store.get_job("b").job.status.state == pb.JOB_STATE_RUNNING
+    assert store.get_job("b").job.revision == 5
+    assert created(store.create_jobs([(job("c"), "")])[0]).revision == 7
+
+
+def test_paging_returns_each_job_once_in_creation_order(store: Store):
+    states = (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING, pb.JOB_STATE_SUCCEEDED)
+    # Ids sort opposite to creation order, so ordering by id would fail.
+    specs = [job(f"job-{249 - i:03d}", state=states[i % 3], tenant=f"t{i % 2}")
+             for i in range(250)]
+    store.create_jobs([(j, "") for j in specs])
+    order = [j.job_id for j in specs]
+
+    def page_all(**filters) -> list[str]:
+        ids, token, pages = [], "", 0
+        while True:
+            page, token = store.list_jobs(page_token=token, **filters)
+            ids += [j.job_id for j in page]
+            pages += 1
+            if not token:
+                return ids
+            assert pages < 100, "paging does not terminate"
+
+    assert page_all(page_size=100) == order
+    pages = [store.list_jobs(page_size=100)]
+    while pages[-1][1]:
+        pages.append(store.list_jobs(page_size=100, page_token=pages[-1][1]))
+    assert [len(p) for p, _ in pages] == [100, 100, 50]
+    assert page_all(page_size=250) == order  # an exact fit ends without an empty page
+
+    running = [j.job_id for j in specs if j.status.state == pb.JOB_STATE_RUNNING]
+    assert page_all(page_size=7, states=[pb.JOB_STATE_RUNNING]) == running
+    t1_done = [j.job_id for j in specs if j.spec.tenant == "t1"
+               and j.status.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_QUEUED)]
+    assert page_all(page_size=9, tenant="t1",
+                    states={pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_QUEUED}) == t1_done
+    assert store.list_jobs(tenant="nobody") == ([], "")
+
+    # A token stays valid when the job it points at is deleted meanwhile.
+    first, token = store.list_jobs(page_size=10)
+    store.delete_job(first[-1].job_id)
+    rest, _ = store.list_jobs(page_size=5, page_token=token)
+    assert [j.job_id for j in rest] == order[10:15]
+
+
+@pytest.mark.parametrize("token", ["garbage!", "c2VxOng", "bm9wZTox", "é",
+                                   "c2VxOjk5OTk5OTk5OTk5OTk5OTk5OTk"])
+def test_malformed_page_token_is_value_error(store: Store, token: str):
+    with pytest.raises(ValueError, match="^page_token: "):
+        store.list_jobs(page_token=token)
+
+
+def test_events_since_in_order_then_compacted():
+    with Store(":memory:", changelog_limit=2) as store:
+        store.create_jobs([(job("a"), ""), (job("b"), "")])
+        store.put_jobs([(job("a", state=pb.JOB_STATE_RUNNING), None)])
+        store.delete_job("b")
+
+        events = store.events_since(0)
+        assert [(rev, kind, j.job_id) for rev, kind, j in events] == [
+            (1, CREATED, "a"), (2, CREATED, "b"), (3, UPDATED, "a"), (4, DELETED, "b")]
+        assert all(j.revision == rev for rev, _, j in events)
+        assert events[2][2].status.state == pb.JOB_STATE_RUNNING
+        assert [rev for rev, _, _ in store.events_since(2)] == [3, 4]
+        assert [rev for rev, _, _ in store.events_since(0, limit=3)] == [1, 2, 3]
+        assert store.events_since(4) == []
+
+        assert store.compact() == 2
+        assert store.compact() == 0
+        assert [rev for rev, _, _ in store.events_since(2)] == [3, 4]
+        for stale in (0, 1):
+            with pytest.raises(Compacted):
+                store.events_since(stale)
+        assert store.revision == 4  # compaction never moves the revision back
+
+
+def test_reopened_store_sees_everything(tmp_path: Path):
+    path = tmp_path / "sia.db"
+    with Store(path) as store:
+        store.create_jobs([(job(f"j{i}", tenant="t"), f"r{i}") for i in range(5)])
+        store.put_jobs([(job("j1", state=pb.JOB_STATE_RUNNING, tenant="t"), b"\x00fit\xff")])
+        store.delete_job("j3")
+        before = store.all_jobs()
+        _, token = store.list_jobs(page_size=2)
+
+    with Store(path) as store:  # a restart
+        assert store.revision == 7
+        assert store.all_jobs() == before
+        assert store.get_job("j1").extra == b"\x00fit\xff"
+        kinds = [kind for _, kind, _ in store.events_since(0)]
+        assert kinds == [CREATED] * 5 + [UPDATED, DELETED]
+        page, _ = store.list_jobs(page_size=2, page_token=token)
+        assert [j.job_id for j in page] == ["j2", "j4"]
+        # Idempotency survives the restart, and revisions continue.
+        retry = job("retry", name="j0", tenant="t")
+        assert store.create_jobs([(retry, "r0")]) == [(before[0].job, False)]
+        assert created(store.create_jobs([(job("new"), "")])[0]).revision == 8
+
+
+CHILD = """
+import sys
+from sia_grpc.api import pb
+from sia_grpc.controller.store import Store
+
+store = Store(sys.argv[1])
+i = 0
+while True:
+    ids = [f"c{i + k}" for k in range(5)]
+    store.create_jobs([(pb.Job(job_id=x, spec=pb.JobSpec(name=x)), "r" + x) for x in ids])
+    print("committed", *ids, flush=True)
+    i += 5
+"""
+
+
+def test_committed_jobs_survive_sigkill(tmp_path: Path):
+    path = tmp_path / "sia.db"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while len(lines) < 10:
+            line = child.stdout.readline()
+            assert line, f"child exited early: {child.stderr.read()}"
+            lines.append(line)
+        os.kill(child.pid, signal.SIGKILL)  # mid-loop: possibly inside a transaction
+        out, _ = child.communicate()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == -signal.SIGKILL
+    lines += out.splitlines(keepends=True)
+    reported = [x for line in lines if line.endswith("\n") for x in line.split()[1:]]
+    assert len(reported) >= 50
+
+    with Store(path) as store:
+        stored = {s.job.job_id: s.job for s in store.all_jobs()}
+        assert store.revision == len(stored)
+    missing = [x for x in reported if x not in stored]
+    assert not missing
+    assert all(stored[x].spec.name == x for x in reported)
+
+
+def test_full_disk_is_store_error_and_rolls_back(store: Store):
+    created(store.create_jobs([(job("a"), "")])[0])
+    # A database that cannot grow stands in for a full disk.
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+    big = [job(f"big{i}") for i in range(3)]
+    for j in big:
+        j.spec.command.append("x" * 20_000)
+
+    with pytest.raises(StoreError, match="cannot commit 3 new jobs: .*full") as err:
+        store.create_jobs([(j, "") for j in big])
+    assert not isinstance(err.value, sqlite3.Error)
+    with pytest.raises(StoreError, match="cannot commit updates to 1 jobs: .*full"):
+        store.put_jobs([(job("a"), b"y" * 50_000)])
+    # Nothing half-written, and the store works again once there is room.
+    assert store.revision == 1 and store.get_job("big0") is None
+    assert store.get_job("a").extra == b""
+    store._conn.execute(f"PRAGMA max_page_count = {pages * 100}")
+    assert [created(r).revision for r in store.create_jobs([(j, "") for j in big])] == [2, 3, 4]
+
+
+def test_unopenable_path_is_store_error(tmp_path: Path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")  # works as root too, unlike a read-only directory
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(not_a_dir / "sia.db")
+
+
+def test_locked_database_is_store_error(tmp_path: Path):
+    path = tmp_path / "sia.db"
+    with Store(path, busy_timeout=0.05) as store:
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            with pytest.raises(StoreError, match="cannot commit 1 new jobs: database is locked"):
+                store.create_jobs([(job("a"), "")])
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        assert created(store.create_jobs([(job("a"), "")])[0]).revision == 1
+
+
+def test_newer_schema_is_refused(tmp_path: Path):
+    path = tmp_path / "sia.db"
+    Store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 2")
+    raw.close()
+    with pytest.raises(StoreError, match="schema version 2, newer than the 1"):
+        Store(path)
+
+
+def test_closed_store_raises_store_error():
+    store = Store(":memory:")
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        store.get_job("a")
+    with pytest.raises(StoreError, match="closed"):
+        store.create_jobs([(job("a"), "")])
+
+
+def test_concurrent_writers_and_readers_share_the_connection(store: Store):
+    def work(t: int) -> list[int]:
+        revs = []
+        for i in range(15):
+            revs.append(created(store.create_jobs([(job(f"t{t}-{i}"), "")])[0]).revision)
+            store.list_jobs(page_size=5)
+        return revs
+
+    with ThreadPoolExecutor(4) as pool:
+        revisions = [r for revs in pool.map(work, range(4)) for r in revs]
+    assert sorted(revisions) == list(range(1, 61))

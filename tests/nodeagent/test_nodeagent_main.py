@@ -1,0 +1,59 @@
+"""`python -m sia_grpc.nodeagent`: arguments, and a graceful SIGTERM in a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+from nodeagent_support import run
+
+from sia_grpc.api import pb
+from sia_grpc.nodeagent.__main__ import main
+
+
+@pytest.mark.parametrize("argv", [
+    ["--controller", "ctl:1", "--gpus", "rtx"],  # no count
+    ["--controller", "ctl:1", "--gpus", "rtx:0"],
+    ["--gpus", "rtx:8"],  # no controller
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_bad_controller_address_exits_2(capsys):
+    assert main(["--controller", "nohost", "--gpus", "rtx:8"]) == 2
+    assert "controller: expected HOST:PORT" in capsys.readouterr().err
+
+
+async def test_sigterm_checkpoints_the_running_job_and_exits_0(controller):
+    ctl, port = controller
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sia_grpc.nodeagent", "--controller", f"127.0.0.1:{port}",
+        "--node-id", "sub", "--gpus", "rtx:2", "--time-scale", "60", "--log-format", "json",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(60):  # the interpreter's imports, on a busy machine
+            while not ctl.streams:
+                await asyncio.sleep(0.05)
+        s = ctl.streams[0]
+        assert s.register.node_id == "sub" and list(s.register.gpus) == [
+            pb.GpuInventory(gpu_type="rtx", count=2)]
+        s.directive(**run(1))
+        (ack,) = await s.wait("ack")
+        assert ack.ok, ack.error
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        assert [(e.job_id, e.kind) for e in s.of("exit")] == [
+            ("job-1", pb.JobExit.KIND_CHECKPOINTED)]
+        assert b'"event": "signal: closing"' in err and b'"node_id": "sub"' in err
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
