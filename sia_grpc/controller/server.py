@@ -171,7 +171,8 @@ class Controller:
                 gpus_allocated=self.state.gpus_allocated,
                 agents_connected=lambda: len(self._agents))
         self.status = Status.RUNNING
-        self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
+        self._tasks = [asyncio.create_task(self._warm(), name="sia-warm-solver"),
+                       asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
         log.info("controller started", listen=self.config.listen, port=self.port,
@@ -243,6 +244,10 @@ class Controller:
                     self._round_done(action.round)
                 case sm.WantRound():
                     self._schedule_early(action.trigger)
+                case sm.Reconnect():
+                    agent = self._agents.get(action.node_id)
+                    if agent is not None:
+                        agent.outbox.put_nowait(None)  # ends the stream; it registers again
 
     async def _persist(self, job_ids: tuple[str, ...]) -> None:
         items = [(pb.Job.FromString(self.state.jobs[j].job.SerializeToString()),
@@ -250,6 +255,13 @@ class Controller:
         if items:
             await self._in_store(self._store.put_jobs, items)
             self._changed.set()
+
+    async def _warm(self) -> None:
+        """Start the solver process now, not in the first round (spawn + imports)."""
+        try:
+            await self._pool.warm()
+        except Exception:
+            log.exception("solver pool failed to start; rounds will retry it")
 
     async def _in_store(self, fn, *args, **kw):
         return await asyncio.get_running_loop().run_in_executor(

@@ -122,6 +122,14 @@ class Solve:
 
 
 @dataclass(frozen=True)
+class Reconnect:
+    """End the agent's stream: it was judged lost while still talking, so it must
+    register again (and be reconciled) before it gets work."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
 class RoundDone:
     round: pb.Round
 
@@ -133,7 +141,7 @@ class WantRound:
     trigger: str = "arrival"
 
 
-Action = Send | Persist | Solve | RoundDone | WantRound
+Action = Send | Persist | Solve | RoundDone | WantRound | Reconnect
 
 
 @dataclass(frozen=True)
@@ -330,6 +338,9 @@ class ControllerState:
         node = self.nodes.get(ev.node_id)
         if node is None:
             return
+        if node.state == pb.NODE_STATE_LOST:
+            out.append(Reconnect(node.name))
+            return
         node.last_seen = ev.at
         msg = ev.message
         kind = msg.WhichOneof("kind")
@@ -479,6 +490,8 @@ class ControllerState:
             if _same_gpus(rec.target if rec.moving else rec.alloc, new):
                 if new is not None and not rec.moving:
                     rec.job.status.reason = reason
+                    if _batch(new) != _batch(rec.alloc) and rec.held:
+                        self._rebatch(rec, new, out)
                 continue
             # Any GPU of the new allocation on a node that is no longer ready: skip.
             if new is not None and any(self.nodes.get(g.node) is None or
@@ -557,32 +570,41 @@ class ControllerState:
         status.goodput = alloc.goodput
         if not status.HasField("start_time"):
             status.start_time.CopyFrom(_ts(at))
-        by_node: dict[str, list[int]] = {}
-        for g in alloc.gpus:
-            by_node.setdefault(g.node, []).append(g.index)
-        nodes = sorted(by_node)
-        world = sum(len(v) for v in by_node.values())
-        port = self.settings.master_port_base + zlib.crc32(
-            f"{rec.job_id}/{rec.generation}".encode()) % 1000
-        offset = 0
-        for name in nodes:
-            gpus = tuple(sorted(by_node[name]))
-            node = self.nodes[name]
-            node.holder.update(dict.fromkeys(gpus, rec.job_id))
+        for name, gpus in _by_node(alloc):
+            self.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
             rec.held[name] = gpus
-            d = pb.Directive(
-                round=self.round_no, job_id=rec.job_id, generation=rec.generation,
-                action=pb.Directive.ACTION_RUN,
-                spec=rec.job.spec, local_gpus=gpus,
-                world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
-                                     master_port=port, nodes=nodes),
-                allocation=status.allocation,
-                checkpoint_path=f"{self.settings.checkpoint_root}/{rec.job_id}",
-                restore_progress=rec.checkpoint)
-            offset += len(gpus)
-            out.append(self._directive(name, d))
+        out.extend(self._run_directives(rec))
         self._set_state(rec, pb.JOB_STATE_RUNNING, at, status.reason or "running")
         out.append(Persist((rec.job_id,)))
+
+    def _rebatch(self, rec: _JobRec, alloc: JobAllocation, out: list[Action]) -> None:
+        """Same GPUs, new batch size: the workers change it between steps, no restart
+        (a RUN of the same generation with the new allocation)."""
+        rec.alloc = alloc
+        rec.job.status.allocation.CopyFrom(allocation_pb(alloc))
+        rec.job.status.goodput = alloc.goodput
+        out.extend(self._run_directives(rec))
+        out.append(Persist((rec.job_id,)))
+
+    def _run_directives(self, rec: _JobRec) -> list[Send]:
+        """A RUN of the job's current generation and allocation for each of its nodes."""
+        layout = _by_node(rec.alloc)
+        nodes = [name for name, _ in layout]
+        world = sum(len(g) for _, g in layout)
+        port = self.settings.master_port_base + zlib.crc32(
+            f"{rec.job_id}/{rec.generation}".encode()) % 1000
+        sends, offset = [], 0
+        for name, gpus in layout:
+            sends.append(self._directive(name, pb.Directive(
+                round=self.round_no, job_id=rec.job_id, generation=rec.generation,
+                action=pb.Directive.ACTION_RUN, spec=rec.job.spec, local_gpus=gpus,
+                world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
+                                     master_port=port, nodes=nodes),
+                allocation=rec.job.status.allocation,
+                checkpoint_path=f"{self.settings.checkpoint_root}/{rec.job_id}",
+                restore_progress=rec.checkpoint)))
+            offset += len(gpus)
+        return sends
 
     def _stop_everywhere(self, rec: _JobRec, out: list[Action], except_node: str = "") -> None:
         for name in rec.held:
@@ -760,6 +782,18 @@ def allocation_from(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
         gpus=tuple(GpuId(g.node, g.index) for g in a.gpus), num_replicas=a.num_replicas,
         batch_size=a.batch_size, atomic_bsz=a.atomic_batch_size, accum_steps=a.accum_steps,
         goodput=goodput)
+
+
+def _by_node(a: JobAllocation) -> list[tuple[str, tuple[int, ...]]]:
+    """(node, its GPU indices) in node order."""
+    out: dict[str, list[int]] = {}
+    for g in a.gpus:
+        out.setdefault(g.node, []).append(g.index)
+    return [(n, tuple(sorted(out[n]))) for n in sorted(out)]
+
+
+def _batch(a: JobAllocation | None) -> tuple[int, int, int] | None:
+    return None if a is None else (a.batch_size, a.atomic_bsz, a.accum_steps)
 
 
 def _same_gpus(a: JobAllocation | None, b: JobAllocation | None) -> bool:

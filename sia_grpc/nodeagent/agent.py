@@ -430,7 +430,12 @@ class NodeAgent:
         current = running.get(d.job_id)
         if d.action == pb.Directive.ACTION_RUN:
             if current is not None and current.generation == d.generation:
-                log.info("already running this generation")
+                if d.HasField("allocation") and _batch_of(d.allocation) != _batch_of(
+                        self.backend.allocation(d.job_id)):
+                    await self.backend.rebatch(d.job_id, d.allocation)
+                    log.info("batch changed", batch=d.allocation.batch_size)
+                else:
+                    log.info("already running this generation")
                 return ""
             if current is not None and current.generation > d.generation:
                 return f"stale generation {d.generation} (running {current.generation})"
@@ -508,6 +513,10 @@ class NodeAgent:
         finally:
             del self._profiling[req.local_gpu]  # free before the controller hears of it
         self._send(telemetry=result)
+
+
+def _batch_of(a: pb.Allocation) -> tuple[int, int, int]:
+    return a.batch_size, a.atomic_batch_size, a.accum_steps
 
 
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:

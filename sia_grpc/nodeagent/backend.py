@@ -63,6 +63,15 @@ class WorkerBackend(Protocol):
         """Checkpoint and stop the job's worker; its JobExit (KIND_CHECKPOINTED)."""
         ...
 
+    def allocation(self, job_id: str) -> pb.Allocation:
+        """The allocation the running job was last given."""
+        ...
+
+    async def rebatch(self, job_id: str, allocation: pb.Allocation) -> None:
+        """Change the running job's batch size and accumulation in place, between
+        steps and without a restart (the elastic data loader's job)."""
+        ...
+
     async def profile(self, request: pb.ProfileRequest) -> pb.Telemetry:
         """Time a few steps per batch size on one GPU; Telemetry with profile=true."""
         ...

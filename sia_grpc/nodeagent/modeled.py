@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,7 @@ class _Worker:
     trajectory: Trajectory | None  # None off the leader node
     delay_s: float  # modeled restore delay before training starts
     task: asyncio.Task[None] | None = None
+    on_exit: ExitCallback | None = None
     reported_steps: int = 0
     log: Any = None
 
@@ -141,6 +143,7 @@ class ModeledBackend:
             trajectory = Trajectory.plan(app, self.gpu_type, launch.allocation,
                                          launch.restore_progress * app.max_progress)
         w = _Worker(launch, self.clock.now(), app, trajectory, app.restart_delay,
+                    on_exit=on_exit,
                     log=self._log.bind(job_id=launch.job_id, generation=launch.generation))
         self._workers[launch.job_id] = w
         if trajectory is not None:
@@ -148,6 +151,25 @@ class ModeledBackend:
                                          name=f"nodeagent:worker:{launch.job_id}")
         w.log.info("worker started", leader=launch.leader, gpus=list(launch.local_gpus),
                    restore_progress=launch.restore_progress)
+
+    async def rebatch(self, job_id: str, allocation: pb.Allocation) -> None:
+        w = self._workers[job_id]
+        w.launch = dataclasses.replace(w.launch, allocation=allocation)
+        if w.trajectory is None:
+            return
+        on_exit = w.on_exit
+        if w.task is not None:
+            w.task.cancel()
+            await asyncio.gather(w.task, return_exceptions=True)
+        progress, delay_left = self._progress(w), max(
+            w.delay_s - (self.clock.now() - w.started) * self.time_scale, 0.0)
+        # Continue from here at the new batch; an unfinished restore still has to end.
+        w.trajectory = Trajectory.plan(w.app, self.gpu_type, allocation, progress)
+        w.started, w.delay_s = self.clock.now(), delay_left
+        w.task = asyncio.create_task(self._finish(w, on_exit),
+                                     name=f"nodeagent:worker:{job_id}")
+        w.log.info("batch changed in place", batch=allocation.batch_size,
+                   atomic=allocation.atomic_batch_size, accum=allocation.accum_steps)
 
     async def stop(self, job_id: str) -> pb.JobExit:
         w = self._workers.pop(job_id)
@@ -185,6 +207,9 @@ class ModeledBackend:
         await self._sleep_until(began + busy_s / self.time_scale)
         log.info("profiled", sizes=[s.atomic_batch_size for s in out.samples])
         return out
+
+    def allocation(self, job_id: str) -> pb.Allocation:
+        return self._workers[job_id].launch.allocation
 
     def running(self) -> list[pb.RunningJob]:
         return [pb.RunningJob(job_id=j, generation=w.launch.generation,

@@ -1,0 +1,110 @@
+"""A whole cluster in one process: a controller and modeled node agents over
+real loopback gRPC, at one time rate (`rate`× faster than real time).
+
+Used by `sia replay`, `make demo`, `sia bench control-plane` and the end-to-end
+tests. Agents can also be started as separate processes (`spawn_agent`), which
+is how a test kills one with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.server import Controller, ScaledClock
+from sia_grpc.nodeagent import AgentConfig, NodeAgent
+
+
+def node_names(spec: Mapping[str, tuple[int, int]]) -> list[tuple[str, str, int]]:
+    """`{"rtx": (3, 8)}` → [("rtx-0", "rtx", 8), ...]: the nodes of a cluster spec."""
+    return [(f"{t}-{i}", t, per) for t, (count, per) in spec.items() for i in range(count)]
+
+
+@dataclass
+class LocalCluster:
+    nodes: Mapping[str, tuple[int, int]]  # GPU type -> (nodes, GPUs per node)
+    rate: float = 1.0  # controller and modeled seconds per real second
+    config: ControllerConfig = field(default_factory=lambda: ControllerConfig(
+        listen="127.0.0.1:0", db_path=":memory:"))
+    telemetry_interval: float = 0.5  # real seconds between agent reports
+    telemetry: object | None = None
+    controller: Controller | None = None
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        assert self.controller is not None
+        return f"127.0.0.1:{self.controller.port}"
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self, *, agents: bool = True) -> None:
+        # Heartbeats at least every 0.1 real seconds apart, and 2 real seconds of
+        # silence before an agent is lost, however fast the clock runs.
+        self.config = replace(
+            self.config, heartbeat_interval=max(self.config.heartbeat_interval, 0.1 * self.rate),
+            heartbeat_timeout=max(self.config.heartbeat_timeout, 2.0 * self.rate))
+        self.controller = Controller(self.config, clock=ScaledClock(self.rate),
+                                     telemetry=self.telemetry)
+        await self.controller.start()
+        if agents:
+            for name, gpu_type, gpus in node_names(self.nodes):
+                await self.add_agent(name, gpu_type, gpus)
+
+    def agent_config(self, name: str, gpu_type: str, gpus: int) -> AgentConfig:
+        return AgentConfig(node_id=name, controller=self.target, gpu_type=gpu_type,
+                           num_gpus=gpus, time_scale=self.rate,
+                           telemetry_interval_s=self.telemetry_interval,
+                           backoff_base_s=0.05, backoff_cap_s=1.0, close_grace_s=0.5)
+
+    async def add_agent(self, name: str, gpu_type: str, gpus: int) -> NodeAgent:
+        agent = NodeAgent(self.agent_config(name, gpu_type, gpus))
+        await agent.start()
+        self.agents[name] = agent
+        return agent
+
+    def spawn_agent(self, name: str, gpu_type: str, gpus: int) -> subprocess.Popen:
+        """The same agent as its own process (`python -m sia_grpc.nodeagent`)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sia_grpc.nodeagent", "--controller", self.target,
+             "--node-id", name, "--gpus", f"{gpu_type}:{gpus}", "--time-scale", str(self.rate),
+             "--telemetry-interval", str(self.telemetry_interval), "--log-format", "json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.processes[name] = proc
+        return proc
+
+    async def restart_controller(self) -> None:
+        """Stop the controller and start a new one on the same port and store."""
+        assert self.controller is not None
+        port = self.controller.port
+        await self.controller.close(grace=0.2)
+        self.config = replace(self.config, listen=f"127.0.0.1:{port}")
+        self.controller = Controller(self.config, clock=ScaledClock(self.rate),
+                                     telemetry=self.telemetry)
+        await self.controller.start()
+
+    async def wait_registered(self, count: int, timeout: float = 20.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.controller._agents) < count:
+                await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(a.close() for a in self.agents.values()),
+                             return_exceptions=True)
+        for proc in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(timeout=10)
+        if self.controller is not None:
+            await self.controller.close(grace=0.2)

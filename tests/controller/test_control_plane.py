@@ -1,0 +1,222 @@
+"""End to end on loopback: a real controller, modeled agents (in process and as
+separate processes), jobs submitted through the SDK. Everything runs `RATE`×
+faster than real time (controller clock and modeled workers alike)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sia_grpc.api import pb
+from sia_grpc.client import AsyncSiaClient
+from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.localcluster import LocalCluster
+
+RATE = 600.0
+CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
+                          early_round_delay=5.0, heartbeat_interval=30.0,
+                          heartbeat_timeout=240.0, inline_solver=True)
+THREE_TYPES = {"rtx": (1, 8), "aws": (1, 4), "dgx-ext": (1, 8)}
+
+
+def spec(app: str = "ncf", **kw) -> pb.JobSpec:
+    kw.setdefault("adaptivity", pb.ADAPTIVITY_ADAPTIVE)
+    return pb.JobSpec(name=app, application=app, **kw)
+
+
+class RunningOverlap:
+    """Replays WatchJobs and fails if two RUNNING jobs ever list one GPU."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, tuple[int, frozenset]] = {}
+        self.max_running = 0
+        self.configs: set[tuple[str, int]] = set()
+
+    def see(self, ev: pb.JobEvent) -> None:
+        j = ev.job
+        gpus = frozenset((g.node, g.index) for g in j.status.allocation.gpus)
+        self.jobs[j.job_id] = (j.status.state, gpus)
+        running = [g for s, g in self.jobs.values() if s == pb.JOB_STATE_RUNNING]
+        seen: set = set()
+        for g in running:
+            assert not seen & g, f"GPU allocated twice: {sorted(seen & g)}"
+            seen |= g
+        self.max_running = max(self.max_running, len(running))
+        if j.status.state == pb.JOB_STATE_RUNNING:
+            a = j.status.allocation
+            self.configs.add((a.gpu_type, a.num_gpus))
+
+
+async def follow(client: AsyncSiaClient, checker: RunningOverlap) -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        async for ev in client.watch():
+            checker.see(ev)
+
+
+@pytest.mark.timeout(120)
+async def test_a_dozen_jobs_on_three_gpu_types_all_complete_without_double_allocation():
+    async with LocalCluster(THREE_TYPES, rate=RATE, config=CONFIG,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(3)
+        checker = RunningOverlap()
+        watcher = asyncio.create_task(follow(client, checker))
+        handles = []
+        for k in range(12):
+            handles.append(await client.submit(spec("cifar10" if k % 6 == 0 else "ncf")))
+            await asyncio.sleep(0.05)  # arrivals spread over ~30 controller seconds each
+        async with asyncio.timeout(90):
+            finals = [await h.wait() for h in handles]
+        watcher.cancel()
+        await watcher
+        assert [pb.JobState.Name(j.status.state) for j in finals] == ["JOB_STATE_SUCCEEDED"] * 12
+        assert all(j.status.progress == pytest.approx(1.0) for j in finals)
+        assert lc.controller.state.refused == 0  # no agent was asked to double-book a GPU
+        assert checker.max_running >= 2  # jobs really shared the cluster
+        # The allocation changed as jobs came and went: several shapes, and profiling
+        # ran on every type before the first allocation.
+        assert len(checker.configs) >= 2
+        assert {t for t, _ in checker.configs} <= set(THREE_TYPES)
+        cluster = await client.cluster()
+        assert {t.gpu_type: t.gpus for t in cluster.types} == {"rtx": 8, "aws": 4,
+                                                               "dgx-ext": 8}
+        assert all(t.allocated == 0 for t in cluster.types)
+        rounds = await client.rounds(limit=200)
+        assert rounds and any(r.jobs_moved for r in rounds)
+        assert all(r.jobs >= 1 for r in rounds)
+
+
+@pytest.mark.timeout(120)
+async def test_killed_agent_process_its_job_is_requeued_and_completes_elsewhere():
+    cfg = replace(CONFIG, heartbeat_timeout=120.0)
+    async with LocalCluster({"aws": (1, 4)}, rate=300.0, config=cfg,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        proc = lc.spawn_agent("rtx-1", "rtx", 8)
+        await lc.wait_registered(2)
+        # Rigid on 8 GPUs: only the rtx node (the agent process) can hold it.
+        h = await client.submit(spec("cifar10", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=8,
+                                     batch_size=1024))
+        async with asyncio.timeout(60):
+            async for job in h.watch():
+                if job.status.state == pb.JOB_STATE_RUNNING and job.status.progress > 0:
+                    break
+        assert {g.node for g in job.status.allocation.gpus} == {"rtx-1"}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        async with asyncio.timeout(30):
+            while (await h.status()).restarts == 0:
+                await asyncio.sleep(0.05)
+        lost = await client.cluster()
+        assert {n.name: n.state for n in lost.nodes}["rtx-1"] == pb.NODE_STATE_LOST
+        await lc.add_agent("rtx-2", "rtx", 8)
+        async with asyncio.timeout(60):
+            final = await h.wait()
+        assert final.status.state == pb.JOB_STATE_SUCCEEDED
+        assert final.status.restarts >= 1
+        assert {g.node for g in final.status.allocation.gpus} <= {"rtx-2"}
+
+
+@pytest.mark.timeout(120)
+async def test_restarted_controller_loses_no_job_and_keeps_running_workers(tmp_path):
+    cfg = replace(CONFIG, db_path=str(tmp_path / "sia.db"))
+    async with LocalCluster({"rtx": (1, 8), "aws": (1, 4)}, rate=120.0, config=cfg,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(2)
+        ids = [(await client.submit(spec("cifar10"))).job_id for _ in range(4)]
+        async with asyncio.timeout(60):
+            while not any(j.status.state == pb.JOB_STATE_RUNNING for j in
+                          [await client.get(i) for i in ids]):
+                await asyncio.sleep(0.05)
+        before = {i: await client.get(i) for i in ids}
+        await lc.restart_controller()
+        after = {i: await client.get(i) for i in ids}  # straight from the reloaded store
+        assert set(after) == set(ids)
+        for i in ids:
+            assert after[i].spec == before[i].spec
+            assert after[i].status.generation >= before[i].status.generation
+        await lc.wait_registered(2)
+        running_before = [i for i in ids if before[i].status.state == pb.JOB_STATE_RUNNING]
+        await asyncio.sleep(0.5)
+        # Agents reconnected with the same generation: those workers were not restarted.
+        kept = [i for i in running_before
+                if (await client.get(i)).status.generation == before[i].status.generation]
+        assert kept
+        async with asyncio.timeout(90):
+            finals = [await client.handle(i).wait() for i in ids]
+        assert all(j.status.state == pb.JOB_STATE_SUCCEEDED for j in finals)
+
+
+async def test_bad_requests_get_invalid_argument_naming_the_field_and_nothing_is_stored():
+    async with LocalCluster({}, config=CONFIG) as lc, AsyncSiaClient(lc.target) as client:
+        from sia_grpc.errors import ApiError
+
+        cases = {
+            "spec.adaptivity": spec(adaptivity=pb.ADAPTIVITY_UNSPECIFIED),
+            "spec.max_gpus": spec(min_gpus=4, max_gpus=2),
+            "spec.num_gpus": spec(adaptivity=pb.ADAPTIVITY_RIGID, batch_size=64),
+            "spec.application": spec("no-such-model"),
+            "spec.name": pb.JobSpec(name="bad name!", application="ncf",
+                                    adaptivity=pb.ADAPTIVITY_ADAPTIVE),
+        }
+        for field, bad in cases.items():
+            with pytest.raises(ApiError) as info:
+                await client.submit(bad)
+            assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.field == field
+        assert [j async for j in client.list()] == []
+        with pytest.raises(ApiError) as info:
+            await client.get("nope")
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+        ok = await client.submit(spec(), request_id="same")
+        again = await client.submit(spec(), request_id="same")
+        assert ok.job_id == again.job_id
+        assert len([j async for j in client.list()]) == 1
+        with pytest.raises(ApiError) as info:
+            await client.delete(ok.job_id)
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        cancelled = await client.cancel(ok.job_id)
+        assert cancelled.status.state == pb.JOB_STATE_CANCELLED
+        await client.delete(ok.job_id)
+        assert [j async for j in client.list()] == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(60)
+def test_sia_controller_command_serves_health_and_stops_on_sigterm(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sia_grpc.controller", "--listen", f"127.0.0.1:{port}",
+         "--db", str(tmp_path / "c.db"), "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=30)
+            health = health_pb2_grpc.HealthStub(ch)
+            resp = health.Check(health_pb2.HealthCheckRequest(service="sia.v1.JobService"))
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert '"controller stopped"' in out or "controller stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
