@@ -63,6 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     bsim.add_argument("--policy", default="sia")
     bsim.add_argument("--cluster", default="hetero64")
 
+    rp = sub.add_parser("replay", help="submit a trace to a live controller with modeled "
+                                       "agents, and compare with the simulator")
+    rp.add_argument("workload", help="a CSV file or shipped workload (saturn/workload-1, ...)")
+    rp.add_argument("--time-scale", type=float, default=300.0,
+                    help="cluster seconds per real second (default 300)")
+    rp.add_argument("--policy", default="sia")
+    rp.add_argument("--cluster", default="hetero64")
+    rp.add_argument("--first", type=int, help="only the first N jobs by arrival")
+    rp.add_argument("--no-compare", action="store_true", help="skip the simulation")
+    rp.add_argument("--json", help="write the comparison as JSON")
+
     from sia_grpc.client.cli import add_commands
 
     add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
@@ -70,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is not None:
         return args.func(args)
+    if args.command == "replay":
+        from sia_grpc.replay import run as run_replay
+
+        if not args.time_scale > 0:
+            parser.error("--time-scale: must be positive")
+        return run_replay(args.workload, rate=args.time_scale, policy=args.policy,
+                          cluster=args.cluster, first=args.first,
+                          compare=not args.no_compare, json_out=args.json)
     if args.command == "demo":
         from sia_grpc.demo import run_demo
 

@@ -31,7 +31,7 @@ class LocalCluster:
     rate: float = 1.0  # controller and modeled seconds per real second
     config: ControllerConfig = field(default_factory=lambda: ControllerConfig(
         listen="127.0.0.1:0", db_path=":memory:"))
-    telemetry_interval: float = 0.5  # real seconds between agent reports
+    telemetry_interval: float | None = None  # real s between reports; None: 20 cluster s
     telemetry: object | None = None
     controller: Controller | None = None
     agents: dict[str, NodeAgent] = field(default_factory=dict)
@@ -62,10 +62,16 @@ class LocalCluster:
             for name, gpu_type, gpus in node_names(self.nodes):
                 await self.add_agent(name, gpu_type, gpus)
 
+    @property
+    def report_every(self) -> float:
+        """Real seconds between agent reports: a third of a 60 s round by default,
+        so the controller sees each job's progress every round."""
+        return self.telemetry_interval or min(2.0, 20.0 / self.rate)
+
     def agent_config(self, name: str, gpu_type: str, gpus: int) -> AgentConfig:
         return AgentConfig(node_id=name, controller=self.target, gpu_type=gpu_type,
                            num_gpus=gpus, time_scale=self.rate,
-                           telemetry_interval_s=self.telemetry_interval,
+                           telemetry_interval_s=self.report_every,
                            backoff_base_s=0.05, backoff_cap_s=1.0, close_grace_s=0.5)
 
     async def add_agent(self, name: str, gpu_type: str, gpus: int) -> NodeAgent:
@@ -79,7 +85,7 @@ class LocalCluster:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sia_grpc.nodeagent", "--controller", self.target,
              "--node-id", name, "--gpus", f"{gpu_type}:{gpus}", "--time-scale", str(self.rate),
-             "--telemetry-interval", str(self.telemetry_interval), "--log-format", "json"],
+             "--telemetry-interval", str(self.report_every), "--log-format", "json"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.processes[name] = proc
         return proc

@@ -69,7 +69,7 @@ class ReplayResult:
 
 async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
                  policy: str = "sia", config: ControllerConfig | None = None,
-                 telemetry_interval: float = 0.25,
+                 telemetry_interval: float | None = None,
                  progress: Callable[[int, int, float], None] | None = None) -> ReplayResult:
     """Submit `jobs` at their trace times and wait for every one to end."""
     cfg = replace(config or ControllerConfig(), listen="127.0.0.1:0", db_path=":memory:",
@@ -119,3 +119,56 @@ async def _report(lc: LocalCluster, total: int,
 def print_progress(done: int, total: int, elapsed: float) -> None:
     print(f"\r  {done}/{total} jobs done, {elapsed / 3600:5.2f} h of cluster time",
           end="", file=sys.stderr, flush=True)
+
+
+def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hetero64",
+        first: int | None = None, compare: bool = True, json_out: str | None = None) -> int:
+    """`sia replay`: replay live, simulate the same jobs, print both."""
+    import json
+
+    from sia_grpc.observability import configure_logging
+    from sia_grpc.policy import make_policy
+    from sia_grpc.sim.clusters import load_cluster
+    from sia_grpc.sim.engine import simulate
+    from sia_grpc.sim.workload import load_workload
+
+    configure_logging(level="warning")
+    jobs = sorted(load_workload(workload), key=lambda j: (j.time, j.name))
+    if first is not None:
+        jobs = jobs[:first]
+    topology = load_cluster(cluster)
+    horizon = max(j.time for j in jobs) / 3600
+    print(f"replaying {len(jobs)} jobs of {workload} (arrivals over {horizon:.1f} h) on "
+          f"{cluster} ({topology.total_gpus} GPUs) at {rate:g}× real time", file=sys.stderr)
+    live = asyncio.run(replay(jobs, topology, rate=rate, policy=policy,
+                              progress=print_progress))
+    print(file=sys.stderr)
+    rows = {"live": live.avg_jct_h}
+    report = {"workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
+              "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
+                       "rounds": live.rounds, "states": live.states,
+                       "restarts_per_job": float(np.mean(list(live.restarts.values()))),
+                       "round_ms_p50": float(np.median(live.round_ms)) if live.round_ms else None,
+                       "round_ms_p95": float(np.percentile(live.round_ms, 95))
+                       if live.round_ms else None}}
+    if compare:
+        sim = simulate(jobs, topology, make_policy(policy), workload_name=workload)
+        jcts = [j.finish_time - j.submit_time for j in sim.jobs if j.finish_time is not None]
+        rows["simulated"] = float(np.mean(jcts)) / 3600
+        report["simulated"] = {"avg_jct_h": rows["simulated"],
+                               "restarts_per_job": float(np.mean([j.restarts
+                                                                  for j in sim.jobs]))}
+        report["difference"] = rows["live"] / rows["simulated"] - 1
+    failed = [n for n, s in live.states.items() if s != "JOB_STATE_SUCCEEDED"]
+    print(f"{'':10s} avg JCT h  restarts/job")
+    print(f"{'live':10s} {rows['live']:9.3f}  {report['live']['restarts_per_job']:12.2f}")
+    if compare:
+        print(f"{'simulated':10s} {rows['simulated']:9.3f}  "
+              f"{report['simulated']['restarts_per_job']:12.2f}")
+        print(f"live vs simulated: {report['difference'] * 100:+.1f}%")
+    print(f"{len(jobs) - len(failed)}/{len(jobs)} jobs succeeded; {live.rounds} rounds in "
+          f"{live.wall_seconds:.0f} s of wall time")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if not failed else 1

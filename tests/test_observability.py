@@ -9,15 +9,12 @@ from __future__ import annotations
 import io
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import pytest
 import structlog
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from conftest import OtlpTraceReceiver, any_value
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,71 +23,6 @@ from sia_grpc import observability
 from sia_grpc.observability import configure_logging, setup_telemetry
 
 PHASES = ("estimate", "solve", "place", "dispatch")
-
-
-# --------------------------------------------------------------------------- receiver
-
-
-class OtlpTraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace endpoint on 127.0.0.1:<ephemeral> that keeps every request."""
-
-    def __init__(self) -> None:
-        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def env(self) -> dict[str, str]:
-        """The OTEL_* settings that point an exporter here."""
-        return {"OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.endpoint,
-                "OTEL_EXPORTER_OTLP_INSECURE": "true"}
-
-    def Export(self, request, context):  # the gRPC method name
-        with self._lock:
-            self.requests.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self) -> list[tuple[dict[str, object], trace_pb2.Span]]:
-        """Every received span with its resource attributes."""
-        with self._lock:
-            requests = list(self.requests)
-        out = []
-        for request in requests:
-            for resource_spans in request.resource_spans:
-                resource = {a.key: _any_value(a.value)
-                            for a in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    out.extend((resource, span) for span in scope_spans.spans)
-        return out
-
-    def wait_for_spans(self, n: int, timeout: float = 5.0) -> list:
-        deadline = time.monotonic() + timeout
-        while len(spans := self.spans()) < n and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return spans
-
-    def __enter__(self) -> OtlpTraceReceiver:
-        self._server.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stop(grace=None).wait(5)
-
-
-def _any_value(value) -> object:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
-@pytest.fixture
-def otlp_receiver() -> Iterator[OtlpTraceReceiver]:
-    with OtlpTraceReceiver() as receiver:
-        yield receiver
 
 
 # --------------------------------------------------------------------------- helpers
@@ -103,7 +35,7 @@ def _phases(start: int, step: int = 10_000_000) -> list[tuple[str, int, int]]:
 
 
 def _attrs(span: trace_pb2.Span) -> dict[str, object]:
-    return {a.key: _any_value(a.value) for a in span.attributes}
+    return {a.key: any_value(a.value) for a in span.attributes}
 
 
 # --------------------------------------------------------------------------- tracing

@@ -126,6 +126,9 @@ class Controller:
         self._round_watchers: set[asyncio.Queue] = set()
         self._early: asyncio.Task | None = None
         self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
+        # round -> [tick ns, solve done ns]; the round is published when acknowledged
+        self._round_clock: dict[int, list[int]] = {}
+        self._unacked_rounds: dict[int, pb.Round] = {}
         self._create_flush: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -171,8 +174,8 @@ class Controller:
                 gpus_allocated=self.state.gpus_allocated,
                 agents_connected=lambda: len(self._agents))
         self.status = Status.RUNNING
-        self._tasks = [asyncio.create_task(self._warm(), name="sia-warm-solver"),
-                       asyncio.create_task(self._process(), name="sia-events"),
+        await self._warm()  # ready only once the solver process can take a round
+        self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
         log.info("controller started", listen=self.config.listen, port=self.port,
@@ -217,39 +220,64 @@ class Controller:
         self._events.put_nowait((event, None))
 
     async def _process(self) -> None:
+        """Handle queued events in batches: decide each in order, carry out the
+        actions, write every touched job in one transaction, then answer the RPCs
+        waiting on them (group commit: 1,000 creates cost one fsync, not 1,000)."""
         while True:
-            event, done = await self._events.get()
+            batch = [await self._events.get()]
+            while not self._events.empty() and len(batch) < 1024:
+                batch.append(self._events.get_nowait())
+            touched: dict[str, None] = {}
+            failed: dict[int, Exception] = {}
+            for k, (event, _) in enumerate(batch):
+                try:
+                    actions = self.state.handle(event)
+                except Exception as exc:  # the loop must survive any one event
+                    log.exception("event failed", event=type(event).__name__)
+                    failed[k] = exc
+                    continue
+                for action in actions:
+                    if isinstance(action, sm.Persist):
+                        touched.update(dict.fromkeys(action.job_ids))
+                    else:
+                        self._perform(action)
+            error: Exception | None = None
             try:
-                await self._perform(self.state.handle(event))
-            except Exception as exc:  # the loop must survive any one event
-                log.exception("event failed", event=type(event).__name__)
+                await self._persist(tuple(touched))
+            except Exception as exc:
+                log.exception("persist failed", jobs=len(touched))
+                error = exc
+            for k, (_, done) in enumerate(batch):
                 if done is not None and not done.done():
-                    done.set_exception(exc)
-                continue
-            if done is not None and not done.done():
-                done.set_result(None)
+                    exc = failed.get(k) or error
+                    if exc is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(exc)
 
-    async def _perform(self, actions: list[sm.Action]) -> None:
-        for action in actions:
-            match action:
-                case sm.Persist():
-                    await self._persist(action.job_ids)
-                case sm.Send():
-                    agent = self._agents.get(action.node_id)
-                    if agent is not None:  # else: re-sent when it reconnects
-                        agent.outbox.put_nowait(action.message)
-                case sm.Solve():
-                    asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
-                case sm.RoundDone():
-                    self._round_done(action.round)
-                case sm.WantRound():
-                    self._schedule_early(action.trigger)
-                case sm.Reconnect():
-                    agent = self._agents.get(action.node_id)
-                    if agent is not None:
-                        agent.outbox.put_nowait(None)  # ends the stream; it registers again
+    def _perform(self, action: sm.Action) -> None:
+        match action:
+            case sm.Send():
+                agent = self._agents.get(action.node_id)
+                if agent is not None:  # else: re-sent when it reconnects
+                    agent.outbox.put_nowait(action.message)
+            case sm.Solve():
+                self._round_clock[action.round_no] = [time.time_ns(), 0]
+                asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
+            case sm.RoundDone():
+                self._round_done(action.round)
+            case sm.RoundAcked():
+                self._round_acked(action.round_no)
+            case sm.WantRound():
+                self._schedule_early(action.trigger)
+            case sm.Reconnect():
+                agent = self._agents.get(action.node_id)
+                if agent is not None:
+                    agent.outbox.put_nowait(None)  # ends the stream; it registers again
 
     async def _persist(self, job_ids: tuple[str, ...]) -> None:
+        if not job_ids:
+            return
         items = [(pb.Job.FromString(self.state.jobs[j].job.SerializeToString()),
                   self.state.extra(j)) for j in job_ids if j in self.state.jobs]
         if items:
@@ -290,7 +318,6 @@ class Controller:
 
     async def _solve(self, action: sm.Solve) -> None:
         structlog.contextvars.bind_contextvars(round=action.round_no)
-        self._solve_started = time.time_ns()
         try:
             result = await self._pool.solve(self.config.policy, action.cluster, action.jobs,
                                             action.previous, timeout=self.config.solve_timeout)
@@ -304,28 +331,42 @@ class Controller:
         self.post(sm.SolveFinished(self.clock.time(), action.round_no, result, error))
 
     def _round_done(self, rnd: pb.Round) -> None:
+        """The round's decisions are made and its directives sent; it is published
+        once they are all acknowledged (`_round_acked`)."""
+        clock = self._round_clock.get(rnd.round)
+        if clock is not None:
+            clock[1] = time.time_ns()
+        self._unacked_rounds[rnd.round] = rnd
+
+    def _round_acked(self, round_no: int) -> None:
+        rnd = self._unacked_rounds.pop(round_no, None)
+        clock = self._round_clock.pop(round_no, None)
+        if rnd is None or clock is None:
+            return  # a late directive of an already published round
+        tick, solved = clock
         end = time.time_ns()
-        start = getattr(self, "_solve_started", end)
-        rnd.dispatch_ms = 0.0
-        rnd.total_ms = (end - start) / 1e6
+        rnd.dispatch_ms = (end - solved) / 1e6
+        rnd.total_ms = (end - tick) / 1e6
         self.rounds.append(rnd)
         for q in list(self._round_watchers):
             q.put_nowait(rnd)
         log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
                  gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
-                 note=rnd.note or None)
+                 total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
         if self.telemetry is not None:
-            phases, t = [], start
+            # estimate, solve and place ran in the solver process: laid end to end from
+            # the tick; the rest of the solve wait is queueing and transfer.
+            phases, t = [], tick
             for name, ms in (("estimate", rnd.estimate_ms), ("solve", rnd.solve_ms),
                              ("place", rnd.place_ms)):
                 phases.append((name, t, t + int(ms * 1e6)))
                 t += int(ms * 1e6)
-            phases.append(("dispatch", t, max(t, end)))
+            phases.append(("dispatch", max(t, solved), max(t, end)))
             self.telemetry.record_round(
-                rnd.round, trigger=rnd.trigger, start_ns=start, phases=phases,
+                rnd.round, trigger=rnd.trigger, start_ns=tick, phases=phases,
                 attributes={"jobs": rnd.jobs, "gpus": rnd.gpus_allocated,
                             "jobs_moved": rnd.jobs_moved, "objective": rnd.objective},
-                error=rnd.note or None)
+                error=rnd.note or None, end_ns=end)
 
     # ------------------------------------------------------------ jobs
 

@@ -122,6 +122,14 @@ class Solve:
 
 
 @dataclass(frozen=True)
+class RoundAcked:
+    """Every directive a round sent (including RUNs that waited for stops) is
+    acknowledged: the round's effects are in place."""
+
+    round_no: int
+
+
+@dataclass(frozen=True)
 class Reconnect:
     """End the agent's stream: it was judged lost while still talking, so it must
     register again (and be reconciled) before it gets work."""
@@ -141,7 +149,7 @@ class WantRound:
     trigger: str = "arrival"
 
 
-Action = Send | Persist | Solve | RoundDone | WantRound | Reconnect
+Action = Send | Persist | Solve | RoundDone | WantRound | Reconnect | RoundAcked
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,7 @@ class ControllerState:
         self._pending_acks: dict[int, tuple[str, str, int, pb.ControllerMessage]] = {}
         self._round_started, self._round_trigger = 0.0, "timer"
         self.refused = 0  # RUN directives an agent refused (should stay 0)
+        self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
 
     # ------------------------------------------------------------ loading
 
@@ -264,7 +273,12 @@ class ControllerState:
             case _:
                 raise TypeError(f"unknown event {event!r}")
         self._start_profiles(event.at, out)
+        self._profiles_done(event.at, out)
         self._dispatch_pending(event.at, out)
+        for round_no in [r for r, ids in self._round_acks.items()
+                         if not ids and r != self.solving]:
+            del self._round_acks[round_no]
+            out.append(RoundAcked(round_no))
         return _merge_persists(out)
 
     # ------------------------------------------------------------ jobs
@@ -387,27 +401,21 @@ class ControllerState:
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
         rec.profiled.add(node.gpu_type)
+        if rec.grad is None and t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
+            rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         for s in t.samples:
             if s.step_time_s > 0 and s.num_replicas == 1 and s.num_nodes == 1:
                 sync = min(s.sync_time_s, s.step_time_s)
                 rec.samples[(s.gpu_type, 1, 1, s.atomic_batch_size, 0)] = (s.step_time_s, sync)
                 rec.estimator.add_profile(s.gpu_type, s.atomic_batch_size, s.step_time_s, sync)
                 rec.usable.add(s.gpu_type)
-        if rec.state in TERMINAL:
-            return
-        if rec.state == pb.JOB_STATE_PROFILING and rec.usable:
-            self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
-            out.append(WantRound())
-        elif rec.state == pb.JOB_STATE_PROFILING and not self._profile_types(rec):
-            self._finish(rec, pb.JOB_STATE_FAILED, at,
-                         "failed: no GPU type in the cluster can run it (profiling found none)",
-                         out)
         out.append(Persist((rec.job_id,)))
 
     def _ack(self, node: _NodeRec, ack: pb.DirectiveAck, at: float, out: list[Action]) -> None:
         pending = self._pending_acks.pop(ack.directive_id, None)
         if pending is None:
             return  # a re-delivered directive's second ack
+        self._round_acked(pending[3].directive.round, ack.directive_id, out)
         job_id, node_id, action, _ = pending
         rec = self.jobs.get(job_id)
         if rec is None:
@@ -421,6 +429,9 @@ class ControllerState:
             self.refused += 1
             self._release(rec, node_id)
             self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
+
+    def _round_acked(self, round_no: int, directive_id: int, out: list[Action]) -> None:
+        self._round_acks.get(round_no, set()).discard(directive_id)
 
     def _exit(self, node: _NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:
         rec = self.jobs.get(ex.job_id)
@@ -474,6 +485,7 @@ class ControllerState:
         if ev.round_no != self.solving:
             return
         self.solving = None
+        self._round_acks.setdefault(ev.round_no, set())
         rnd = pb.Round(round=ev.round_no, trigger=self._round_trigger, note=ev.error)
         rnd.start_time.CopyFrom(_ts(self._round_started))
         if ev.result is None:
@@ -673,6 +685,21 @@ class ControllerState:
         return {t for t in present & allowed
                 if t not in rec.profiled and t in rec.res.local_bsz_limits}
 
+    def _profiles_done(self, at: float, out: list[Action]) -> None:
+        """A profiling job is schedulable once no pass is in flight and one type
+        gave samples (waiting for every pass keeps a fast type's profile from
+        placing it before the others are known); it fails if no type can run it."""
+        for rec in self.jobs.values():
+            if rec.state != pb.JOB_STATE_PROFILING or rec.profiling:
+                continue
+            if rec.usable:
+                self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
+                out.append(WantRound())
+                out.append(Persist((rec.job_id,)))
+            elif not self._profile_types(rec) and self.nodes and rec.profiled:
+                self._finish(rec, pb.JOB_STATE_FAILED, at, "failed: no GPU type in the "
+                             "cluster can run it (profiling found none)", out)
+
     def _start_profiles(self, at: float, out: list[Action]) -> None:
         """Give every job still missing a profile one idle GPU of that type."""
         busy = {(g.node, g.index) for r in self.jobs.values()
@@ -710,6 +737,7 @@ class ControllerState:
         """Number the directive, remember it until acknowledged, and send it."""
         self._next_directive += 1
         d.directive_id = self._next_directive
+        self._round_acks.setdefault(d.round, set()).add(d.directive_id)
         msg = pb.ControllerMessage(directive=d)
         self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
         return Send(node, msg)

@@ -205,6 +205,10 @@ class ModeledBackend:
                 gpu_type=self.gpu_type, num_nodes=1, num_replicas=1, atomic_batch_size=b,
                 accum_steps=0, step_time_s=step, sync_time_s=sync, count=PROFILE_STEPS))
         await self._sleep_until(began + busy_s / self.time_scale)
+        # The pass runs real steps, so it measures the gradient statistics too: the
+        # scheduler knows the job's statistical efficiency before its first round.
+        grad = app.grad_params(0.0)
+        out.grad.CopyFrom(pb.GradientStats(sqr=grad.sqr, var=grad.var))
         log.info("profiled", sizes=[s.atomic_batch_size for s in out.samples])
         return out
 

@@ -220,3 +220,32 @@ def test_sia_controller_command_serves_health_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.timeout(60)
+async def test_rounds_are_traced_over_otlp_with_phase_children(otlp_receiver):
+    from sia_grpc.observability import setup_telemetry
+
+    telemetry = setup_telemetry("sia-controller", env=otlp_receiver.env())
+    async with LocalCluster({"rtx": (1, 8)}, rate=RATE, config=CONFIG, telemetry=telemetry,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(1)
+        h = await client.submit(spec("ncf"))
+        async with asyncio.timeout(30):
+            await h.wait()
+        rounds = {r.round for r in await client.rounds(limit=100)}
+    telemetry.force_flush()
+    spans = [s for _, s in otlp_receiver.wait_for_spans(5)]
+    by_id = {s.span_id: s for s in spans}
+    round_spans = [s for s in spans if s.name == "sia.round"]
+    assert round_spans and len(round_spans) == len(rounds)
+    for rs in round_spans:
+        children = [s for s in spans if s.parent_span_id == rs.span_id]
+        assert sorted(c.name for c in children) == ["dispatch", "estimate", "place", "solve"]
+        assert all(c.trace_id == rs.trace_id for c in children)
+        assert all(rs.start_time_unix_nano <= c.start_time_unix_nano
+                   <= c.end_time_unix_nano <= rs.end_time_unix_nano for c in children)
+        attrs = {a.key for a in rs.attributes}
+        assert {"sia.round", "sia.jobs", "sia.gpus", "sia.jobs_moved"} <= attrs
+    assert all(s.parent_span_id in by_id or s.name == "sia.round" for s in spans)
