@@ -78,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
 
     add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
 
+    cp = bench_sub.add_parser("control-plane",
+                              help="round latency and CreateJob throughput over loopback")
+    cp.add_argument("--agents", type=int, default=128)
+    cp.add_argument("--gpus-per-agent", type=int, default=8)
+    cp.add_argument("--jobs", type=int, default=256, help="active jobs during the rounds")
+    cp.add_argument("--rounds", type=int, default=10)
+    cp.add_argument("--creates", type=int, default=5000)
+    cp.add_argument("--clients", type=int, default=32)
+    cp.add_argument("--json", action="store_true")
+
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is not None:
         return args.func(args)
@@ -115,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--rounds must be >= 1 and --warmup >= 0")
         return run(args.scales, args.rounds, args.warmup, args.reference_limit,
                    not args.no_reference, args.json)
+    if args.command == "bench" and args.bench == "control-plane":
+        from sia_grpc.controlbench import run as bench_cp
+
+        for name in ("agents", "gpus_per_agent", "jobs", "rounds", "creates", "clients"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')}: must be >= 1")
+        return bench_cp(agents=args.agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
+                        rounds=args.rounds, creates=args.creates, clients=args.clients,
+                        as_json=args.json)
     if args.command == "bench" and args.bench == "sim":
         from sia_grpc.sim.runner import bench as bench_sim
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
-from conftest import OtlpTraceReceiver, any_value
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_receiver import OtlpTraceReceiver, any_value
 
 from sia_grpc import observability
 from sia_grpc.observability import configure_logging, setup_telemetry

@@ -224,6 +224,9 @@ class ControllerState:
         self._round_started, self._round_trigger = 0.0, "timer"
         self.refused = 0  # RUN directives an agent refused (should stay 0)
         self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
+        self._moving: set[str] = set()  # jobs waiting for stops or GPUs to start again
+        self._to_profile: set[str] = set()  # jobs that may still need a profiling pass
+        self._profile_changed: set[str] = set()  # jobs whose passes changed (this event)
 
     # ------------------------------------------------------------ loading
 
@@ -235,6 +238,11 @@ class ControllerState:
         if extra:
             _load_extra(rec, json.loads(extra))
         self.jobs[job.job_id] = rec
+        if job.status.state not in TERMINAL:
+            self._to_profile.add(job.job_id)
+        if job.status.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_UNSPECIFIED) \
+                and not rec.usable:  # accepted, never profiled
+            job.status.state = pb.JOB_STATE_PROFILING
         for node, gpus in rec.held.items():
             n = self.nodes.get(node)
             if n is None:
@@ -288,8 +296,9 @@ class ControllerState:
         job.CopyFrom(ev.job)
         rec = _JobRec(job=job, res=resolve(job.spec))
         self.jobs[job.job_id] = rec
+        self._to_profile.add(job.job_id)
+        # Not persisted: the store has it as accepted, and a reload profiles it again.
         self._set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
-        out.append(Persist((job.job_id,)))
 
     def _cancel(self, ev: JobCancelRequested, out: list[Action]) -> None:
         rec = self.jobs.get(ev.job_id)
@@ -300,7 +309,8 @@ class ControllerState:
     def _finish(self, rec: _JobRec, state: int, at: float, reason: str,
                 out: list[Action], *, except_node: str = "") -> None:
         """End a job: stop it wherever it still runs (GPUs are released on the acks)."""
-        rec.target, rec.moving = None, False
+        rec.target = None
+        self._set_moving(rec, False)
         self._account(rec, at)
         rec.alloc = None
         self._stop_everywhere(rec, out, except_node=except_node)
@@ -313,6 +323,10 @@ class ControllerState:
 
     def _registered(self, ev: AgentRegistered, out: list[Action]) -> None:
         node = self.nodes.get(ev.node_id)
+        if ev.gpu_type not in {n.gpu_type for n in self.nodes.values()
+                               if n.state == pb.NODE_STATE_READY}:
+            # A type the cluster did not have: every job may want a profile of it.
+            self._to_profile.update(j for j, r in self.jobs.items() if r.state not in TERMINAL)
         if node is None:
             node = self.nodes[ev.node_id] = _NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
@@ -398,6 +412,7 @@ class ControllerState:
         if where is None or where[0] != node.name:
             return
         del rec.profiling[node.gpu_type]
+        self._profile_changed.add(rec.job_id)
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
         rec.profiled.add(node.gpu_type)
@@ -511,7 +526,8 @@ class ControllerState:
                                        for g in new.gpus):
                 continue
             moved += 1
-            rec.target, rec.moving = new, True
+            rec.target = new
+            self._set_moving(rec, True)
             rec.job.status.reason = reason
             if rec.held:  # one checkpoint-restart cycle: a move, resize or preemption
                 rec.job.status.restarts += 1
@@ -555,12 +571,16 @@ class ControllerState:
 
     def _dispatch_pending(self, at: float, out: list[Action]) -> None:
         """Start every job whose target's GPUs are all released."""
-        for rec in self.jobs.values():
-            if not rec.moving or rec.held or rec.state in TERMINAL:
+        for job_id in sorted(self._moving):
+            rec = self.jobs.get(job_id)
+            if rec is None or not rec.moving or rec.state in TERMINAL:
+                self._moving.discard(job_id)
+                continue
+            if rec.held:
                 continue
             target = rec.target
             if target is None:  # preempted, and now fully stopped
-                rec.moving = False
+                self._set_moving(rec, False)
                 self._account(rec, at)
                 rec.alloc = None
                 rec.job.status.ClearField("allocation")
@@ -574,7 +594,8 @@ class ControllerState:
     def _run(self, rec: _JobRec, alloc: JobAllocation, at: float, out: list[Action]) -> None:
         self._account(rec, at)
         rec.generation += 1
-        rec.alloc, rec.target, rec.moving = alloc, None, False
+        rec.alloc, rec.target = alloc, None
+        self._set_moving(rec, False)
         rec.run_since = at
         status = rec.job.status
         status.generation = rec.generation
@@ -646,7 +667,8 @@ class ControllerState:
         if rec.state in TERMINAL:
             return
         self._account(rec, at)
-        rec.alloc, rec.target, rec.moving = None, None, bool(rec.held)
+        rec.alloc, rec.target = None, None
+        self._set_moving(rec, bool(rec.held))
         if rec.held:
             self._stop_everywhere(rec, out)
         rec.job.status.ClearField("allocation")
@@ -670,6 +692,7 @@ class ControllerState:
                     for t, (n, _) in list(rec.profiling.items()):
                         if n == node.name:
                             del rec.profiling[t]
+                            self._to_profile.add(job_id)
                     if node.name in rec.held:
                         self._release(rec, node.name)
                         if rec.alloc is not None and not rec.moving:
@@ -678,9 +701,12 @@ class ControllerState:
 
     # ------------------------------------------------------------ profiling
 
-    def _profile_types(self, rec: _JobRec) -> set[str]:
+    def _present_types(self) -> set[str]:
+        return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY}
+
+    def _profile_types(self, rec: _JobRec, present: set[str] | None = None) -> set[str]:
         """Types present in the cluster the job may use and has not profiled yet."""
-        present = {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY}
+        present = self._present_types() if present is None else present
         allowed = rec.res.allowed_types if rec.res.allowed_types is not None else present
         return {t for t in present & allowed
                 if t not in rec.profiled and t in rec.res.local_bsz_limits}
@@ -688,28 +714,48 @@ class ControllerState:
     def _profiles_done(self, at: float, out: list[Action]) -> None:
         """A profiling job is schedulable once no pass is in flight and one type
         gave samples (waiting for every pass keeps a fast type's profile from
-        placing it before the others are known); it fails if no type can run it."""
-        for rec in self.jobs.values():
-            if rec.state != pb.JOB_STATE_PROFILING or rec.profiling:
+        placing it before the others are known); it fails if no type can run it.
+        Only jobs whose passes changed since the last event are looked at."""
+        changed, self._profile_changed = self._profile_changed, set()
+        for job_id in sorted(changed):
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state != pb.JOB_STATE_PROFILING or rec.profiling:
                 continue
             if rec.usable:
                 self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
                 out.append(WantRound())
                 out.append(Persist((rec.job_id,)))
-            elif not self._profile_types(rec) and self.nodes and rec.profiled:
+            elif rec.profiled and not self._profile_types(rec):
                 self._finish(rec, pb.JOB_STATE_FAILED, at, "failed: no GPU type in the "
                              "cluster can run it (profiling found none)", out)
 
     def _start_profiles(self, at: float, out: list[Action]) -> None:
-        """Give every job still missing a profile one idle GPU of that type."""
-        busy = {(g.node, g.index) for r in self.jobs.values()
-                for a in (r.alloc, r.target) if a is not None for g in a.gpus}
-        for rec in self.jobs.values():
-            if rec.state in TERMINAL:
+        """Give every job still missing a profile one idle GPU of that type.
+
+        Cheap when nothing can start: only jobs in `_to_profile` are looked at, and
+        not at all while no type has an idle GPU (a busy cluster, many arrivals)."""
+        if not self._to_profile:
+            return
+        # GPUs a pending RUN will take; those held already are in node.holder.
+        busy = {(g.node, g.index) for j in self._moving if (r := self.jobs.get(j))
+                and r.target is not None for g in r.target.gpus}
+        idle = {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
+                and len(n.holder) + sum(1 for b in busy if b[0] == n.name) < n.num_gpus}
+        if not idle:
+            return
+        present = self._present_types()
+        for job_id in sorted(self._to_profile):
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state in TERMINAL:
+                self._to_profile.discard(job_id)
                 continue
-            for t in sorted(self._profile_types(rec) - set(rec.profiling)):
+            missing = self._profile_types(rec, present) - set(rec.profiling)
+            if not missing and rec.state != pb.JOB_STATE_PROFILING:
+                self._to_profile.discard(job_id)
+            for t in sorted(missing & idle):
                 slot = self._idle_gpu(t, busy)
                 if slot is None:
+                    idle.discard(t)
                     continue
                 node, gpu = slot
                 busy.add(slot)
@@ -721,6 +767,15 @@ class ControllerState:
                     local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
                         lo, hi, self.settings.profile_batch_sizes))
                 out.append(Send(node, pb.ControllerMessage(profile=req)))
+            if not idle:
+                return
+
+    def _set_moving(self, rec: _JobRec, moving: bool) -> None:
+        rec.moving = moving
+        if moving:
+            self._moving.add(rec.job_id)
+        else:
+            self._moving.discard(rec.job_id)
 
     def _idle_gpu(self, gpu_type: str, busy: set) -> tuple[str, int] | None:
         for node in sorted(self.nodes.values(), key=lambda n: n.name):

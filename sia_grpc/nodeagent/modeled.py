@@ -231,7 +231,8 @@ class ModeledBackend:
             t = pb.Telemetry(job_id=w.launch.job_id, generation=w.launch.generation,
                              progress=progress / tr.max_progress)
             if trained > 0:
-                grad = w.app.grad_params(progress)
+                # As the simulator's jobs do: the statistics measured at the batch run.
+                grad = w.app.grad_params(progress, w.launch.allocation.batch_size or None)
                 t.grad.CopyFrom(pb.GradientStats(sqr=grad.sqr, var=grad.var))
                 steps = int(trained / tr.iteration_time)
                 if steps > w.reported_steps:

@@ -9,6 +9,14 @@
   restricted configuration set with the same ILP solver. So it isolates what
   heterogeneity-awareness buys, without the GA's search noise or its minutes-long
   runtime at scale; it does not reproduce the GA's arbitrary multi-node shapes.
+  Pollux's power mean adds ε = 10⁻³ to every job's speedup, so a job left out
+  scores ε^p = 1000 where any allocated job scores about 1 or less: Pollux
+  starts every job it can fit before it grows any. The no-allocation penalty λ
+  is therefore 1/ε = 1000 here, not Sia's 1.1. (With λ = 1.1 and p = −1 and every
+  job's 1-GPU goodput normalised to 1, starting a job was worth 0.1 and doubling
+  a running one up to 0.5, so under load this baseline queued jobs behind jobs
+  holding 2–4 GPUs: 42 of 58 active jobs waiting on newtrace/workload-1.)
+  Pollux has no rule that keeps a restoring job in place (`hold_restoring` off).
 - `GavelPolicy` — Gavel (OSDI '20) as Sia's artifact runs it: rigid jobs (the
   submitted GPU count and batch size), heterogeneity-aware. Each round solves
   Gavel's max-sum-throughput LP over *time shares* x[job, type] (Σ_types x ≤ 1
@@ -45,10 +53,14 @@ from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.solvers import lp_interior
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
 
+# Pollux's power mean scores a job with speedup s as (s + ε)^p, ε = 1e-3: a job
+# left out (s = 0) costs ε^p = 1/ε at p = −1.
+POLLUX_NONE_PENALTY = 1e3
+
 
 @dataclass(frozen=True)
 class PolluxPolicy(SiaPolicy):
-    config: SiaConfig = SiaConfig(p=-1.0)
+    config: SiaConfig = SiaConfig(p=-1.0, lambda_=POLLUX_NONE_PENALTY, hold_restoring=False)
     name: str = "pollux"
 
     def type_map(self, cluster: Cluster, job: PolicyJob,

@@ -19,10 +19,10 @@ REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
 SOLVERS = ("highs", *REFERENCE_SOLVERS)
 
 
-def assemble(table: CandidateTable, values: np.ndarray, none_value: float,
+def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.ndarray,
              current: np.ndarray) -> tuple[ChoiceProblem, np.ndarray, np.ndarray]:
     """The ChoiceProblem over the table's rows whose value is finite (NaN = not
-    an option).
+    an option); `none_value` is one value for every job or one per job.
 
     Returns the problem, `rows` (column → row of the table) and `start`: each
     job's current configuration as a column (-1 where it has none or it is not
@@ -37,7 +37,8 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float,
         col_type=table.types()[rows],
         col_gpus=table.gpus()[rows],
         col_value=values[rows].astype(np.float64),
-        none_value=np.full(table.num_jobs, float(none_value)),
+        none_value=np.broadcast_to(np.asarray(none_value, dtype=np.float64),
+                                   (table.num_jobs,)).copy(),
         capacity=np.array([cluster.capacity[t] for t in cluster.gpu_types], dtype=np.int64),
     )
     start = np.full(table.num_jobs, -1, dtype=np.int64)
@@ -46,16 +47,46 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float,
     return problem, rows, start
 
 
+def hold_current(table: CandidateTable, values: np.ndarray, none_value: np.ndarray,
+                 current: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Force each held job to keep its current configuration: its other rows
+    become NaN (not an option) and leaving it out costs more than the whole rest
+    of the objective can gain, so every optimum keeps it. The previous round's
+    allocation fits, so the held jobs together always fit. A held job with no
+    current configuration, or whose current one is not an option, is left free.
+
+    Returns new (values, none_value) arrays."""
+    job = table.job
+    cur_row = hold[job] & (current[job] >= 0) & (table.config == current[job]) \
+        & np.isfinite(values)
+    held = np.zeros(table.num_jobs, dtype=bool)
+    held[job[cur_row]] = True
+    if not np.any(held):
+        return values, none_value
+    finite = values[np.isfinite(values)]
+    scale = float(np.max(np.abs(finite))) + float(np.max(np.abs(none_value))) + 1.0
+    big = (table.num_jobs + 1) * scale
+    out = np.where(held[job] & ~cur_row, np.nan, values)
+    none = none_value.astype(np.float64).copy()
+    none[job[cur_row]] = values[cur_row] - big
+    return out, none
+
+
 def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
               previous: Mapping[str, JobAllocation],
               values: Callable[[np.ndarray], np.ndarray], none_value: float,
               timings: dict[str, float], *, time_limit: float, rel_gap: float,
-              solver: str) -> RoundResult:
+              solver: str, hold: np.ndarray | None = None) -> RoundResult:
     """The rest of a round for an ILP policy: `values(current)` gives every
-    candidate's value from each job's current configuration index (-1: none)."""
+    candidate's value from each job's current configuration index (-1: none).
+    Jobs where `hold` is true keep their current configuration (`hold_current`)."""
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
-    problem, rows, start = assemble(table, values(current), none_value, current)
+    vals = values(current)
+    none = np.full(table.num_jobs, float(none_value))
+    if hold is not None and np.any(hold):
+        vals, none = hold_current(table, vals, none, current, np.asarray(hold, dtype=bool))
+    problem, rows, start = assemble(table, vals, none, current)
     timings["build"] = time.perf_counter() - t0
     return solve_and_finish(table, jobs, problem, rows, start, previous, timings,
                             time_limit=time_limit, rel_gap=rel_gap, solver=solver)

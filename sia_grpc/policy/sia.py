@@ -44,6 +44,10 @@ class SiaConfig:
     solver_time_limit: float = 30.0
     rel_gap: float = 1e-4
     solver: str = "highs"  # or a reference path: "glpk_mi", "cvxpy-highs"
+    # Keep the allocation of a job still restoring from its last restart
+    # (`PolicyJob.restoring`), as the authors' simulator does for Sia
+    # (`preserve_ckpt_allocs`): moving it again would throw the restore away.
+    hold_restoring: bool = True
 
     def __post_init__(self) -> None:
         if self.p == 0 or not np.isfinite(self.p):
@@ -101,9 +105,11 @@ class SiaPolicy(RoundFromConfig):
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
+        hold = (np.array([j.restoring and j.job_id in previous for j in jobs], dtype=bool)
+                if cfg.hold_restoring else None)
         return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
                          -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
-                         rel_gap=cfg.rel_gap, solver=cfg.solver)
+                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:

@@ -44,6 +44,9 @@ class PolicyJob:
     job's measured (or hinted) checkpoint-restart time S_i in seconds.
     `attained` is the time (seconds) the job has held GPUs of each type, for
     time-sharing policies (Gavel); the caller keeps it, so policies stay stateless.
+    `restoring` is set while the job is still paying its checkpoint-restore delay
+    after its GPUs last changed; Sia then keeps its allocation as it is (see
+    `SiaConfig.hold_restoring`).
     """
 
     job_id: str
@@ -60,6 +63,7 @@ class PolicyJob:
     restart_cost: float = 30.0
     submit_time: float = 0.0  # for FIFO ordering
     attained: Mapping[str, float] = field(default_factory=dict)
+    restoring: bool = False
 
     def __post_init__(self) -> None:
         if not self.job_id:

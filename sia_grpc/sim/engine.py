@@ -60,6 +60,7 @@ class _Job:
     active_rounds: int = 0
     active_sum: int = 0  # Σ active jobs over the rounds this job was active
     attained: dict[str, float] = field(default_factory=dict)  # seconds held, per GPU type
+    batch: int | None = None  # global batch of its last run; None before it first runs
 
     @classmethod
     def arrive(cls, trace: TraceJob) -> _Job:
@@ -73,15 +74,18 @@ class _Job:
 
     def policy_job(self, now: float) -> PolicyJob:
         t, app = self.trace, self.app
-        # The job reports its gradient statistics; the model's batch grids are
-        # shared across `with_grad` copies, so they survive from round to round.
+        # The job reports its gradient statistics, as measured at the batch size
+        # it last ran with; the model's batch grids are shared across
+        # `with_grad` copies, so they survive from round to round.
         # The trace's hand-tuned count and batch: what rigid and strong-scaling jobs
         # run with, and what rigid schedulers (Gavel, FIFO) give every job.
         return PolicyJob(
-            job_id=t.name, model=self.model.with_grad(app.grad_params(self.progress)),
+            job_id=t.name,
+            model=self.model.with_grad(app.grad_params(self.progress, self.batch)),
             adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
             batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
-            restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained))
+            restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained),
+            restoring=self.alloc is not None and self.delay > 0)
 
 
 def _bootstrap(app: AppTruth) -> ThroughputEstimator:
@@ -178,6 +182,7 @@ def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> Non
     if usable <= 0:
         return
     reps, atomic, accum = alloc.num_replicas, alloc.atomic_bsz, alloc.accum_steps
+    job.batch = reps * atomic * (accum + 1)
     rate, step, sync = app.progress_rate(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
                                          job.progress)
     key = (conf.gpu_type, conf.num_nodes, reps, atomic)
@@ -185,14 +190,28 @@ def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> Non
         job.observed.add(key)
         job.model.estimator.add_observation(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
                                       step, sync)
-    left = app.max_progress - job.progress
-    if rate * usable >= left:
-        job.finish_time = now + (round_s - usable) + left / rate
-        job.progress = app.max_progress
-        # GPUs are held until the round ends; charge only the time actually used.
-        job.gpu_seconds -= conf.num_gpus * (now + round_s - job.finish_time)
-    else:
-        job.progress += rate * usable
+    # The rate holds within an epoch; a round can span several (a small model on
+    # many fast GPUs), each at its own statistical efficiency.
+    bounds = app.epoch_bounds()
+    while True:
+        end = bounds[app.epoch(job.progress)][1]
+        if end >= app.max_progress:  # the last epoch: finish in this round, or not
+            left = app.max_progress - job.progress
+            if rate * usable >= left:
+                job.finish_time = now + round_s - usable + left / rate
+                job.progress = app.max_progress
+                # GPUs are held until the round ends; charge only the time used.
+                job.gpu_seconds -= conf.num_gpus * (now + round_s - job.finish_time)
+            else:
+                job.progress += rate * usable
+            return
+        if rate * usable < end - job.progress:
+            job.progress += rate * usable
+            return
+        usable -= (end - job.progress) / rate
+        job.progress = end
+        rate = app.progress_rate(conf.gpu_type, conf.num_nodes, reps, atomic, accum,
+                                 job.progress)[0]
 
 
 def _record(job: _Job, cluster: Cluster) -> JobRecord:
@@ -244,7 +263,7 @@ def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
     it_arr, b_arr = np.array(times), np.array(batches)
     total_time = 0.0
     for lo, hi in app.epoch_bounds():
-        rate = np.max(gain(app.grad_params(lo), b_arr, app.init_batch_size) / it_arr)
+        rate = np.max(gain(app.grad_params(lo, b_arr), b_arr, app.init_batch_size) / it_arr)
         total_time += (hi - lo) / rate
     return total_time + app.restart_delay
 

@@ -72,7 +72,7 @@ async def test_run_reports_exact_progress_then_completes_at_the_modeled_time(
         p = expected_progress(CIFAR, restore, trained)
         assert t.generation == 1 and not t.profile
         assert t.progress == pytest.approx(p / CIFAR.max_progress, rel=1e-12)
-        grad = CIFAR.grad_params(p)
+        grad = CIFAR.grad_params(p, ALLOC.batch_size)  # measured at the batch it runs
         assert (t.grad.sqr, t.grad.var) == (grad.sqr, grad.var)
     assert t2.progress > t1.progress > restore
     # One sample of the job's own shape, counting the steps since the last report.
@@ -239,7 +239,8 @@ async def test_profile_holds_the_gpu_then_reports_in_range_sizes(controller, age
     assert t == pb.Telemetry(job_id="p", generation=0, profile=True, samples=[
         pb.ThroughputSample(gpu_type="rtx", num_nodes=1, num_replicas=1, atomic_batch_size=b,
                             accum_steps=0, step_time_s=step, sync_time_s=sync, count=5)
-        for b, (step, sync) in times.items()])
+        for b, (step, sync) in times.items()],
+        grad=pb.GradientStats(sqr=CIFAR.grad_params(0.0).sqr, var=CIFAR.grad_params(0.0).var))
     s.directive(**run(2, gpus=(3,)))  # released
     (ack,) = await s.wait("ack", lambda a: a.directive_id == 2)
     assert ack.ok, ack.error

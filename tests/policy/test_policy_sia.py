@@ -208,6 +208,48 @@ def test_pollux_ignores_gpu_type_differences():
     assert res.objective == pytest.approx(-2.0)  # both see speedup 1 → (1)^-1 each
 
 
+def test_pollux_starts_a_waiting_job_before_growing_a_running_one():
+    """Regression: with Sia's λ = 1.1 at p = −1 (every job's 1-GPU value −1),
+    starting a job was worth 0.1 and doubling a running one 0.5, so the baseline
+    queued jobs behind growing ones. Pollux's ε = 1e-3 makes a left-out job
+    cost 1000: both jobs run."""
+    cl = Cluster.uniform({"x": (1, 2)})
+    prev = {"a": JobAllocation(Config("x", 1, 1), gpus=(), goodput=1.0)}
+    jobs = [job("a", {"x": 1}), job("b", {"x": 1})]
+    res = PolluxPolicy().optimize(cl, jobs, prev)
+    assert {n: a.config.num_gpus for n, a in res.allocations.items()} == {"a": 1, "b": 1}
+    old = PolluxPolicy(SiaConfig(p=-1.0, lambda_=1.1, hold_restoring=False))
+    assert {n: a.config.num_gpus for n, a in old.optimize(cl, jobs, prev).allocations.items()} \
+        == {"a": 2}
+
+
+def test_a_restoring_job_keeps_its_allocation():
+    """As the authors' simulator does for Sia (preserve_ckpt_allocs): a job still
+    paying its restore delay is not moved, even when moving it would win."""
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
+    prev = {"a": JobAllocation(Config("slow", 1, 1), gpus=(), goodput=1.0)}
+    old = job("a", {"fast": 4, "slow": 1}, age=100 * 3600.0)
+    assert SiaPolicy().optimize(cl, [old], prev).allocations["a"].config.gpu_type == "fast"
+    restoring = dataclasses.replace(old, restoring=True)
+    res = SiaPolicy().optimize(cl, [restoring], prev)
+    assert res.allocations["a"].config == Config("slow", 1, 1)
+    assert "a" not in res.restarted
+    off = SiaPolicy(SiaConfig(hold_restoring=False))
+    assert off.optimize(cl, [restoring], prev).allocations["a"].config.gpu_type == "fast"
+    # Kept even when its GPUs would serve a newcomer better (it scales poorly).
+    two = Cluster.uniform({"x": (1, 2)})
+    held = {"a": JobAllocation(Config("x", 1, 2), gpus=(), goodput=1.0)}
+    a = job("a", {"x": 1}, exponent=0.1, restoring=True)
+    res = SiaPolicy().optimize(two, [a, job("b", {"x": 1})], held)
+    assert set(res.allocations) == {"a"} and res.allocations["a"].config.num_gpus == 2
+    free = SiaPolicy().optimize(two, [dataclasses.replace(a, restoring=False),
+                                      job("b", {"x": 1})], held)
+    assert set(free.allocations) == {"a", "b"}
+    # A job that is not running is never held (nothing to keep).
+    new = SiaPolicy().optimize(cl, [job("c", {"fast": 4, "slow": 1}, restoring=True)], {})
+    assert new.allocations["c"].config.gpu_type == "fast"
+
+
 def test_gavel_and_fifo_run_jobs_rigidly():
     cl = paper_hetero_cluster()
     jobs = [job("a", {"aws": 1, "rtx": 2, "dgx-ext": 4}, num_gpus=4, batch_size=128,

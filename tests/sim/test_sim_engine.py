@@ -4,9 +4,9 @@ Expected values are worked out from the ground truth (`AppTruth`), not by runnin
 the engine again. Two kinds of policy drive the engine besides the real ones:
 
 * `Recorder` wraps a real policy and keeps the `JobAllocation`s it hands out, so a
-  test can replay the engine's documented model (rate fixed per round at the
-  gradient statistics of the progress at the round's start, restore delay paid
-  whenever a job's GPUs change, finish interpolated inside the last round).
+  test can replay the engine's documented model (within a round the rate is fixed
+  per epoch at that epoch's gradient statistics, restore delay paid whenever a
+  job's GPUs change, finish interpolated inside the last round).
 * `Scripted` hands one job exactly the GPUs a test asks for, at the application's
   initial batch size on one GPU. At that batch a step gains exactly one unit of
   progress whatever the epoch (gain(grad, B0, B0) = 1), so the rate is 1 /
@@ -120,11 +120,18 @@ def replay_finish(app: AppTruth, name: str, result: SimResult,
         it = app.iteration_time(conf.gpu_type, conf.num_nodes, a.num_replicas, a.atomic_bsz,
                                 a.accum_steps)
         batch = a.num_replicas * a.atomic_bsz * (a.accum_steps + 1)
-        rate = float(gain(app.grad_params(progress), batch, app.init_batch_size)) / it
-        left = app.max_progress - progress
-        if rate * usable >= left:
-            return rec.time + (round_s - usable) + left / rate
-        progress += rate * usable
+        while usable > 0:
+            rate = float(gain(app.grad_params(progress, batch), batch,
+                              app.init_batch_size)) / it
+            end = app.epoch_bounds()[app.epoch(progress)][1]
+            left = end - progress
+            if rate * usable < left:
+                progress += rate * usable
+                break
+            if end >= app.max_progress:
+                return rec.time + (round_s - usable) + left / rate
+            usable -= left / rate
+            progress = end
     return None
 
 
@@ -143,7 +150,7 @@ def oracle_alone_one_gpu(app: AppTruth, gpu_type: str) -> float:
     it_arr, b_arr = np.array(its), np.array(batches)
     total_time = app.restart_delay
     for lo_p, hi_p in app.epoch_bounds():
-        best = np.max(gain(app.grad_params(lo_p), b_arr, app.init_batch_size) / it_arr)
+        best = np.max(gain(app.grad_params(lo_p, b_arr), b_arr, app.init_batch_size) / it_arr)
         total_time += (hi_p - lo_p) / best
     return float(total_time)
 
@@ -406,6 +413,45 @@ def test_preemption_and_resume_is_one_restart():
     assert result.jobs[0].restarts == 1
 
 
+def test_a_round_spanning_several_epochs_takes_each_at_its_own_efficiency():
+    """Regression: the rate was fixed for the whole round at the statistics of
+    the epoch it started in. cifar10 on one a100 at a large batch finishes an
+    epoch every few seconds, so a 60 s round spans several, and the finish is
+    restore + Σ over epochs of epoch progress / that epoch's rate."""
+    app = load_app("cifar10")
+    batch = app.local_bsz_limits("dgx-ext")[1]
+    assert batch > app.init_batch_size
+    it = app.iteration_time("dgx-ext", 1, 1, batch, 0)
+    per_epoch = [(hi - lo) * it / float(gain(app.grad_params(lo, batch), batch,
+                                             app.init_batch_size))
+                 for lo, hi in app.epoch_bounds()]
+    assert min(per_epoch) < 20.0  # several epochs in a round
+    result = simulate([one_job("cifar10")], Cluster.uniform({"dgx-ext": (1, 2)}),
+                      Scripted("j", "dgx-ext", "dgx-ext-0", batch, [0]))
+    assert result.jobs[0].finish_time == pytest.approx(app.restart_delay + sum(per_epoch),
+                                                       rel=REL)
+    check_gpu_accounting(result, 60.0)
+
+
+def test_a_restoring_job_is_flagged_to_the_policy():
+    """While a job pays its restore delay the policy sees `restoring` (Sia then
+    keeps its allocation): imagenet's 250 s restore spans rounds 0–4 of 60 s."""
+    seen: list[bool] = []
+
+    class Spy(Scripted):
+        def optimize(self, cluster, jobs, previous):
+            seen.append(jobs[0].restoring)
+            return super().optimize(cluster, jobs, previous)
+
+    app = load_app("imagenet")
+    assert app.restart_delay == 250.0
+    simulate([one_job("imagenet")], Cluster.uniform({"dgx-ext": (1, 2)}),
+             Spy("j", "dgx-ext", "dgx-ext-0", app.init_batch_size, [0]),
+             config=SimConfig(max_hours=0.2))
+    # Round 0: not yet started; rounds 1–4: 190, 130, 70, 10 s of restore left.
+    assert seen[:7] == [False, True, True, True, True, False, False]
+
+
 def test_restore_longer_than_a_round():
     """cifar10's 50 s restore over 20 s rounds: no training in rounds 0 and 1, 10 s
     in round 2. A move during the restore starts it over (it is not added)."""
@@ -579,7 +625,9 @@ def test_isolated_jct_alone_is_not_beaten(policy, mixed_sia):
         if t.category is Category.STRONG_SCALING:
             continue
         alone = isolated_jct(load_app(t.application), t, cluster, 1.0)
-        assert alone is not None and alone <= job.jct, job.name
+        # A rigid job that ran undisturbed ties it (the engine now integrates
+        # epoch by epoch within a round, as isolated_jct does): allow float noise.
+        assert alone is not None and alone <= job.jct * (1 + REL), job.name
         assert alone <= job.isolated_jct
         checked += 1
     assert checked == 4

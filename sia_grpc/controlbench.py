@@ -1,0 +1,131 @@
+"""`sia bench control-plane`: the controller under load, over loopback.
+
+Two measurements, reported side by side:
+
+* **Round latency**: N modeled agents and M active jobs; rounds are triggered one
+  at a time and timed from the tick to the last directive acknowledged (the
+  round's effects in place), split into the solve (tick → result back from the
+  solver process, estimation included) and the rest (dispatch: checkpoint-stops,
+  RUNs, their acknowledgements, persistence).
+* **CreateJob throughput**: C concurrent clients submitting jobs to a controller
+  with a file-backed store (`synchronous=FULL`); every accepted job is then
+  counted in the store.
+
+Agents run in the benchmark's process (asyncio tasks), so they share its CPU with
+the controller: on a 2-core machine the "rest" includes the agents' own work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sia_grpc.api import pb
+from sia_grpc.client import AsyncSiaClient
+from sia_grpc.controller import state as sm
+from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.store import Store
+from sia_grpc.localcluster import LocalCluster
+
+_TYPES = ("rtx", "dgx-ext")  # both 8 GPUs per node in the artifact's profiles
+_APPS = ("imagenet", "yolov3", "deepspeech2", "bert")  # long enough to stay active
+
+
+def _spec(k: int) -> pb.JobSpec:
+    app = _APPS[k % len(_APPS)]
+    return pb.JobSpec(name=f"{app}-{k}", application=app, adaptivity=pb.ADAPTIVITY_ADAPTIVE)
+
+
+async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int) -> dict:
+    per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
+                for i, t in enumerate(_TYPES)}
+    rate = 50.0  # profiling passes take ~0.5 s of wall time; jobs last hours
+    config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:",
+                              round_duration=1e9, early_round_delay=1e9,
+                              heartbeat_interval=100.0, heartbeat_timeout=3000.0,
+                              store_synchronous="NORMAL")
+    async with LocalCluster(per_type, rate=rate, config=config, telemetry_interval=2.0) as lc, \
+            AsyncSiaClient(lc.target, timeout=120) as client:
+        await lc.wait_registered(agents, timeout=120)
+        await asyncio.gather(*(client.submit(_spec(k)) for k in range(jobs)))
+        c = lc.controller
+        async with asyncio.timeout(600):  # every job profiled
+            while c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):
+                await asyncio.sleep(0.2)
+        totals, solves = [], []
+        for _ in range(rounds + 1):  # the first round places everyone: reported apart
+            before = len(c.rounds)
+            c.post(sm.Tick(c.clock.time(), "bench"))
+            async with asyncio.timeout(600):
+                while len(c.rounds) == before:
+                    await asyncio.sleep(0.005)
+            rnd = c.rounds[-1]
+            totals.append(rnd.total_ms)
+            solves.append(rnd.total_ms - rnd.dispatch_ms)
+            await asyncio.sleep(1.0)  # telemetry flows between rounds, as in a 60 s round
+        gpus = sum(n * g for n, g in per_type.values())
+        t, s = np.array(totals[1:]), np.array(solves[1:])
+        rest = t - s
+        return {"agents": agents, "gpus": gpus, "jobs": jobs, "rounds": rounds,
+                "first_round_ms": totals[0],
+                "round_p50_ms": float(np.median(t)), "round_p95_ms": float(np.percentile(t, 95)),
+                "solve_p50_ms": float(np.median(s)), "solve_p95_ms": float(np.percentile(s, 95)),
+                "rest_p50_ms": float(np.median(rest)),
+                "rest_p95_ms": float(np.percentile(rest, 95)),
+                "jobs_moved_last": int(c.rounds[-1].jobs_moved)}
+
+
+async def create_throughput(creates: int, clients: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "bench.db")
+        config = ControllerConfig(listen="127.0.0.1:0", db_path=db, inline_solver=True)
+        async with LocalCluster({}, config=config) as lc:
+            per = -(-creates // clients)
+            conns = [AsyncSiaClient(lc.target, timeout=120) for _ in range(clients)]
+
+            async def submit_many(client: AsyncSiaClient, start: int) -> int:
+                n = 0
+                for k in range(start, min(start + per, creates)):
+                    await client.submit(_spec(k))
+                    n += 1
+                return n
+
+            t0 = time.perf_counter()
+            accepted = sum(await asyncio.gather(*(submit_many(cl, i * per)
+                                                  for i, cl in enumerate(conns))))
+            wall = time.perf_counter() - t0
+            for cl in conns:
+                await cl.close()
+        with Store(db) as store:  # what survived, read back after the controller stopped
+            durable = len(store.all_jobs())
+    return {"creates": creates, "clients": clients, "accepted": accepted, "durable": durable,
+            "create_per_s": accepted / wall, "wall_s": wall}
+
+
+def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: int,
+        clients: int, as_json: bool) -> int:
+    from sia_grpc.observability import configure_logging
+
+    configure_logging(level="warning")
+    rl = asyncio.run(round_latency(agents, gpus_per_agent, jobs, rounds))
+    ct = asyncio.run(create_throughput(creates, clients))
+    out = {**rl, **ct}
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"rounds: {rl['agents']} agents, {rl['gpus']} GPUs, {rl['jobs']} jobs, "
+          f"{rl['rounds']} rounds (first round {rl['first_round_ms']:.0f} ms)")
+    print(f"  tick → last ack  p50 {rl['round_p50_ms']:8.1f} ms   p95 {rl['round_p95_ms']:8.1f} ms")
+    print(f"  solve            p50 {rl['solve_p50_ms']:8.1f} ms   p95 {rl['solve_p95_ms']:8.1f} ms")
+    print(f"  rest (dispatch)  p50 {rl['rest_p50_ms']:8.1f} ms   p95 {rl['rest_p95_ms']:8.1f} ms")
+    print(f"CreateJob: {ct['clients']} clients, {ct['accepted']} accepted in {ct['wall_s']:.1f} s"
+          f" = {ct['create_per_s']:,.0f}/s; durable after shutdown: {ct['durable']}")
+    return 0 if ct["durable"] == ct["accepted"] else 1
+
+
+__all__ = ["create_throughput", "round_latency", "run"]
