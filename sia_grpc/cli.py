@@ -20,9 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sia", description="sia-grpc command line")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="solve Sia rounds on the paper's 64-GPU cluster")
-    demo.add_argument("--jobs", type=int, default=16, help="number of sample jobs (default 16)")
-    demo.add_argument("--rounds", type=int, default=4, help="rounds to run (default 4)")
+    demo = sub.add_parser("demo", help="a live controller and modeled agents on loopback "
+                                       "running a small trace (--offline: policy rounds only)")
+    demo.add_argument("--offline", action="store_true",
+                      help="only solve Sia rounds on the paper's 64-GPU cluster, no services")
+    demo.add_argument("--time-scale", type=float, default=120.0,
+                      help="live: cluster seconds per real second (default 120)")
+    demo.add_argument("--jobs", type=int, default=16, help="offline: sample jobs (default 16)")
+    demo.add_argument("--rounds", type=int, default=4, help="offline: rounds (default 4)")
     demo.add_argument("--seed", type=int, default=1)
 
     sim = sub.add_parser("simulate", help="replay job-arrival traces against a modelled cluster")
@@ -99,6 +104,16 @@ def main(argv: list[str] | None = None) -> int:
         return run_replay(args.workload, rate=args.time_scale, policy=args.policy,
                           cluster=args.cluster, first=args.first,
                           compare=not args.no_compare, json_out=args.json)
+    if args.command == "demo" and not args.offline:
+        import asyncio
+
+        from sia_grpc.demo import live_demo
+        from sia_grpc.observability import configure_logging
+
+        if not args.time_scale > 0:
+            parser.error("--time-scale: must be positive")
+        configure_logging(level="warning")
+        return asyncio.run(live_demo(rate=args.time_scale))
     if args.command == "demo":
         from sia_grpc.demo import run_demo
 

@@ -57,3 +57,95 @@ def run_demo(num_jobs: int = 16, rounds: int = 4, seed: int = 1) -> int:
         print(format_round(cluster, ids, step.result))
         print()
     return 0
+
+
+# ---------------------------------------------------------------- the live demo
+
+# A small trace in the Helios mix: (minute of arrival, application, adaptivity).
+LIVE_TRACE = (
+    (0, "cifar10", "adaptive"), (1, "ncf", "adaptive"), (3, "bert", "adaptive"),
+    (5, "cifar10", "adaptive"), (6, "deepspeech2", "adaptive"), (8, "ncf", "adaptive"),
+    (10, "cifar10", "rigid"), (12, "cifar10", "adaptive"), (15, "bert", "strong-scaling"),
+    (18, "ncf", "adaptive"),
+)
+LIVE_CLUSTER = {"rtx": (1, 8), "aws": (2, 4), "dgx-ext": (1, 8)}
+
+
+def _live_spec(k: int, app: str, kind: str):
+    from sia_grpc.api import pb
+
+    spec = pb.JobSpec(name=f"{app}-{k}", application=app)
+    if kind == "rigid":
+        spec.adaptivity, spec.num_gpus, spec.batch_size = pb.ADAPTIVITY_RIGID, 4, 512
+    elif kind == "strong-scaling":
+        spec.adaptivity, spec.batch_size = pb.ADAPTIVITY_STRONG_SCALING, 128
+    else:
+        spec.adaptivity = pb.ADAPTIVITY_ADAPTIVE
+    return spec
+
+
+async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
+    """A controller and modeled agents of three GPU types on loopback; the trace
+    submitted through the SDK at its arrival times; the allocation table as it
+    changes; a JCT summary at the end."""
+    import asyncio
+    import sys
+
+    from sia_grpc.api import pb
+    from sia_grpc.client import AsyncSiaClient
+    from sia_grpc.client.cli import cluster_report, jobs_table
+    from sia_grpc.controller.config import ControllerConfig
+    from sia_grpc.localcluster import LocalCluster
+
+    out = out or sys.stdout
+    tty = out.isatty()
+    config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:")
+    gpus = sum(n * g for n, g in LIVE_CLUSTER.values())
+    print(f"Starting a controller and {sum(n for n, _ in LIVE_CLUSTER.values())} modeled node "
+          f"agents ({', '.join(f'{n}×{g} {t}' for t, (n, g) in LIVE_CLUSTER.items())}: "
+          f"{gpus} GPUs) on loopback, running {rate:g}× faster than real time.\n"
+          "The agents emulate GPUs: each job's speed comes from the Sia artifact's measured "
+          "profiles.", file=out)
+    async with LocalCluster(LIVE_CLUSTER, rate=rate, config=config) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(sum(n for n, _ in LIVE_CLUSTER.values()))
+        clock = lc.controller.clock
+        t0 = clock.time()
+        handles = []
+
+        async def submit_all() -> None:
+            for k, (minute, app, kind) in enumerate(LIVE_TRACE):
+                delay = t0 + minute * 60 - clock.time()
+                if delay > 0:
+                    await clock.sleep(delay)
+                handles.append(await client.submit(_live_spec(k, app, kind)))
+
+        submitter = asyncio.create_task(submit_all())
+        while True:
+            await asyncio.sleep(refresh)
+            jobs = [j async for j in client.list()]
+            elapsed = (clock.time() - t0) / 60
+            text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
+                    f"submitted\n{jobs_table(jobs, nodes=True)}")
+            print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
+            if submitter.done() and all(j.status.state in (pb.JOB_STATE_SUCCEEDED,
+                                                          pb.JOB_STATE_FAILED,
+                                                          pb.JOB_STATE_CANCELLED)
+                                        for j in jobs):
+                break
+        await submitter
+        finals = [await h.job() for h in handles]
+        print("\n" + cluster_report(await client.cluster(), await client.rounds(limit=5)),
+              file=out)
+    rows = []
+    for j in finals:
+        jct = (j.status.finish_time.ToNanoseconds() - j.status.create_time.ToNanoseconds()) / 3.6e12
+        rows.append((j.spec.name, pb.JobState.Name(j.status.state).removeprefix("JOB_STATE_"),
+                     f"{jct:.2f}", j.status.restarts))
+    print("\nSummary (cluster time)", file=out)
+    print(f"{'job':16s} {'state':10s} {'JCT h':>6s} {'restarts':>8s}", file=out)
+    for name, state, jct, restarts in rows:
+        print(f"{name:16s} {state:10s} {jct:>6s} {restarts:>8d}", file=out)
+    done = [float(r[2]) for r in rows if r[1] == "SUCCEEDED"]
+    print(f"average JCT {sum(done) / max(len(done), 1):.2f} h over {len(done)} jobs", file=out)
+    return 0 if len(done) == len(rows) else 1
