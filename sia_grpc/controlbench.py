@@ -7,9 +7,9 @@ Two measurements, reported side by side:
   round's effects in place), split into the solve (tick → result back from the
   solver process, estimation included) and the rest (dispatch: checkpoint-stops,
   RUNs, their acknowledgements, persistence).
-* **CreateJob throughput**: C concurrent clients submitting jobs to a controller
-  with a file-backed store (`synchronous=FULL`); every accepted job is then
-  counted in the store.
+* **CreateJob throughput**: C concurrent clients (in a separate process, as remote
+  clients would be) submitting jobs to a controller with a file-backed store
+  (`synchronous=FULL`); every accepted job is then counted in the store.
 
 Agents run in the benchmark's process (asyncio tasks), so they share its CPU with
 the controller: on a 2-core machine the "rest" includes the agents' own work.
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,7 @@ from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.server import loop_factory
 from sia_grpc.controller.store import Store
 from sia_grpc.localcluster import LocalCluster
 
@@ -80,27 +83,39 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                 "jobs_moved_last": int(c.rounds[-1].jobs_moved)}
 
 
+def _submit_load(target: str, creates: int, clients: int) -> tuple[int, float]:
+    """(accepted, wall seconds) of `clients` concurrent SDK clients submitting
+    `creates` jobs; runs in its own process, as remote clients would."""
+
+    async def main() -> tuple[int, float]:
+        per = -(-creates // clients)
+        conns = [AsyncSiaClient(target, timeout=120) for _ in range(clients)]
+
+        async def submit_many(client: AsyncSiaClient, start: int) -> int:
+            for k in range(start, min(start + per, creates)):
+                await client.submit(_spec(k))
+            return max(min(start + per, creates) - start, 0)
+
+        t0 = time.perf_counter()
+        accepted = sum(await asyncio.gather(*(submit_many(c, i * per)
+                                              for i, c in enumerate(conns))))
+        wall = time.perf_counter() - t0
+        for c in conns:
+            await c.close()
+        return accepted, wall
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main())
+
+
 async def create_throughput(creates: int, clients: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "bench.db")
         config = ControllerConfig(listen="127.0.0.1:0", db_path=db, inline_solver=True)
         async with LocalCluster({}, config=config) as lc:
-            per = -(-creates // clients)
-            conns = [AsyncSiaClient(lc.target, timeout=120) for _ in range(clients)]
-
-            async def submit_many(client: AsyncSiaClient, start: int) -> int:
-                n = 0
-                for k in range(start, min(start + per, creates)):
-                    await client.submit(_spec(k))
-                    n += 1
-                return n
-
-            t0 = time.perf_counter()
-            accepted = sum(await asyncio.gather(*(submit_many(cl, i * per)
-                                                  for i, cl in enumerate(conns))))
-            wall = time.perf_counter() - t0
-            for cl in conns:
-                await cl.close()
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                accepted, wall = await asyncio.get_running_loop().run_in_executor(
+                    pool, _submit_load, lc.target, creates, clients)
         with Store(db) as store:  # what survived, read back after the controller stopped
             durable = len(store.all_jobs())
     return {"creates": creates, "clients": clients, "accepted": accepted, "durable": durable,
@@ -112,8 +127,9 @@ def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: in
     from sia_grpc.observability import configure_logging
 
     configure_logging(level="warning")
-    rl = asyncio.run(round_latency(agents, gpus_per_agent, jobs, rounds))
-    ct = asyncio.run(create_throughput(creates, clients))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        rl = runner.run(round_latency(agents, gpus_per_agent, jobs, rounds))
+        ct = runner.run(create_throughput(creates, clients))
     out = {**rl, **ct}
     if as_json:
         print(json.dumps(out, indent=2))

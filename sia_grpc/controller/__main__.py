@@ -10,16 +10,8 @@ import sys
 import structlog
 
 from sia_grpc.controller.config import ConfigError, load_config
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.server import Controller, loop_factory
 from sia_grpc.observability import configure_logging, setup_telemetry
-
-
-def _loop_factory():
-    try:
-        import uvloop
-    except ImportError:  # uvloop is optional (not on Windows)
-        return asyncio.new_event_loop
-    return uvloop.new_event_loop
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     telemetry = setup_telemetry("sia-controller")
     log.info("telemetry", traces=telemetry.traces_exporter, metrics=telemetry.metrics_exporter)
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(Controller(config, telemetry=telemetry)))
     except OSError as err:
         print(f"sia-controller: {err}", file=sys.stderr)

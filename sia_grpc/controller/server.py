@@ -38,6 +38,16 @@ log = structlog.get_logger("sia.controller")
 VERSION = "0.1.0"
 
 
+def loop_factory():
+    """uvloop's event loop when installed (faster gRPC and sockets), else asyncio's;
+    for `asyncio.Runner(loop_factory=...)`, never a global policy."""
+    try:
+        import uvloop
+    except ImportError:  # optional (not on Windows)
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 class Clock:
     """Wall time for timestamps and `sleep` for timers; tests inject another."""
 
@@ -371,7 +381,7 @@ class Controller:
     # ------------------------------------------------------------ jobs
 
     async def create_job(self, request: pb.CreateJobRequest) -> pb.Job:
-        resolve(request.spec)
+        resolved = resolve(request.spec)
         if request.job_id:
             check_job_id(request.job_id)
         if len(request.request_id) > 128:
@@ -392,7 +402,7 @@ class Controller:
             self._create_flush = asyncio.create_task(self._flush_creates())
         stored, created = await fut
         if created:
-            await self.submit(sm.JobCreated(now, stored))
+            await self.submit(sm.JobCreated(now, stored, resolved))
             log.info("job created", job_id=stored.job_id, application=stored.spec.application)
         current = self.state.job(stored.job_id)
         return pb.Job.FromString(current.SerializeToString()) if current else stored

@@ -49,6 +49,7 @@ class Event:
 @dataclass(frozen=True)
 class JobCreated(Event):
     job: pb.Job  # durable already
+    resolved: Resolved | None = None  # its validated spec, if the caller has it
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ class ControllerState:
     def _created(self, ev: JobCreated, out: list[Action]) -> None:
         job = pb.Job()
         job.CopyFrom(ev.job)
-        rec = _JobRec(job=job, res=resolve(job.spec))
+        rec = _JobRec(job=job, res=ev.resolved or resolve(job.spec))
         self.jobs[job.job_id] = rec
         self._to_profile.add(job.job_id)
         # Not persisted: the store has it as accepted, and a reload profiles it again.

@@ -53,6 +53,12 @@ def _application(name: str):
     return load_app(name) if name in SUPPORTED_APPLICATIONS else None
 
 
+@cache
+def _app_limits(name: str) -> dict[str, tuple[int, int]]:
+    app = _application(name)
+    return {t: app.local_bsz_limits(t) for t in app.gpu_types} if app is not None else {}
+
+
 def known_application(name: str) -> bool:
     return _application(name) is not None
 
@@ -103,9 +109,7 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     for i, t in enumerate(spec.allowed_gpu_types):
         if not _NAME.match(t):
             raise bad(f"allowed_gpu_types[{i}]", f"{t!r} is not a valid GPU type name")
-    limits: dict[str, tuple[int, int]] = {}
-    if app is not None:
-        limits = {t: app.local_bsz_limits(t) for t in app.gpu_types}
+    limits = dict(_app_limits(spec.application))
     for i, lim in enumerate(spec.type_batch_limits):
         f = f"type_batch_limits[{i}]"
         if not _NAME.match(lim.gpu_type):

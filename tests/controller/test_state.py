@@ -218,3 +218,23 @@ def test_random_event_sequences_never_put_two_jobs_on_one_gpu(script):
             if agent.up:
                 h.feed(agent.register_event(h.now))
         h.deliver()  # FakeAgent asserts no RUN lands on a busy GPU
+
+
+def test_round_is_acknowledged_only_after_every_directive_it_caused():
+    from sia_grpc.controller.state import RoundAcked, SolveFinished
+
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.now += 60
+    h.heartbeat()
+    (solve,) = [a for a in h.state.handle(Tick(h.now)) if isinstance(a, Solve)]
+    result = h.policy.optimize(solve.cluster, list(solve.jobs), dict(solve.previous))
+    actions = h.state.handle(SolveFinished(h.now, solve.round_no, result))
+    runs = [a for a in actions if isinstance(a, Send)]
+    assert runs and not any(isinstance(a, RoundAcked) for a in actions)
+    acked = []
+    for send in runs:
+        for reply in h._answer(h.agents[send.node_id], send.message):
+            acked += h.state.handle(AgentMessage(h.now, send.node_id, reply))
+    assert [a.round_no for a in acked if isinstance(a, RoundAcked)] == [solve.round_no]
