@@ -194,7 +194,8 @@ class _JobRec:
     generation: int = 0
     checkpoint: float = 0.0  # progress fraction of its last checkpoint
     attained: dict[str, float] = field(default_factory=dict)
-    run_since: float | None = None
+    run_since: float | None = None  # attained time is accounted up to here
+    started_at: float = 0.0  # when its current generation was started
     last_persist: float = 0.0
 
     @property
@@ -566,7 +567,11 @@ class ControllerState:
             max_gpus=res.max_gpus, allowed_types=frozenset(types),
             pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
             age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
-            restart_cost=res.restart_cost, submit_time=created, attained=dict(rec.attained))
+            restart_cost=res.restart_cost, submit_time=created, attained=dict(rec.attained),
+            # Still paying its restore (as far as the controller knows): Sia keeps it in
+            # place rather than make it start the restore over (the artifact's rule).
+            restoring=rec.alloc is not None and not rec.moving
+            and at - rec.started_at < res.restart_cost)
 
     # ------------------------------------------------------------ moving GPUs
 
@@ -597,7 +602,7 @@ class ControllerState:
         rec.generation += 1
         rec.alloc, rec.target = alloc, None
         self._set_moving(rec, False)
-        rec.run_since = at
+        rec.run_since = rec.started_at = at
         status = rec.job.status
         status.generation = rec.generation
         status.allocation.CopyFrom(allocation_pb(alloc))
