@@ -294,3 +294,31 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
     assert rl["round_p95_ms"] >= rl["round_p50_ms"]
     ct = await create_throughput(creates=200, clients=8)
     assert ct["accepted"] == ct["durable"] == 200 and ct["create_per_s"] > 0
+
+
+@pytest.mark.timeout(60)
+async def test_cli_submit_ls_get_and_cancel_against_a_live_controller(tmp_path, capsys):
+    from sia_grpc.cli import main
+
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text("name: resnet\napplication: cifar10\nadaptivity: adaptive\n"
+                         "max_gpus: 8\n")
+    async with LocalCluster({"rtx": (1, 8)}, rate=RATE, config=CONFIG) as lc:
+        await lc.wait_registered(1)
+        run = lambda *argv: asyncio.to_thread(main, [*argv, "--controller", lc.target])  # noqa: E731
+        assert await run("submit", str(spec_file)) == 0
+        job_id = capsys.readouterr().out.strip().splitlines()[-1]
+        assert job_id.startswith("resnet-")
+        assert await run("ls") == 0
+        assert job_id in capsys.readouterr().out
+        assert await run("get", job_id, "-o", "json") == 0
+        assert '"application": "cifar10"' in capsys.readouterr().out
+        assert await run("cancel", job_id) == 0
+        capsys.readouterr()
+        assert await run("get", "no-such-job") == 1
+        assert "NOT_FOUND" in capsys.readouterr().err
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("name: x\napplication: cifar10\nadaptivity: adaptive\nmin_gpus: 4\n"
+                       "max_gpus: 2\n")
+        assert await run("submit", str(bad)) == 1
+        assert "spec.max_gpus" in capsys.readouterr().err
