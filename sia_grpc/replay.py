@@ -56,6 +56,7 @@ def cluster_nodes(cluster: Cluster) -> dict[str, tuple[int, int]]:
 @dataclass
 class ReplayResult:
     jct: dict[str, float]  # job name -> seconds
+    wait: dict[str, float]  # job name -> seconds from creation to first start
     states: dict[str, str]
     restarts: dict[str, int]
     wall_seconds: float
@@ -92,14 +93,16 @@ async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
         finals = await asyncio.gather(*(h.wait() for h in handles.values()))
         waiter.cancel()
         rounds = list(lc.controller.rounds)
-    jct, states, restarts = {}, {}, {}
+    jct, wait, states, restarts = {}, {}, {}, {}
     for name, job in zip(handles, finals, strict=True):
         states[name] = pb.JobState.Name(job.status.state)
         restarts[name] = job.status.restarts
+        created = job.status.create_time.ToNanoseconds()
+        if job.status.HasField("start_time"):
+            wait[name] = (job.status.start_time.ToNanoseconds() - created) / 1e9
         if job.status.state == pb.JOB_STATE_SUCCEEDED:
-            jct[name] = (job.status.finish_time.ToNanoseconds()
-                         - job.status.create_time.ToNanoseconds()) / 1e9
-    return ReplayResult(jct=jct, states=states, restarts=restarts,
+            jct[name] = (job.status.finish_time.ToNanoseconds() - created) / 1e9
+    return ReplayResult(jct=jct, wait=wait, states=states, restarts=restarts,
                         wall_seconds=time.monotonic() - wall0, rounds=rounds[-1].round
                         if rounds else 0, round_ms=[r.total_ms for r in rounds])
 
@@ -146,6 +149,7 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
     rows = {"live": live.avg_jct_h}
     report = {"workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
               "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
+                       "avg_wait_s": float(np.mean(list(live.wait.values()))),
                        "rounds": live.rounds, "states": live.states,
                        "restarts_per_job": float(np.mean(list(live.restarts.values()))),
                        "round_ms_p50": float(np.median(live.round_ms)) if live.round_ms else None,
@@ -156,15 +160,18 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
         jcts = [j.finish_time - j.submit_time for j in sim.jobs if j.finish_time is not None]
         rows["simulated"] = float(np.mean(jcts)) / 3600
         report["simulated"] = {"avg_jct_h": rows["simulated"],
+                               "avg_wait_s": float(np.mean([(j.start_time or j.submit_time)
+                                                            - j.submit_time for j in sim.jobs])),
                                "restarts_per_job": float(np.mean([j.restarts
                                                                   for j in sim.jobs]))}
         report["difference"] = rows["live"] / rows["simulated"] - 1
     failed = [n for n, s in live.states.items() if s != "JOB_STATE_SUCCEEDED"]
-    print(f"{'':10s} avg JCT h  restarts/job")
-    print(f"{'live':10s} {rows['live']:9.3f}  {report['live']['restarts_per_job']:12.2f}")
+    print(f"{'':10s} avg JCT h  restarts/job  wait to start s")
+    for name in ("live", "simulated") if compare else ("live",):
+        r = report[name]
+        print(f"{name:10s} {r['avg_jct_h']:9.3f}  {r['restarts_per_job']:12.2f}  "
+              f"{r['avg_wait_s']:15.0f}")
     if compare:
-        print(f"{'simulated':10s} {rows['simulated']:9.3f}  "
-              f"{report['simulated']['restarts_per_job']:12.2f}")
         print(f"live vs simulated: {report['difference'] * 100:+.1f}%")
     print(f"{len(jobs) - len(failed)}/{len(jobs)} jobs succeeded; {live.rounds} rounds in "
           f"{live.wall_seconds:.0f} s of wall time")

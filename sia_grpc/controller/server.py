@@ -402,8 +402,10 @@ class Controller:
             self._create_flush = asyncio.create_task(self._flush_creates())
         stored, created = await fut
         if created:
-            await self.submit(sm.JobCreated(now, stored, resolved))
-            log.info("job created", job_id=stored.job_id, application=stored.spec.application)
+            # Durable now; the state machine takes it up in order (no need to wait).
+            self.post(sm.JobCreated(now, stored, resolved))
+            log.debug("job created", job_id=stored.job_id, application=stored.spec.application)
+            return stored
         current = self.state.job(stored.job_id)
         return pb.Job.FromString(current.SerializeToString()) if current else stored
 
@@ -427,19 +429,23 @@ class Controller:
                 else:
                     fut.set_result(res)
 
-    def get_job(self, job_id: str) -> pb.Job:
+    async def get_job(self, job_id: str) -> pb.Job:
+        """The live version; a job accepted a moment ago may be only in the store."""
         job = self.state.job(job_id)
-        if job is None:
+        if job is not None:
+            return pb.Job.FromString(job.SerializeToString())
+        stored = await self._in_store(self._store.get_job, job_id)
+        if stored is None:
             raise not_found("job", job_id)
-        return pb.Job.FromString(job.SerializeToString())
+        return stored.job
 
     async def cancel_job(self, job_id: str) -> pb.Job:
-        self.get_job(job_id)
+        await self.get_job(job_id)
         await self.submit(sm.JobCancelRequested(self.clock.time(), job_id))
-        return self.get_job(job_id)
+        return await self.get_job(job_id)
 
     async def delete_job(self, job_id: str) -> None:
-        job = self.get_job(job_id)
+        job = await self.get_job(job_id)
         if job.status.state not in sm.TERMINAL:
             raise failed_precondition(
                 f"job {job_id!r} is {pb.JobState.Name(job.status.state)}; cancel it first",
@@ -546,7 +552,7 @@ class JobService(api.JobServiceServicer):
 
     @rpc
     async def GetJob(self, request, context):
-        return self.c.get_job(request.job_id)
+        return await self.c.get_job(request.job_id)
 
     @rpc
     async def ListJobs(self, request, context):
