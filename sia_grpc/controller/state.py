@@ -17,6 +17,7 @@ by two jobs, even while jobs move.
 
 from __future__ import annotations
 
+import collections
 import json
 import secrets
 import zlib
@@ -745,8 +746,9 @@ class ControllerState:
         # GPUs a pending RUN will take; those held already are in node.holder.
         busy = {(g.node, g.index) for j in self._moving if (r := self.jobs.get(j))
                 and r.target is not None for g in r.target.gpus}
+        reserved = collections.Counter(node for node, _ in busy)
         idle = {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
-                and len(n.holder) + sum(1 for b in busy if b[0] == n.name) < n.num_gpus}
+                and len(n.holder) + reserved[n.name] < n.num_gpus}
         if not idle:
             return
         present = self._present_types()

@@ -55,20 +55,18 @@ class Trajectory:
         from_p: list[float] = []
         rates: list[float] = []
         bounds = app.epoch_bounds()
-        t, step, sync = 0.0, 0.0, 0.0
+        epoch_rates, step, sync = app.epoch_rates(
+            gpu_type, alloc.num_nodes, alloc.num_replicas, alloc.atomic_batch_size,
+            alloc.accum_steps)
+        t = 0.0
         while progress < app.max_progress:
-            rate, step, sync = app.progress_rate(
-                gpu_type, alloc.num_nodes, alloc.num_replicas, alloc.atomic_batch_size,
-                alloc.accum_steps, progress)
-            end = bounds[app.epoch(progress)][1]  # > progress: epoch() bisects right
+            e = app.epoch(progress)
+            end = bounds[e][1]  # > progress: epoch() bisects right
             starts.append(t)
             from_p.append(progress)
-            rates.append(rate)
-            t += (end - progress) / rate
+            rates.append(epoch_rates[e])
+            t += (end - progress) / epoch_rates[e]
             progress = end
-        if not rates:  # already done; the shape still has a step time to report
-            step, sync = app.step_time(gpu_type, alloc.num_nodes, alloc.num_replicas,
-                                       alloc.atomic_batch_size)
         return cls(tuple(starts), tuple(from_p), tuple(rates), t, app.max_progress,
                    step, sync, alloc.accum_steps)
 

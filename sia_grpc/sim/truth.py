@@ -268,6 +268,8 @@ class AppTruth:
         object.__setattr__(self, "_tables", {})
         object.__setattr__(self, "_cached_step",
                            functools.lru_cache(maxsize=_STEP_CACHE_SIZE)(self._step_time))
+        object.__setattr__(self, "epoch_rates",
+                           functools.lru_cache(maxsize=4096)(self._epoch_rates))
 
     # -- throughput ---------------------------------------------------------------
 
@@ -331,6 +333,16 @@ class AppTruth:
         rate = float(gain(self.grad_params(progress, batch), batch,
                           self.init_batch_size)) / iteration
         return rate, step, sync
+
+    def _epoch_rates(self, gpu_type: str, num_nodes: int, num_replicas: int, atomic_bsz: float,
+                     accum_steps: int) -> tuple[tuple[float, ...], float, float]:
+        """(rate of every epoch, step, sync) on this shape: `progress_rate` at each
+        epoch's start, computed once per shape (cached as `epoch_rates`). A modeled
+        worker plans its whole run from it without recomputing every epoch."""
+        rates = tuple(self.progress_rate(gpu_type, num_nodes, num_replicas, atomic_bsz,
+                                         accum_steps, lo)[0] for lo, _ in self.epoch_bounds())
+        step, sync = self.step_time(gpu_type, num_nodes, num_replicas, atomic_bsz)
+        return rates, step, sync
 
     def seed_profile(self, gpu_type: str) -> StepTimes | None:
         """The 1-GPU profile Sia bootstraps from (seed-profiles), None if there is none.
