@@ -55,7 +55,12 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
     async with LocalCluster(per_type, rate=rate, config=config, telemetry_interval=2.0) as lc, \
             AsyncSiaClient(lc.target, timeout=120) as client:
         await lc.wait_registered(agents, timeout=120)
-        await asyncio.gather(*(client.submit(_spec(k)) for k in range(jobs)))
+        limit = asyncio.Semaphore(64)  # like many users, not one burst of thousands
+
+        async def submit(k: int) -> None:
+            async with limit:
+                await client.submit(_spec(k))
+        await asyncio.gather(*(submit(k) for k in range(jobs)))
         c = lc.controller
         async with asyncio.timeout(600):  # every job profiled
             while c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):

@@ -286,6 +286,10 @@ class NodeAgent:
                 self._log.warning("stream failed", code=exc.code().name, details=exc.details())
             except (_ProtocolError, TimeoutError) as exc:
                 self._log.warning("stream failed", error=str(exc) or type(exc).__name__)
+            except asyncio.InvalidStateError:  # written after the half-close
+                if self.status is AgentStatus.CLOSING:
+                    return  # a late report after close() half-closed the stream: dropped
+                self._log.exception("stream failed unexpectedly")
             except Exception:  # a bug here must not stop the agent for good
                 self._log.exception("stream failed unexpectedly")
             if self.status is AgentStatus.CLOSING:
