@@ -730,7 +730,8 @@ class ControllerState:
                 continue
             if rec.usable:
                 self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
-                out.append(WantRound())
+                if self._idle_types() & rec.usable:  # else the next timer round does
+                    out.append(WantRound())
                 out.append(Persist((rec.job_id,)))
             elif rec.profiled and not self._profile_types(rec):
                 self._finish(rec, pb.JOB_STATE_FAILED, at, "failed: no GPU type in the "
@@ -777,6 +778,13 @@ class ControllerState:
                 out.append(Send(node, pb.ControllerMessage(profile=req)))
             if not idle:
                 return
+
+    def _idle_types(self) -> set[str]:
+        """GPU types with a GPU nobody holds or is about to take."""
+        reserved = collections.Counter(g.node for j in self._moving if (r := self.jobs.get(j))
+                                       and r.target is not None for g in r.target.gpus)
+        return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
+                and len(n.holder) + reserved[n.name] < n.num_gpus}
 
     def _set_moving(self, rec: _JobRec, moving: bool) -> None:
         rec.moving = moving
