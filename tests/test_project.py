@@ -29,8 +29,8 @@ def test_package_never_reads_the_shared_folder():
     assert offenders == []
 
 
-def test_demo_prints_allocation_tables(capsys):
-    assert main(["demo", "--jobs", "6", "--rounds", "2"]) == 0
+def test_offline_demo_prints_allocation_tables(capsys):
+    assert main(["demo", "--offline", "--jobs", "6", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     assert "Round 2" in out and "GPUs in use" in out
     assert "aws: " in out and "/24" in out and "/16" in out
