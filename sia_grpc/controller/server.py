@@ -97,9 +97,13 @@ def rpc(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
         except StoreError as err:
             log.error("store error", error=str(err), rpc=method.__name__)
             await context.abort_with_status(unavailable(str(err), "STORE_UNAVAILABLE").to_status())
-        except ValueError as err:  # from the store: malformed page tokens
-            field = str(err).split(":", 1)[0]
-            await context.abort_with_status(invalid(field, str(err).split(": ", 1)[-1]).to_status())
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("internal error", rpc=method.__name__)
+            await context.abort_with_status(ApiError(
+                grpc.StatusCode.INTERNAL, "internal error; the controller logged it",
+                reason="INTERNAL").to_status())
     return wrapper
 
 
@@ -558,9 +562,12 @@ class JobService(api.JobServiceServicer):
     async def ListJobs(self, request, context):
         if request.page_size > 1000:
             raise invalid("page_size", "at most 1000")
-        jobs, token = await self.c._in_store(
-            self.c._store.list_jobs, states=tuple(request.states), tenant=request.tenant,
-            page_size=request.page_size or 100, page_token=request.page_token)
+        try:
+            jobs, token = await self.c._in_store(
+                self.c._store.list_jobs, states=tuple(request.states), tenant=request.tenant,
+                page_size=request.page_size or 100, page_token=request.page_token)
+        except ValueError as err:  # the store's word on a malformed token
+            raise invalid("page_token", str(err).split(": ", 1)[-1]) from None
         # The store lags the live state by at most one write: show the live version.
         live = [self.c.state.job(j.job_id) or j for j in jobs]
         return pb.ListJobsResponse(jobs=live, next_page_token=token)

@@ -177,6 +177,10 @@ async def test_bad_requests_get_invalid_argument_naming_the_field_and_nothing_is
             assert info.value.field == field
         assert [j async for j in client.list()] == []
         with pytest.raises(ApiError) as info:
+            await client._read(client._jobs.ListJobs, pb.ListJobsRequest(page_token="!!"))
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.field == "page_token"
+        with pytest.raises(ApiError) as info:
             await client.get("nope")
         assert info.value.code == grpc.StatusCode.NOT_FOUND
         ok = await client.submit(spec(), request_id="same")
