@@ -216,6 +216,15 @@ def test_sia_controller_command_serves_health_and_stops_on_sigterm(tmp_path):
             health = health_pb2_grpc.HealthStub(ch)
             resp = health.Check(health_pb2.HealthCheckRequest(service="sia.v1.JobService"))
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            # Reflection lists every service, so grpcurl works without the protos.
+            from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            (answer,) = stub.ServerReflectionInfo(iter([
+                reflection_pb2.ServerReflectionRequest(list_services="")]))
+            names = {s.name for s in answer.list_services_response.service}
+            assert {"sia.v1.JobService", "sia.v1.ClusterService", "sia.v1.AgentService",
+                    "sia.v1.PolicyService", "grpc.health.v1.Health"} <= names
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
