@@ -335,3 +335,29 @@ async def test_cli_submit_ls_get_and_cancel_against_a_live_controller(tmp_path, 
                        "max_gpus: 2\n")
         assert await run("submit", str(bad)) == 1
         assert "spec.max_gpus" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+async def test_watch_jobs_snapshot_then_resume_from_a_revision():
+    async with LocalCluster({}, config=CONFIG) as lc, AsyncSiaClient(lc.target) as client:
+        first = await client.submit(spec())
+        seen = []
+        async with asyncio.timeout(10):
+            async for ev in client.watch():
+                seen.append(ev)
+                if ev.kind == pb.JobEvent.KIND_SNAPSHOT:
+                    break
+        assert [e.job.job_id for e in seen] == [first.job_id]
+        rev = seen[-1].revision
+        second = await client.submit(spec())
+        await client.cancel(first.job_id)
+        later = []
+        async with asyncio.timeout(10):
+            async for ev in client.watch(since_revision=rev):
+                later.append(ev)
+                if ev.job.job_id == first.job_id and \
+                        ev.job.status.state == pb.JOB_STATE_CANCELLED:
+                    break
+        assert all(e.revision > rev for e in later)
+        assert [e.revision for e in later] == sorted(e.revision for e in later)
+        assert later[0].kind == pb.JobEvent.KIND_CREATED and later[0].job.job_id == second.job_id
