@@ -350,7 +350,7 @@ class ControllerState:
                 self._release(rec, ev.node_id)
                 self._interrupt(rec, ev.at, f"requeued: its workers on {ev.node_id} are gone", out)
             elif ev.node_id in rec.stopping:  # it stopped while we were apart
-                self._stop_acked(rec, ev.node_id, ev.at, out)
+                self._release(rec, ev.node_id)
         # Workers the agent runs that we did not place there (or of an older generation): fence.
         for job_id, (gen, gpus) in reported.items():
             if job_id in unacked:
@@ -441,7 +441,7 @@ class ControllerState:
                 del node.holder[g]
             return
         if action == pb.Directive.ACTION_STOP:
-            self._stop_acked(rec, node_id, at, out)
+            self._release(rec, node_id)
         elif not ack.ok and ack.generation == rec.generation and node_id in rec.held:
             # The agent refused to start it (bad GPUs, draining): run it elsewhere.
             self.refused += 1
@@ -656,9 +656,6 @@ class ControllerState:
         out.append(self._directive(node, pb.Directive(
             round=self.round_no, job_id=job_id, generation=generation,
             action=pb.Directive.ACTION_STOP)))
-
-    def _stop_acked(self, rec: _JobRec, node: str, at: float, out: list[Action]) -> None:
-        self._release(rec, node)
 
     def _release(self, rec: _JobRec, node_name: str) -> None:
         gpus = rec.held.pop(node_name, ())
