@@ -136,7 +136,7 @@ class Controller:
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._changed = asyncio.Event()  # set after every store commit
+        self._job_watchers: set[asyncio.Event] = set()  # one per WatchJobs, set on commits
         self._round_watchers: set[asyncio.Queue] = set()
         self._early: asyncio.Task | None = None
         self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
@@ -204,6 +204,7 @@ class Controller:
             self.status = Status.CLOSED
             return
         self.status = Status.CLOSING
+        self._notify_watchers()  # open WatchJobs streams see CLOSING and end
         await self._health.enter_graceful_shutdown()
         for t in [*self._tasks, self._early, self._create_flush]:
             if t is not None:
@@ -296,7 +297,11 @@ class Controller:
                   self.state.extra(j)) for j in job_ids if j in self.state.jobs]
         if items:
             await self._in_store(self._store.put_jobs, items)
-            self._changed.set()
+            self._notify_watchers()
+
+    def _notify_watchers(self) -> None:
+        for changed in self._job_watchers:
+            changed.set()
 
     async def _warm(self) -> None:
         """Start the solver process now, not in the first round (spawn + imports)."""
@@ -424,7 +429,7 @@ class Controller:
                     if not fut.done():
                         fut.set_exception(err)
                 continue
-            self._changed.set()
+            self._notify_watchers()
             for (job, _, fut), res in zip(batch, results, strict=True):
                 if fut.done():
                     continue
@@ -455,7 +460,7 @@ class Controller:
                 f"job {job_id!r} is {pb.JobState.Name(job.status.state)}; cancel it first",
                 "JOB_NOT_FINISHED")
         await self._in_store(self._store.delete_job, job_id)
-        self._changed.set()
+        self._notify_watchers()
         await self.submit(sm.JobDeleted(self.clock.time(), job_id))
 
     async def watch_jobs(self, request: pb.WatchJobsRequest) -> AsyncIterator[pb.JobEvent]:
@@ -466,19 +471,27 @@ class Controller:
                 if not request.job_id or stored.job.job_id == request.job_id:
                     yield pb.JobEvent(kind=pb.JobEvent.KIND_SNAPSHOT, revision=stored.job.revision,
                                       job=stored.job)
-        while self.status is Status.RUNNING:
-            self._changed.clear()
-            try:
-                events = await self._in_store(self._store.events_since, rev, 500)
-            except StoreError as err:
-                raise failed_precondition(f"since_revision {rev}: {err}; watch from 0 "
-                                          "for a fresh snapshot", "REVISION_COMPACTED") from None
-            for revision, kind, job in events:
-                rev = revision
-                if not request.job_id or job.job_id == request.job_id:
-                    yield pb.JobEvent(kind=kind, revision=revision, job=job)
-            if not events:
-                await self._changed.wait()
+        # Each watcher has its own event: cleared before it reads, set by every
+        # commit, so a commit between its read and its wait is never missed.
+        changed = asyncio.Event()
+        self._job_watchers.add(changed)
+        try:
+            while self.status is Status.RUNNING:
+                changed.clear()
+                try:
+                    events = await self._in_store(self._store.events_since, rev, 500)
+                except StoreError as err:
+                    raise failed_precondition(
+                        f"since_revision {rev}: {err}; watch from 0 for a fresh snapshot",
+                        "REVISION_COMPACTED") from None
+                for revision, kind, job in events:
+                    rev = revision
+                    if not request.job_id or job.job_id == request.job_id:
+                        yield pb.JobEvent(kind=kind, revision=revision, job=job)
+                if not events:
+                    await changed.wait()
+        finally:
+            self._job_watchers.discard(changed)
 
     # ------------------------------------------------------------ agents
 
