@@ -254,8 +254,11 @@ class Controller:
                 for action in actions:
                     if isinstance(action, sm.Persist):
                         touched.update(dict.fromkeys(action.job_ids))
-                    else:
+                        continue
+                    try:
                         self._perform(action)
+                    except Exception:  # one failed action must not stop the controller
+                        log.exception("action failed", action=type(action).__name__)
             error: Exception | None = None
             try:
                 await self._persist(tuple(touched))
@@ -424,7 +427,9 @@ class Controller:
             try:
                 results = await self._in_store(self._store.create_jobs,
                                                [(j, r) for j, r, _ in batch])
-            except StoreError as err:
+            except Exception as err:  # StoreError, or a bug: no create may hang
+                if not isinstance(err, StoreError):
+                    log.exception("create batch failed", jobs=len(batch))
                 for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(err)
