@@ -28,6 +28,7 @@ from google.protobuf import timestamp_pb2
 
 from sia_grpc.api import pb
 from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
+from sia_grpc.convert import allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
@@ -606,7 +607,7 @@ class ControllerState:
         rec.run_since = rec.started_at = at
         status = rec.job.status
         status.generation = rec.generation
-        status.allocation.CopyFrom(allocation_pb(alloc))
+        status.allocation.CopyFrom(allocation_to_pb(alloc))
         status.goodput = alloc.goodput
         if not status.HasField("start_time"):
             status.start_time.CopyFrom(_ts(at))
@@ -621,7 +622,7 @@ class ControllerState:
         """Same GPUs, new batch size: the workers change it between steps, no restart
         (a RUN of the same generation with the new allocation)."""
         rec.alloc = alloc
-        rec.job.status.allocation.CopyFrom(allocation_pb(alloc))
+        rec.job.status.allocation.CopyFrom(allocation_to_pb(alloc))
         rec.job.status.goodput = alloc.goodput
         out.extend(self._run_directives(rec))
         out.append(Persist((rec.job_id,)))
@@ -741,12 +742,8 @@ class ControllerState:
         not at all while no type has an idle GPU (a busy cluster, many arrivals)."""
         if not self._to_profile:
             return
-        # GPUs a pending RUN will take; those held already are in node.holder.
-        busy = {(g.node, g.index) for j in self._moving if (r := self.jobs.get(j))
-                and r.target is not None for g in r.target.gpus}
-        reserved = collections.Counter(node for node, _ in busy)
-        idle = {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
-                and len(n.holder) + reserved[n.name] < n.num_gpus}
+        busy = self._reserved_gpus()
+        idle = self._idle_types(busy)
         if not idle:
             return
         present = self._present_types()
@@ -776,12 +773,17 @@ class ControllerState:
             if not idle:
                 return
 
-    def _idle_types(self) -> set[str]:
+    def _reserved_gpus(self) -> set[tuple[str, int]]:
+        """GPUs a pending RUN will take (those held already are in node.holder)."""
+        return {(g.node, g.index) for j in self._moving if (r := self.jobs.get(j))
+                and r.target is not None for g in r.target.gpus}
+
+    def _idle_types(self, reserved: set[tuple[str, int]] | None = None) -> set[str]:
         """GPU types with a GPU nobody holds or is about to take."""
-        reserved = collections.Counter(g.node for j in self._moving if (r := self.jobs.get(j))
-                                       and r.target is not None for g in r.target.gpus)
+        per_node = collections.Counter(
+            node for node, _ in (self._reserved_gpus() if reserved is None else reserved))
         return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
-                and len(n.holder) + reserved[n.name] < n.num_gpus}
+                and len(n.holder) + per_node[n.name] < n.num_gpus}
 
     def _set_moving(self, rec: _JobRec, moving: bool) -> None:
         rec.moving = moving
@@ -864,15 +866,9 @@ class ControllerState:
 # ---------------------------------------------------------------- conversions
 
 
-def allocation_pb(a: JobAllocation) -> pb.Allocation:
-    return pb.Allocation(
-        gpu_type=a.config.gpu_type, num_gpus=a.config.num_gpus, num_nodes=a.config.num_nodes,
-        gpus=[pb.GpuRef(node=g.node, index=g.index) for g in a.gpus],
-        batch_size=a.batch_size, num_replicas=a.num_replicas,
-        atomic_batch_size=a.atomic_bsz, accum_steps=a.accum_steps)
-
-
-def allocation_from(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
+def _stored_allocation(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
+    """An allocation as this controller stored it (trusted: it was placed here, so
+    unlike `convert.allocation_from_pb` it needs no cluster to check against)."""
     return JobAllocation(
         config=Config(a.gpu_type, num_nodes=a.num_nodes, num_gpus=a.num_gpus),
         gpus=tuple(GpuId(g.node, g.index) for g in a.gpus), num_replicas=a.num_replicas,
@@ -945,6 +941,6 @@ def _load_extra(rec: _JobRec, d: Mapping) -> None:
     rec.attained = dict(d.get("attained", {}))
     st = rec.job.status
     if st.HasField("allocation") and rec.held:
-        rec.alloc = allocation_from(st.allocation, st.goodput)
+        rec.alloc = _stored_allocation(st.allocation, st.goodput)
     if st.state == pb.JOB_STATE_PROFILING:  # the pass was cut short: profile again
         rec.profiling.clear()
