@@ -21,10 +21,12 @@ from sia_grpc._proto.sia.v1 import (
     job_service_pb2_grpc,
     policy_service_pb2,
     policy_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
 )
 
 _MESSAGE_MODULES = (goodput_pb2, job_pb2, job_service_pb2, cluster_service_pb2,
-                    agent_service_pb2, policy_service_pb2)
+                    agent_service_pb2, policy_service_pb2, worker_service_pb2)
 
 # Every message and enum value of the package, flat: pb.JobSpec, pb.JOB_STATE_QUEUED.
 pb = SimpleNamespace(**{name: getattr(m, name) for m in _MESSAGE_MODULES
@@ -43,6 +45,9 @@ add_AgentServiceServicer_to_server = agent_service_pb2_grpc.add_AgentServiceServ
 PolicyServiceStub = policy_service_pb2_grpc.PolicyServiceStub
 PolicyServiceServicer = policy_service_pb2_grpc.PolicyServiceServicer
 add_PolicyServiceServicer_to_server = policy_service_pb2_grpc.add_PolicyServiceServicer_to_server
+WorkerServiceStub = worker_service_pb2_grpc.WorkerServiceStub
+WorkerServiceServicer = worker_service_pb2_grpc.WorkerServiceServicer
+add_WorkerServiceServicer_to_server = worker_service_pb2_grpc.add_WorkerServiceServicer_to_server
 
 # Full service names, for health checking and reflection.
 SERVICE_NAMES = tuple(
