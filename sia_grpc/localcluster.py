@@ -80,12 +80,15 @@ class LocalCluster:
         self.agents[name] = agent
         return agent
 
-    def spawn_agent(self, name: str, gpu_type: str, gpus: int) -> subprocess.Popen:
-        """The same agent as its own process (`python -m sia_grpc.nodeagent`)."""
+    def spawn_agent(self, name: str, gpu_type: str, gpus: int,
+                    count: int = 1) -> subprocess.Popen:
+        """The same agent as its own process (`python -m sia_grpc.nodeagent`); with
+        `count` > 1, that many agents in one process, named NAME-0 .. NAME-(count-1)."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "sia_grpc.nodeagent", "--controller", self.target,
              "--node-id", name, "--gpus", f"{gpu_type}:{gpus}", "--time-scale", str(self.rate),
-             "--telemetry-interval", str(self.report_every), "--log-format", "json"],
+             "--telemetry-interval", str(self.report_every), "--log-format", "json",
+             "--count", str(count)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.processes[name] = proc
         return proc

@@ -5,6 +5,10 @@ applies its placement directives to workers, and streams telemetry up.
     async with NodeAgent(config) as agent:   # modeled workers by default
         await agent.run()
 
+Real workers (`TorchBackend`, `--backend torch`) run each job's command as one
+process per GPU; `--emulate TYPE:COUNT` runs them on the CPU instead (emulation,
+not a GPU node). See docs/agent.md.
+
 Command line: `python -m sia_grpc.nodeagent --controller HOST:PORT --gpus rtx:8`.
 """
 
@@ -18,9 +22,10 @@ from sia_grpc.nodeagent.agent import (
 from sia_grpc.nodeagent.backend import ExitCallback, Launch, WorkerBackend
 from sia_grpc.nodeagent.clock import Clock, ManualClock, MonotonicClock
 from sia_grpc.nodeagent.modeled import PROFILE_STEPS, ModeledBackend, Trajectory
+from sia_grpc.nodeagent.torchbackend import TorchBackend
 
 __all__ = [
     "ACK_MEMORY", "AgentConfig", "AgentStatus", "Clock", "ExitCallback", "Launch",
     "ManualClock", "ModeledBackend", "MonotonicClock", "NodeAgent", "PROFILE_STEPS",
-    "Trajectory", "WorkerBackend", "full_jitter_backoff",
+    "TorchBackend", "Trajectory", "WorkerBackend", "full_jitter_backoff",
 ]

@@ -1,7 +1,12 @@
 """`python -m sia_grpc.nodeagent --controller HOST:PORT --node-id NAME --gpus rtx:8`
 
-Runs one node agent with modeled workers until SIGTERM or SIGINT, which close it
-gracefully (running jobs checkpointed and reported); a second signal kills.
+Runs one node agent until SIGTERM or SIGINT, which close it gracefully (running
+jobs checkpointed and reported); a second signal kills.
+
+`--backend modeled` (the default): workers modeled from the profile data, no GPUs.
+`--backend torch`: real worker processes running each job's command on the
+node's GPUs (NVML, or `--gpus`), or, with `--emulate TYPE:COUNT`, on the CPU as
+an EMULATION of that GPU type (see docs/agent.md).
 """
 
 from __future__ import annotations
@@ -9,33 +14,70 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import socket
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import structlog
 
 from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
+from sia_grpc.nodeagent.gpus import NodeGpus, parse_gpu_spec, resolve_inventory
 
 
 def _gpus(text: str) -> tuple[str, int]:
-    gpu_type, sep, count = text.rpartition(":")
-    if not sep or not gpu_type or not count.isdigit() or int(count) < 1:
-        raise argparse.ArgumentTypeError(f"expected TYPE:COUNT such as rtx:8, got {text!r}")
-    return gpu_type, int(count)
+    try:
+        return parse_gpu_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sia_grpc.nodeagent",
-                                description="sia node agent (modeled workers)")
+                                description="sia node agent: one node, one GPU type")
     p.add_argument("--controller", required=True, metavar="HOST:PORT")
     p.add_argument("--node-id", default=socket.gethostname(),
                    help="this node's name (default: the host name)")
-    p.add_argument("--gpus", required=True, type=_gpus, metavar="TYPE:COUNT",
-                   help="the node's GPU inventory, e.g. rtx:8")
+    p.add_argument("--backend", choices=("modeled", "torch"), default="modeled",
+                   help="modeled: workers modeled from the profiles, no GPUs (default); "
+                        "torch: real worker processes running each job's command")
+    p.add_argument("--gpus", type=_gpus, metavar="TYPE:COUNT",
+                   help="the node's GPU inventory, e.g. rtx:8 (required with the modeled "
+                        "back-end; with torch: found through NVML when it is installed, "
+                        "which this renames or limits)")
+    p.add_argument("--emulate", type=_gpus, metavar="TYPE:COUNT",
+                   help="torch back-end without GPUs: EMULATE COUNT GPUs of TYPE by running "
+                        "workers on the CPU, paced to TYPE's relative speed")
+    p.add_argument("--workdir", type=Path, metavar="DIR",
+                   help="torch: worker socket, logs and default checkpoints "
+                        "(default: <tmp>/sia-nodeagent-<node-id>)")
+    p.add_argument("--checkpoint-root", type=Path, metavar="DIR",
+                   help="torch: per-job checkpoint directories when a directive names none "
+                        "(default: <workdir>/checkpoints)")
+    p.add_argument("--stop-grace", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="torch: SIGTERM to SIGKILL when stopping workers (default 30)")
+    p.add_argument("--profile-timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="torch: longest profiling pass (default 600)")
     p.add_argument("--time-scale", type=float, default=1.0,
-                   help="modeled seconds per real second (default 1; 60 runs a minute a second)")
+                   help="modeled: modeled seconds per real second (default 1; 60 runs a "
+                        "minute a second)")
     p.add_argument("--telemetry-interval", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--count", type=int, default=1, metavar="N",
+                   help="modeled: run N agents in this process, named NODE-ID-0 .. "
+                        "NODE-ID-(N-1) (load tests: many nodes, few processes)")
     p.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
                    help="auto: console on a terminal, JSON otherwise")
     return p
@@ -54,33 +96,94 @@ def _configure_logging(fmt: str) -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
-async def _serve(config: AgentConfig) -> None:
+class _StartupError(Exception):
+    pass
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.backend == "modeled":
+        torch_only = [f for f, v in (("--emulate", args.emulate), ("--workdir", args.workdir),
+                                     ("--checkpoint-root", args.checkpoint_root)) if v]
+        if torch_only:
+            p.error(f"{', '.join(torch_only)}: only with --backend torch")
+        if args.gpus is None:
+            p.error("--gpus TYPE:COUNT is required with --backend modeled")
+    elif args.count != 1:
+        p.error("--count: only with --backend modeled (one torch agent per node)")
+    if args.count < 1:
+        p.error("--count: must be at least 1")
+    elif args.emulate is not None and args.gpus is not None:
+        p.error("give either --gpus (real GPUs) or --emulate (CPU emulation), not both")
+    if args.profile_timeout <= 0:
+        p.error("--profile-timeout: must be positive")
+
+
+def _torch_backend(args: argparse.Namespace, inventory: NodeGpus) -> Any:
+    from sia_grpc.nodeagent.torchbackend import TorchBackend, safe_name
+
+    workdir = args.workdir or (
+        Path(tempfile.gettempdir()) / f"sia-nodeagent-{safe_name(args.node_id)}")
+    return TorchBackend(inventory.gpu_type, inventory.count, workdir=workdir,
+                        checkpoint_root=args.checkpoint_root, emulate=inventory.emulated,
+                        stop_grace_s=args.stop_grace, profile_timeout_s=args.profile_timeout,
+                        node_id=args.node_id)
+
+
+async def _serve(configs: list[AgentConfig], backend: Any = None,
+                 inventory: NodeGpus | None = None) -> None:
     loop = asyncio.get_running_loop()
-    agent = NodeAgent(config)
-    closing: list[asyncio.Task[None]] = []
+    log = structlog.get_logger().bind(node_id=configs[0].node_id)
+    if inventory is not None and inventory.emulated:
+        log.warning("EMULATION: this agent has no GPUs; it runs workers on the CPU and "
+                    f"registers them as {inventory.count} {inventory.gpu_type!r} GPUs",
+                    gpu_type=inventory.gpu_type, count=inventory.count)
+    elif inventory is not None:
+        log.info("GPUs", gpu_type=inventory.gpu_type, count=inventory.count,
+                 source=inventory.source, names=list(inventory.names))
+    if backend is not None:
+        try:
+            await backend.open()  # fail fast: the workdir and its lock, the socket
+        except (RuntimeError, OSError) as exc:
+            raise _StartupError(str(exc)) from None
+    agents = [NodeAgent(c, backend) for c in configs]
+    closing: list[asyncio.Task[Any]] = []
+
+    async def close_all() -> None:
+        await asyncio.gather(*(a.close() for a in agents))
 
     def on_signal(sig: signal.Signals) -> None:
         structlog.get_logger().info("signal: closing", signal=sig.name)
         for s in (signal.SIGTERM, signal.SIGINT):  # a second one takes the default action
             loop.remove_signal_handler(s)
-        closing.append(asyncio.create_task(agent.close()))
+        closing.append(asyncio.create_task(close_all()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):  # not on Windows
             loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await agent.run()
+        await asyncio.gather(*(a.run() for a in agents))
     finally:
-        await agent.close()
+        await close_all()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    gpu_type, num_gpus = args.gpus
+    p = _parser()
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    inventory = None
     try:
-        config = AgentConfig(node_id=args.node_id, controller=args.controller,
-                             gpu_type=gpu_type, num_gpus=num_gpus, time_scale=args.time_scale,
-                             telemetry_interval_s=args.telemetry_interval)
+        if args.backend == "torch":
+            inventory = resolve_inventory(declared=args.gpus, emulate=args.emulate)
+            gpu_type, num_gpus = inventory.gpu_type, inventory.count
+        else:
+            gpu_type, num_gpus = args.gpus
+        names = ([args.node_id] if args.count == 1
+                 else [f"{args.node_id}-{i}" for i in range(args.count)])
+        configs = [AgentConfig(node_id=name, controller=args.controller, gpu_type=gpu_type,
+                               num_gpus=num_gpus, time_scale=args.time_scale,
+                               telemetry_interval_s=args.telemetry_interval)
+                   for name in names]
+        backend = None if inventory is None else _torch_backend(args, inventory)
     except ValueError as exc:
         print(f"sia nodeagent: {exc}", file=sys.stderr)
         return 2
@@ -92,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve(config))
+        try:
+            runner.run(_serve(configs, backend, inventory))
+        except _StartupError as exc:  # e.g. the workdir is another agent's
+            print(f"sia nodeagent: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
