@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--creates", type=int, default=5000)
     cp.add_argument("--clients", type=int, default=32)
     cp.add_argument("--json", action="store_true")
+    cp.add_argument("--agents-in-process", action="store_true",
+                    help="run the agents as tasks in the controller's process "
+                         "(default: one agent process per GPU type)")
 
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is not None:
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--{name.replace('_', '-')}: must be >= 1")
         return bench_cp(agents=args.agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
                         rounds=args.rounds, creates=args.creates, clients=args.clients,
+                        agents_in_process=args.agents_in_process,
                         as_json=args.json)
     if args.command == "bench" and args.bench == "sim":
         from sia_grpc.sim.runner import bench as bench_sim

@@ -18,6 +18,7 @@ the controller: on a 2-core machine the "rest" includes the agents' own work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import tempfile
@@ -44,7 +45,11 @@ def _spec(k: int) -> pb.JobSpec:
     return pb.JobSpec(name=f"{app}-{k}", application=app, adaptivity=pb.ADAPTIVITY_ADAPTIVE)
 
 
-async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int) -> dict:
+async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int,
+                        in_process: bool = False) -> dict:
+    """Rounds timed from tick to last ack. The agents run in one process per GPU
+    type (so the controller's process is the controller alone), or with
+    `in_process` as tasks in this one, sharing the controller's core."""
     per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
                 for i, t in enumerate(_TYPES)}
     rate = 50.0  # profiling passes take ~0.5 s of wall time; jobs last hours
@@ -52,8 +57,15 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                               round_duration=1e9, early_round_delay=1e9,
                               heartbeat_interval=100.0, heartbeat_timeout=3000.0,
                               store_synchronous="NORMAL")
-    async with LocalCluster(per_type, rate=rate, config=config, telemetry_interval=2.0) as lc, \
-            AsyncSiaClient(lc.target, timeout=120) as client:
+    lc = LocalCluster(per_type, rate=rate, config=config, telemetry_interval=2.0)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(lc.close)
+        await lc.start(agents=in_process)
+        if not in_process:
+            for gpu_type, (count, per) in per_type.items():
+                if count:
+                    lc.spawn_agent(gpu_type, gpu_type, per, count=count)
+        client = await stack.enter_async_context(AsyncSiaClient(lc.target, timeout=120))
         await lc.wait_registered(agents, timeout=120)
         limit = asyncio.Semaphore(64)  # like many users, not one burst of thousands
 
@@ -68,7 +80,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         totals, solves = [], []
         for _ in range(rounds + 1):  # the first round places everyone: reported apart
             before = len(c.rounds)
-            c.post(sm.Tick(c.clock.time(), "bench"))
+            c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
             async with asyncio.timeout(600):
                 while len(c.rounds) == before:
                     await asyncio.sleep(0.005)
@@ -80,6 +92,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         t, s = np.array(totals[1:]), np.array(solves[1:])
         rest = t - s
         return {"agents": agents, "gpus": gpus, "jobs": jobs, "rounds": rounds,
+                "agents_in_process": in_process,
                 "first_round_ms": totals[0],
                 "round_p50_ms": float(np.median(t)), "round_p95_ms": float(np.percentile(t, 95)),
                 "solve_p50_ms": float(np.median(s)), "solve_p95_ms": float(np.percentile(s, 95)),
@@ -128,18 +141,19 @@ async def create_throughput(creates: int, clients: int) -> dict:
 
 
 def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: int,
-        clients: int, as_json: bool) -> int:
+        clients: int, as_json: bool, agents_in_process: bool = False) -> int:
     from sia_grpc.observability import configure_logging
 
     configure_logging(level="warning")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        rl = runner.run(round_latency(agents, gpus_per_agent, jobs, rounds))
+        rl = runner.run(round_latency(agents, gpus_per_agent, jobs, rounds, agents_in_process))
         ct = runner.run(create_throughput(creates, clients))
     out = {**rl, **ct}
     if as_json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"rounds: {rl['agents']} agents, {rl['gpus']} GPUs, {rl['jobs']} jobs, "
+    where = "in the controller's process" if agents_in_process else "in their own processes"
+    print(f"rounds: {rl['agents']} agents ({where}), {rl['gpus']} GPUs, {rl['jobs']} jobs, "
           f"{rl['rounds']} rounds (first round {rl['first_round_ms']:.0f} ms)")
     print(f"  tick → last ack  p50 {rl['round_p50_ms']:8.1f} ms   p95 {rl['round_p95_ms']:8.1f} ms")
     print(f"  solve            p50 {rl['solve_p50_ms']:8.1f} ms   p95 {rl['solve_p95_ms']:8.1f} ms")

@@ -62,6 +62,8 @@ class ReplayResult:
     wall_seconds: float
     rounds: int
     round_ms: list[float] = field(default_factory=list)
+    # trigger ("timer", "arrival", ...) -> [rounds, jobs moved]
+    triggers: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def avg_jct_h(self) -> float:
@@ -93,6 +95,11 @@ async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
         finals = await asyncio.gather(*(h.wait() for h in handles.values()))
         waiter.cancel()
         rounds = list(lc.controller.rounds)
+    triggers: dict[str, list[int]] = {}
+    for r in rounds:
+        count = triggers.setdefault(r.trigger or "timer", [0, 0])
+        count[0] += 1
+        count[1] += r.jobs_moved
     jct, wait, states, restarts = {}, {}, {}, {}
     for name, job in zip(handles, finals, strict=True):
         states[name] = pb.JobState.Name(job.status.state)
@@ -104,7 +111,7 @@ async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
             jct[name] = (job.status.finish_time.ToNanoseconds() - created) / 1e9
     return ReplayResult(jct=jct, wait=wait, states=states, restarts=restarts,
                         wall_seconds=time.monotonic() - wall0, rounds=rounds[-1].round
-                        if rounds else 0, round_ms=[r.total_ms for r in rounds])
+                        if rounds else 0, round_ms=[r.total_ms for r in rounds], triggers=triggers)
 
 
 async def _report(lc: LocalCluster, total: int,
@@ -151,6 +158,7 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
               "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
                        "avg_wait_s": float(np.mean(list(live.wait.values()))),
                        "rounds": live.rounds, "states": live.states,
+                       "rounds_by_trigger": live.triggers,
                        "restarts_per_job": float(np.mean(list(live.restarts.values()))),
                        "round_ms_p50": float(np.median(live.round_ms)) if live.round_ms else None,
                        "round_ms_p95": float(np.percentile(live.round_ms, 95))
@@ -175,6 +183,8 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
         print(f"live vs simulated: {report['difference'] * 100:+.1f}%")
     print(f"{len(jobs) - len(failed)}/{len(jobs)} jobs succeeded; {live.rounds} rounds in "
           f"{live.wall_seconds:.0f} s of wall time")
+    print("rounds (jobs moved) by trigger: " + ", ".join(
+        f"{t} {n} ({m})" for t, (n, m) in sorted(live.triggers.items())))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)

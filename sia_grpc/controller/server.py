@@ -335,7 +335,7 @@ class Controller:
 
         async def later() -> None:
             await self.clock.sleep(self.config.early_round_delay)
-            self.post(sm.Tick(self.clock.time(), trigger))
+            self.post(sm.Tick(self.clock.time(), trigger, early=True))
         self._early = asyncio.create_task(later(), name="sia-early-round")
 
     async def _solve(self, action: sm.Solve) -> None:

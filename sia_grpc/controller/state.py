@@ -91,7 +91,9 @@ class Liveness(Event):
 
 @dataclass(frozen=True)
 class Tick(Event):
-    trigger: str = "timer"  # or "arrival"
+    trigger: str = "timer"  # or "arrival", "requeue", ...
+    # An early round (WantRound): it only places waiting jobs on idle GPUs.
+    early: bool = False
 
 
 @dataclass(frozen=True)
@@ -485,8 +487,10 @@ class ControllerState:
         cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready)
         names = {n.name for n in ready}
         policy_jobs, previous = [], {}
+        # An early round only fills idle GPUs: every job that has GPUs keeps them
+        # (reshuffling is the timer round's job, at most once per round length).
         for rec in jobs:
-            pj = self._policy_job(rec, cluster, ev.at)
+            pj = self._policy_job(rec, cluster, ev.at, pinned=ev.early)
             if pj is None:
                 continue
             policy_jobs.append(pj)
@@ -551,7 +555,8 @@ class ControllerState:
     def _schedulable(self, rec: _JobRec) -> bool:
         return rec.state not in TERMINAL and bool(rec.usable) and rec.state != pb.JOB_STATE_FAILED
 
-    def _policy_job(self, rec: _JobRec, cluster: Cluster, at: float) -> PolicyJob | None:
+    def _policy_job(self, rec: _JobRec, cluster: Cluster, at: float, *,
+                    pinned: bool = False) -> PolicyJob | None:
         res = rec.res
         types = rec.usable & set(cluster.gpu_types)
         if res.allowed_types is not None:
@@ -573,7 +578,7 @@ class ControllerState:
             # Still paying its restore (as far as the controller knows): Sia keeps it in
             # place rather than make it start the restore over (the artifact's rule).
             restoring=rec.alloc is not None and not rec.moving
-            and at - rec.started_at < res.restart_cost)
+            and at - rec.started_at < res.restart_cost, pinned=pinned)
 
     # ------------------------------------------------------------ moving GPUs
 

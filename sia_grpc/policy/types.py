@@ -46,7 +46,9 @@ class PolicyJob:
     time-sharing policies (Gavel); the caller keeps it, so policies stay stateless.
     `restoring` is set while the job is still paying its checkpoint-restore delay
     after its GPUs last changed; Sia then keeps its allocation as it is (see
-    `SiaConfig.hold_restoring`).
+    `SiaConfig.hold_restoring`). `pinned` keeps its allocation whatever the
+    policy's settings: the controller's early rounds (a job arrived and GPUs are
+    idle) place waiting jobs on idle GPUs without moving running ones.
     """
 
     job_id: str
@@ -64,6 +66,7 @@ class PolicyJob:
     submit_time: float = 0.0  # for FIFO ordering
     attained: Mapping[str, float] = field(default_factory=dict)
     restoring: bool = False
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -78,7 +78,7 @@ class Harness:
     def tick(self, seconds: float = 60.0, trigger: str = "timer") -> None:
         self.now += seconds
         self.heartbeat()
-        self.feed(Tick(self.now, trigger))
+        self.feed(Tick(self.now, trigger, early=trigger != "timer"))
 
     def heartbeat(self) -> None:
         for a in self.agents.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from harness import Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -170,6 +171,27 @@ def test_job_becoming_schedulable_asks_for_an_early_round():
     (reply,) = h._answer(h.agents["rtx-0"], send.message)
     actions = h.state.handle(AgentMessage(h.now, "rtx-0", reply))
     assert any(isinstance(a, WantRound) for a in actions)
+
+
+@pytest.mark.parametrize("trigger", ["timer", "arrival"])
+def test_an_early_round_places_waiting_jobs_without_moving_running_ones(trigger):
+    h = Harness(NODES)
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    first = h.state.jobs["j1"].alloc
+    h.submit("j2")
+    h.deliver()  # profiled: j2 is ready to place
+    h.tick(60.0, trigger)
+    h.deliver()
+    assert h.state_of("j2") == pb.JOB_STATE_RUNNING
+    grew = h.state.jobs["j1"].alloc.config.num_gpus > first.config.num_gpus
+    # A timer round grows j1 (it gains from more GPUs); an early round leaves it be.
+    assert grew == (trigger == "timer")
+    if trigger != "timer":
+        # (its batch may still change in place: that is no move)
+        assert h.state.jobs["j1"].alloc.gpus == first.gpus and h.state.jobs["j1"].generation == 1
 
 
 def test_state_survives_a_restart_through_its_persisted_form():

@@ -250,6 +250,18 @@ def test_a_restoring_job_keeps_its_allocation():
     assert new.allocations["c"].config.gpu_type == "fast"
 
 
+def test_a_pinned_job_keeps_its_allocation_whatever_the_settings():
+    """The controller's early rounds pin running jobs: only idle GPUs are handed out."""
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
+    prev = {"a": JobAllocation(Config("slow", 1, 1), gpus=(), goodput=1.0)}
+    a = job("a", {"fast": 4, "slow": 1}, age=100 * 3600.0)
+    off = SiaPolicy(SiaConfig(hold_restoring=False))
+    assert off.optimize(cl, [a], prev).allocations["a"].config.gpu_type == "fast"
+    res = off.optimize(cl, [dataclasses.replace(a, pinned=True), job("b", {"fast": 1})], prev)
+    assert res.allocations["a"].config == Config("slow", 1, 1) and "a" not in res.restarted
+    assert res.allocations["b"].config.gpu_type == "fast"
+
+
 def test_gavel_and_fifo_run_jobs_rigidly():
     cl = paper_hetero_cluster()
     jobs = [job("a", {"aws": 1, "rtx": 2, "dgx-ext": 4}, num_gpus=4, batch_size=128,
