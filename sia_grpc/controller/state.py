@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import secrets
 import zlib
 from collections.abc import Mapping, Sequence
@@ -201,6 +202,11 @@ class _JobRec:
     run_since: float | None = None  # attained time is accounted up to here
     started_at: float = 0.0  # when its current generation was started
     last_persist: float = 0.0
+    restart_cost: float | None = None  # measured checkpoint + restore seconds, once known
+
+    def restart_s(self) -> float:
+        """S_i of Sia's restart factor: measured when known, else the spec's hint."""
+        return self.restart_cost if self.restart_cost is not None else self.res.restart_cost
 
     @property
     def job_id(self) -> str:
@@ -396,18 +402,29 @@ class ControllerState:
             return  # a fenced generation's late report
         new_shape = False
         for s in t.samples:
+            if not _valid_sample(s):
+                continue
             key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
-            if key not in rec.samples and s.step_time_s > 0:
-                rec.samples[key] = (s.step_time_s, min(s.sync_time_s, s.step_time_s))
+            old = rec.samples.get(key)
+            # A new shape, or one whose step time moved by more than 5% (a real
+            # worker warms up; modeled ones repeat themselves): fit it again.
+            if old is None or abs(s.step_time_s - old[0]) > 0.05 * old[0]:
+                sync = _sync(s)
+                rec.samples[key] = (s.step_time_s, sync)
                 rec.estimator.add_observation(s.gpu_type, s.num_nodes, s.num_replicas,
                                               s.atomic_batch_size, s.accum_steps,
-                                              s.step_time_s, rec.samples[key][1])
+                                              s.step_time_s, sync)
                 new_shape = True
         if t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         rec.job.status.progress = max(rec.job.status.progress, min(t.progress, 1.0))
         if t.HasField("checkpoint"):
-            rec.checkpoint = max(rec.checkpoint, t.checkpoint.progress)
+            c = t.checkpoint
+            rec.checkpoint = max(rec.checkpoint, c.progress)
+            if c.restore_s > 0 and math.isfinite(c.restore_s + c.save_s):
+                # The restart cost the policy weighs is measured, not guessed.
+                rec.restart_cost = min(max(c.save_s, 0.0) + c.restore_s, 86400.0)
+                new_shape = True
         if new_shape or at - rec.last_persist >= self.settings.persist_progress_every:
             rec.last_persist = at
             out.append(Persist((rec.job_id,)))
@@ -425,8 +442,8 @@ class ControllerState:
         if rec.grad is None and t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         for s in t.samples:
-            if s.step_time_s > 0 and s.num_replicas == 1 and s.num_nodes == 1:
-                sync = min(s.sync_time_s, s.step_time_s)
+            if _valid_sample(s) and s.num_replicas == 1 and s.num_nodes == 1:
+                sync = _sync(s)
                 rec.samples[(s.gpu_type, 1, 1, s.atomic_batch_size, 0)] = (s.step_time_s, sync)
                 rec.estimator.add_profile(s.gpu_type, s.atomic_batch_size, s.step_time_s, sync)
                 rec.usable.add(s.gpu_type)
@@ -574,11 +591,11 @@ class ControllerState:
             max_gpus=res.max_gpus, allowed_types=frozenset(types),
             pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
             age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
-            restart_cost=res.restart_cost, submit_time=created, attained=dict(rec.attained),
+            restart_cost=rec.restart_s(), submit_time=created, attained=dict(rec.attained),
             # Still paying its restore (as far as the controller knows): Sia keeps it in
             # place rather than make it start the restore over (the artifact's rule).
             restoring=rec.alloc is not None and not rec.moving
-            and at - rec.started_at < res.restart_cost, pinned=pinned)
+            and at - rec.started_at < rec.restart_s(), pinned=pinned)
 
     # ------------------------------------------------------------ moving GPUs
 
@@ -919,6 +936,18 @@ def _merge_persists(actions: Sequence[Action]) -> list[Action]:
     return ([Persist(tuple(ids))] if ids else []) + rest + want
 
 
+def _valid_sample(s: pb.ThroughputSample) -> bool:
+    """What the throughput model can take; anything else is an agent's bug, dropped."""
+    return (math.isfinite(s.step_time_s) and 0 < s.step_time_s < 86400 and s.num_nodes >= 1
+            and s.num_replicas >= s.num_nodes and s.atomic_batch_size >= 1
+            and math.isfinite(s.sync_time_s))
+
+
+def _sync(s: pb.ThroughputSample) -> float:
+    """The sync part of a step, strictly less than the step (the model needs compute)."""
+    return min(max(s.sync_time_s, 0.0), 0.999 * s.step_time_s)
+
+
 def _dump_extra(rec: _JobRec) -> dict:
     return {
         "samples": [[*k, *v] for k, v in rec.samples.items()],
@@ -926,7 +955,7 @@ def _dump_extra(rec: _JobRec) -> dict:
         "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
         "held": {n: list(g) for n, g in rec.held.items()},
         "generation": rec.generation, "checkpoint": rec.checkpoint,
-        "attained": rec.attained,
+        "attained": rec.attained, "restart_cost": rec.restart_cost,
     }
 
 
@@ -944,6 +973,8 @@ def _load_extra(rec: _JobRec, d: Mapping) -> None:
     rec.generation = int(d.get("generation", 0))
     rec.checkpoint = float(d.get("checkpoint", 0.0))
     rec.attained = dict(d.get("attained", {}))
+    if d.get("restart_cost") is not None:
+        rec.restart_cost = float(d["restart_cost"])
     st = rec.job.status
     if st.HasField("allocation") and rec.held:
         rec.alloc = _stored_allocation(st.allocation, st.goodput)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from harness import Harness
 from hypothesis import HealthCheck, given, settings
@@ -260,3 +262,33 @@ def test_round_is_acknowledged_only_after_every_directive_it_caused():
         for reply in h._answer(h.agents[send.node_id], send.message):
             acked += h.state.handle(AgentMessage(h.now, send.node_id, reply))
     assert [a.round_no for a in acked if isinstance(a, RoundAcked)] == [solve.round_no]
+
+
+def test_measured_restart_cost_replaces_the_hint_and_bad_samples_are_dropped():
+    h = Harness(NODES)
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    node = next(g.node for g in rec.alloc.gpus)
+    hint = rec.res.restart_cost
+    fitted = rec.estimator.version
+    t = pb.Telemetry(job_id="j1", generation=rec.generation, progress=0.1,
+                     checkpoint=pb.CheckpointEvent(generation=rec.generation, progress=0.1,
+                                                   save_s=2.0, restore_s=hint + 40.0))
+    t.samples.add(gpu_type="rtx", num_nodes=1, num_replicas=1, atomic_batch_size=64,
+                  step_time_s=0.5, sync_time_s=0.5)  # sync == step: clamped, not a crash
+    t.samples.add(gpu_type="rtx", num_nodes=2, num_replicas=1, atomic_batch_size=64,
+                  step_time_s=0.5)  # fewer replicas than nodes: dropped
+    t.samples.add(gpu_type="rtx", num_nodes=1, num_replicas=1, atomic_batch_size=0,
+                  step_time_s=0.5)  # no batch: dropped
+    h.feed(AgentMessage(h.now, node, pb.AgentMessage(telemetry=t)))
+    assert rec.restart_s() == pytest.approx(hint + 42.0)
+    assert rec.estimator.version == fitted + 1
+    (solve,) = [a for a in h.state.handle(Tick(h.now)) if isinstance(a, Solve)]
+    (pj,) = [j for j in solve.jobs if j.job_id == "j1"]
+    assert pj.restart_cost == pytest.approx(hint + 42.0)
+    # It survives a controller restart with the rest of the job's state.
+    extra = json.loads(h.state.extra("j1"))
+    assert extra["restart_cost"] == pytest.approx(hint + 42.0)
