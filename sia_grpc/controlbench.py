@@ -131,13 +131,18 @@ async def create_throughput(creates: int, clients: int) -> dict:
         db = str(Path(tmp) / "bench.db")
         config = ControllerConfig(listen="127.0.0.1:0", db_path=db, inline_solver=True)
         async with LocalCluster({}, config=config) as lc:
+            loop = asyncio.get_running_loop()
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                accepted, wall = await asyncio.get_running_loop().run_in_executor(
+                # Warm-up, untimed: the client process's imports and both sides'
+                # first calls (the jobs count towards the durability check).
+                warm, _ = await loop.run_in_executor(pool, _submit_load, lc.target,
+                                                     min(200, creates), clients)
+                accepted, wall = await loop.run_in_executor(
                     pool, _submit_load, lc.target, creates, clients)
         with Store(db) as store:  # what survived, read back after the controller stopped
             durable = len(store.all_jobs())
-    return {"creates": creates, "clients": clients, "accepted": accepted, "durable": durable,
-            "create_per_s": accepted / wall, "wall_s": wall}
+    return {"creates": creates, "clients": clients, "accepted": warm + accepted,
+            "durable": durable, "create_per_s": accepted / wall, "wall_s": wall}
 
 
 def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: int,
@@ -158,8 +163,9 @@ def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: in
     print(f"  tick → last ack  p50 {rl['round_p50_ms']:8.1f} ms   p95 {rl['round_p95_ms']:8.1f} ms")
     print(f"  solve            p50 {rl['solve_p50_ms']:8.1f} ms   p95 {rl['solve_p95_ms']:8.1f} ms")
     print(f"  rest (dispatch)  p50 {rl['rest_p50_ms']:8.1f} ms   p95 {rl['rest_p95_ms']:8.1f} ms")
-    print(f"CreateJob: {ct['clients']} clients, {ct['accepted']} accepted in {ct['wall_s']:.1f} s"
-          f" = {ct['create_per_s']:,.0f}/s; durable after shutdown: {ct['durable']}")
+    print(f"CreateJob: {ct['clients']} clients, {ct['creates']} timed in {ct['wall_s']:.1f} s"
+          f" = {ct['create_per_s']:,.0f}/s (after an untimed warm-up); durable after "
+          f"shutdown: {ct['durable']} of {ct['accepted']} accepted")
     return 0 if ct["durable"] == ct["accepted"] else 1
 
 

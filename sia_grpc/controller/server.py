@@ -125,7 +125,7 @@ class Controller:
         self.status = Status.CREATED
         self.state = sm.ControllerState(sm.ControllerSettings(
             heartbeat_timeout=config.heartbeat_timeout,
-            checkpoint_root=config.checkpoint_root))
+            checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration))
         self.port = 0
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
         self._events: asyncio.Queue = asyncio.Queue()

@@ -33,7 +33,7 @@ from sia_grpc.convert import allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
-from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
+from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 TERMINAL = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
 # Until a job reports gradient statistics: no statistical gain from a larger
@@ -165,6 +165,9 @@ class ControllerSettings:
     persist_progress_every: float = 10.0  # seconds between progress-only writes
     checkpoint_root: str = "/var/lib/sia/checkpoints"
     master_port_base: int = 29500
+    # A job that has waited this long for a GPU to profile on gets one from the next
+    # timer round (a profiling slot); until then, passes use GPUs that free up.
+    profile_wait: float = 60.0
 
 
 # ---------------------------------------------------------------- records
@@ -516,6 +519,8 @@ class ControllerState:
                 previous[rec.job_id] = cur
         if not policy_jobs:
             return
+        if not ev.early:
+            policy_jobs.extend(self._profile_slots(cluster, ev.at))
         self.round_no += 1
         self.solving = self.round_no
         self._round_started, self._round_trigger = ev.at, ev.trigger
@@ -585,7 +590,7 @@ class ControllerState:
             init_batch_size=res.init_batch_size, max_batch_size=res.max_batch_size,
             local_bsz_limits={t: res.local_bsz_limits[t] for t in types
                               if t in res.local_bsz_limits})
-        created = rec.job.status.create_time.ToNanoseconds() / 1e9
+        created = _seconds(rec.job.status.create_time)
         return PolicyJob(
             job_id=rec.job_id, model=model, adaptivity=res.adaptivity, min_gpus=res.min_gpus,
             max_gpus=res.max_gpus, allowed_types=frozenset(types),
@@ -795,6 +800,23 @@ class ControllerState:
             if not idle:
                 return
 
+    def _profile_slots(self, cluster: Cluster, at: float) -> list[PolicyJob]:
+        """One GPU per type that jobs have waited `profile_wait` to profile on and
+        none is idle: a 1-GPU
+        rigid job in the round, so the ILP decides whom to shrink for it. The GPU it
+        gets is left to no one; released, it goes to the next waiting pass at once.
+        Without this, a new job in a full cluster waits for some job to end."""
+        if not self._to_profile:
+            return []
+        idle = self._idle_types()
+        wanted = set()
+        for job_id in self._to_profile:
+            rec = self.jobs.get(job_id)
+            if rec is not None and rec.state == pb.JOB_STATE_PROFILING and \
+                    at - _seconds(rec.job.status.create_time) >= self.settings.profile_wait:
+                wanted |= self._profile_types(rec) - set(rec.profiling)
+        return [_profile_slot(t) for t in sorted(wanted - idle) if t in cluster.gpu_types]
+
     def _reserved_gpus(self) -> set[tuple[str, int]]:
         """GPUs a pending RUN will take (those held already are in node.holder)."""
         return {(g.node, g.index) for j in self._moving if (r := self.jobs.get(j))
@@ -916,6 +938,10 @@ def _same_gpus(a: JobAllocation | None, b: JobAllocation | None) -> bool:
     return a.config == b.config and tuple(sorted(a.gpus)) == tuple(sorted(b.gpus))
 
 
+def _seconds(ts: timestamp_pb2.Timestamp) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
 def _ts(at: float) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromNanoseconds(int(at * 1e9))
@@ -934,6 +960,20 @@ def _merge_persists(actions: Sequence[Action]) -> list[Action]:
     want = [a for a in rest if isinstance(a, WantRound)][:1]
     rest = [a for a in rest if not isinstance(a, WantRound)]
     return ([Persist(tuple(ids))] if ids else []) + rest + want
+
+
+PROFILE_SLOT = "~profile:"  # no job id can start with "~"
+
+
+def _profile_slot(gpu_type: str) -> PolicyJob:
+    """A stand-in for a profiling pass: worth one GPU of `gpu_type`, nothing else."""
+    est = ThroughputEstimator()
+    est.add_profile(gpu_type, 1, 1.0, 0.0)
+    model = JobGoodputModel(estimator=est, grad=NEUTRAL_GRAD, init_batch_size=1,
+                            max_batch_size=1, local_bsz_limits={gpu_type: (1, 1)})
+    return PolicyJob(job_id=PROFILE_SLOT + gpu_type, model=model, adaptivity=Adaptivity.RIGID,
+                     allowed_types=frozenset({gpu_type}), batch_size=1, num_gpus=1,
+                     required=True)
 
 
 def _valid_sample(s: pb.ThroughputSample) -> bool:

@@ -53,22 +53,27 @@ def hold_current(table: CandidateTable, values: np.ndarray, none_value: np.ndarr
     become NaN (not an option) and leaving it out costs more than the whole rest
     of the objective can gain, so every optimum keeps it. The previous round's
     allocation fits, so the held jobs together always fit. A held job with no
-    current configuration, or whose current one is not an option, is left free.
+    current configuration must get one of its rows, if any fits; one whose current
+    configuration is not an option is left free.
 
     Returns new (values, none_value) arrays."""
     job = table.job
-    cur_row = hold[job] & (current[job] >= 0) & (table.config == current[job]) \
-        & np.isfinite(values)
+    finite = np.isfinite(values)
+    cur_row = hold[job] & (current[job] >= 0) & (table.config == current[job]) & finite
+    new_row = hold[job] & (current[job] < 0) & finite
     held = np.zeros(table.num_jobs, dtype=bool)
     held[job[cur_row]] = True
-    if not np.any(held):
+    if not np.any(held) and not np.any(new_row):
         return values, none_value
-    finite = values[np.isfinite(values)]
-    scale = float(np.max(np.abs(finite))) + float(np.max(np.abs(none_value))) + 1.0
+    scale = float(np.max(np.abs(values[finite]))) + float(np.max(np.abs(none_value))) + 1.0
     big = (table.num_jobs + 1) * scale
     out = np.where(held[job] & ~cur_row, np.nan, values)
     none = none_value.astype(np.float64).copy()
     none[job[cur_row]] = values[cur_row] - big
+    worst = np.full(table.num_jobs, np.inf)
+    np.minimum.at(worst, job[new_row], values[new_row])
+    placed = np.isfinite(worst)
+    none[placed] = worst[placed] - big
     return out, none
 
 

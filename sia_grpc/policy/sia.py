@@ -105,8 +105,8 @@ class SiaPolicy(RoundFromConfig):
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
-        hold = np.array([(j.pinned or (cfg.hold_restoring and j.restoring))
-                         and j.job_id in previous for j in jobs], dtype=bool)
+        hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
+                                        and j.job_id in previous) for j in jobs], dtype=bool)
         return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
                          -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
                          rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold)

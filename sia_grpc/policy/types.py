@@ -67,6 +67,7 @@ class PolicyJob:
     attained: Mapping[str, float] = field(default_factory=dict)
     restoring: bool = False
     pinned: bool = False
+    required: bool = False  # must get GPUs if any configuration fits (a profiling slot)
 
     def __post_init__(self) -> None:
         if not self.job_id:

@@ -292,3 +292,25 @@ def test_measured_restart_cost_replaces_the_hint_and_bad_samples_are_dropped():
     # It survives a controller restart with the rest of the job's state.
     extra = json.loads(h.state.extra("j1"))
     assert extra["restart_cost"] == pytest.approx(hint + 42.0)
+
+
+def test_a_full_cluster_makes_room_for_a_new_jobs_profiling_pass():
+    """No idle GPU to profile on: the next timer round shrinks someone for a slot."""
+    h = Harness({"rtx-0": ("rtx", 4), "aws-0": ("aws", 4)})
+    for k in range(3):
+        h.submit(f"j{k}")
+        h.deliver()
+    for _ in range(8):
+        h.tick()
+        h.deliver()
+    assert all(len(n.holder) == n.num_gpus for n in h.state.nodes.values())
+    h.submit("new")
+    h.deliver()
+    assert h.state_of("new") == pb.JOB_STATE_PROFILING and not h.state.jobs["new"].profiled
+    h.tick()
+    h.deliver()
+    assert h.state.jobs["new"].profiled == {"rtx", "aws"}
+    assert h.state_of("new") in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING)
+    h.tick(5.0, "arrival")  # the early round its profile asked for
+    h.deliver()
+    assert h.state_of("new") == pb.JOB_STATE_RUNNING

@@ -262,6 +262,18 @@ def test_a_pinned_job_keeps_its_allocation_whatever_the_settings():
     assert res.allocations["b"].config.gpu_type == "fast"
 
 
+def test_a_required_job_gets_gpus_even_when_sharing_them_loses_value():
+    """Profiling slots: the controller's 1-GPU stand-ins must be placed."""
+    cl = Cluster.uniform({"x": (1, 2)})
+    prev = {"a": JobAllocation(Config("x", 1, 2), gpus=(), goodput=1.0)}
+    a = job("a", {"x": 1}, age=100 * 3600.0)
+    slot = job("slot", {"x": 1}, adaptivity=Adaptivity.RIGID, num_gpus=1, batch_size=128)
+    assert set(SiaPolicy().optimize(cl, [a, slot], prev).allocations) == {"a"}
+    res = SiaPolicy().optimize(cl, [a, dataclasses.replace(slot, required=True)], prev)
+    assert res.allocations["slot"].config == Config("x", 1, 1)
+    assert res.allocations["a"].config == Config("x", 1, 1)
+
+
 def test_gavel_and_fifo_run_jobs_rigidly():
     cl = paper_hetero_cluster()
     jobs = [job("a", {"aws": 1, "rtx": 2, "dgx-ext": 4}, num_gpus=4, batch_size=128,
