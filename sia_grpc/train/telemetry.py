@@ -1,0 +1,119 @@
+"""Telemetry to the node agent: a small synchronous WorkerService client, and the
+table of measured step times it reports.
+
+A report that fails (the agent restarting, a full queue) is logged and
+dropped: training never stops for it, and the samples it carried go into the
+next report. After a failure the next attempt waits twice as long (up to a
+minute), so an absent agent costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import astuple, dataclass
+
+from sia_grpc.api import WorkerServiceStub, pb
+
+__all__ = ["AgentClient", "SampleKey", "SampleTable"]
+
+LOG = logging.getLogger(__name__)
+
+
+class AgentClient:
+    """Report(WorkerReport) -> WorkerReply over `unix:<socket>`."""
+
+    def __init__(self, socket_path: str, timeout_s: float = 2.0) -> None:
+        import grpc
+
+        self.address = f"unix:{socket_path}"
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(self.address)
+        self._stub = WorkerServiceStub(self._channel)
+        self.timeout_s = timeout_s
+        self.failures = 0
+        self.sent = 0
+        self._retry_at = 0.0
+
+    def ready(self) -> bool:
+        """False while backing off after a failure."""
+        return time.monotonic() >= self._retry_at
+
+    def report(self, report: pb.WorkerReport, *, force: bool = False) -> pb.WorkerReply | None:
+        """The agent's reply, or None if the report did not get through."""
+        if not force and not self.ready():
+            return None
+        try:
+            reply = self._stub.Report(report, timeout=self.timeout_s)
+        except Exception as e:  # RpcError mostly; nothing here may stop training
+            self.failures += 1
+            delay = min(60.0, 0.5 * 2 ** min(self.failures, 7))
+            self._retry_at = time.monotonic() + delay
+            if self.failures <= 3 or self.failures % 20 == 0:
+                rpc = isinstance(e, self._grpc.RpcError)
+                LOG.warning("report to the agent at %s failed (%s: %s); training goes on",
+                            self.address, e.code() if rpc else type(e).__name__,
+                            e.details() if rpc else e)
+            return None
+        self.failures = 0
+        self._retry_at = 0.0
+        self.sent += 1
+        return reply
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+@dataclass(frozen=True, order=True)
+class SampleKey:
+    gpu_type: str
+    num_nodes: int
+    num_replicas: int
+    atomic_batch_size: int
+    accum_steps: int
+
+
+class SampleTable:
+    """Per-shape sums of (count, step time, sync time): `pending` since the last
+    successful report, `total` since the job began (checkpointed)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[SampleKey, list[float]] = {}
+        self.total: dict[SampleKey, list[float]] = {}
+
+    def add(self, key: SampleKey, step_s: float, sync_s: float) -> None:
+        sync_s = min(max(sync_s, 0.0), 0.999 * step_s)  # the model needs sync < step
+        for table in (self.pending, self.total):
+            acc = table.setdefault(key, [0, 0.0, 0.0])
+            acc[0] += 1
+            acc[1] += step_s
+            acc[2] += sync_s
+
+    @staticmethod
+    def _to_pb(table: dict[SampleKey, list[float]]) -> list[pb.ThroughputSample]:
+        return [pb.ThroughputSample(
+            gpu_type=k.gpu_type, num_nodes=k.num_nodes, num_replicas=k.num_replicas,
+            atomic_batch_size=k.atomic_batch_size, accum_steps=k.accum_steps,
+            step_time_s=s / n, sync_time_s=y / n, count=int(n))
+            for k, (n, s, y) in sorted(table.items()) if n > 0 and s > 0]
+
+    def take(self) -> tuple[list[pb.ThroughputSample], dict[SampleKey, list[float]]]:
+        """The pending samples as protos, and the raw sums to `put_back` on failure."""
+        raw, self.pending = self.pending, {}
+        return self._to_pb(raw), raw
+
+    def put_back(self, raw: dict[SampleKey, list[float]]) -> None:
+        for k, (n, s, y) in raw.items():
+            acc = self.pending.setdefault(k, [0, 0.0, 0.0])
+            acc[0] += n
+            acc[1] += s
+            acc[2] += y
+
+    def totals(self) -> list[pb.ThroughputSample]:
+        return self._to_pb(self.total)
+
+    def state_dict(self) -> dict:
+        return {"total": [(list(astuple(k)), v) for k, v in self.total.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = {SampleKey(*k): list(v) for k, v in state.get("total", [])}
