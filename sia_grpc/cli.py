@@ -20,12 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sia", description="sia-grpc command line")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="a live controller and modeled agents on loopback "
-                                       "running a small trace (--offline: policy rounds only)")
-    demo.add_argument("--offline", action="store_true",
+    demo = sub.add_parser("demo", help="real PyTorch jobs scheduled by a live controller and "
+                                       "two emulated-GPU agents (--modeled: modeled agents "
+                                       "running a trace; --offline: policy rounds only)")
+    mode = demo.add_mutually_exclusive_group()
+    mode.add_argument("--modeled", action="store_true",
+                      help="modeled agents of three GPU types running a small trace, "
+                           "faster than real time")
+    mode.add_argument("--offline", action="store_true",
                       help="only solve Sia rounds on the paper's 64-GPU cluster, no services")
+    demo.add_argument("--keep", metavar="DIR",
+                      help="real training: keep the work files (logs, checkpoints) in DIR")
     demo.add_argument("--time-scale", type=float, default=120.0,
-                      help="live: cluster seconds per real second (default 120)")
+                      help="modeled: cluster seconds per real second (default 120)")
     demo.add_argument("--jobs", type=int, default=16, help="offline: sample jobs (default 16)")
     demo.add_argument("--rounds", type=int, default=4, help="offline: rounds (default 4)")
     demo.add_argument("--seed", type=int, default=1)
@@ -83,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
 
+    tr = bench_sub.add_parser("training", help="resize latency and profiling time of real "
+                                               "workers through the agent's torch back-end")
+    tr.add_argument("--json", action="store_true")
     cp = bench_sub.add_parser("control-plane",
                               help="round latency and CreateJob throughput over loopback")
     cp.add_argument("--agents", type=int, default=128)
@@ -107,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_replay(args.workload, rate=args.time_scale, policy=args.policy,
                           cluster=args.cluster, first=args.first,
                           compare=not args.no_compare, json_out=args.json)
-    if args.command == "demo" and not args.offline:
+    if args.command == "demo" and not (args.offline or args.modeled):
+        from sia_grpc.traindemo import main as train_demo
+
+        return train_demo(keep=args.keep)
+    if args.command == "demo" and args.modeled:
         import asyncio
 
         from sia_grpc.demo import live_demo
@@ -143,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--rounds must be >= 1 and --warmup >= 0")
         return run(args.scales, args.rounds, args.warmup, args.reference_limit,
                    not args.no_reference, args.json)
+    if args.command == "bench" and args.bench == "training":
+        from sia_grpc.train.bench import run as bench_training
+
+        return bench_training(as_json=args.json)
     if args.command == "bench" and args.bench == "control-plane":
         from sia_grpc.controlbench import run as bench_cp
 

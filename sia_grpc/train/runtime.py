@@ -697,8 +697,6 @@ class Runtime:
     # ---- stopping ------------------------------------------------------------------------------
 
     def _on_sigterm(self, signum, frame) -> None:
-        if self.completed:
-            raise SystemExit(c.EXIT_COMPLETED)
         self._sigterm = True
 
     def _stop_with_checkpoint(self) -> None:
@@ -723,6 +721,10 @@ class Runtime:
             return
         self.completed = True
         self._together = True
+        if threading.current_thread() is threading.main_thread():
+            # Nothing left to checkpoint: a stop that arrives now (the scheduler did not
+            # know yet) must not turn a finished job into a killed one while it exits.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self._collect(decide=False)
         if self.rank == 0:
             self.report(force=True)

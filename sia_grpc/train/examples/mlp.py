@@ -32,14 +32,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=64, help="hidden layer width")
+    p.add_argument("--samples", type=int, default=8192, help="dataset size (generated)")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     st.init()
     torch.manual_seed(args.seed)  # the same initial model on every replica
-    data = make_dataset(seed=args.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 8))
+    data = make_dataset(n=args.samples, seed=args.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
     model = st.AdaptiveDataParallel(model, optimizer, scheduler)

@@ -1,0 +1,131 @@
+"""`sia bench training`: what elastic training costs, measured through the real
+agent back-end (TorchBackend) and real workers (`sia_grpc.train.examples.mlp`).
+
+- Resize latency: a 2-worker job is stopped (SIGTERM, checkpoint at the next step,
+  exit) and restarted on 1 worker, then back on 2: SIGTERM to the first step at
+  the new size = the stop's duration + the new workers' startup (process start to
+  the end of their first step, measured in the worker).
+- Profiling time per GPU type: one profiling pass (10 micro-batch sizes) on one
+  emulated GPU of each type, from the request to its telemetry.
+- The library's per-step overheads, as the workers measured them.
+
+On a machine without GPUs everything runs on the CPU with emulated GPU types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sia_grpc.api import pb
+from sia_grpc.controller.validation import profile_batch_sizes
+from sia_grpc.nodeagent.backend import Launch
+from sia_grpc.nodeagent.torchbackend import TorchBackend, free_port
+
+_CMD = ["-m", "sia_grpc.train.examples.mlp", "--epochs", "1000", "--batch-size", "64",
+        "--hidden", "512", "--samples", "32768"]
+
+
+def _spec() -> pb.JobSpec:
+    return pb.JobSpec(name="bench", application="mlp", command=[sys.executable, *_CMD],
+                      adaptivity=pb.ADAPTIVITY_ADAPTIVE, batch_size=64, max_batch_size=1024)
+
+
+def _launch(generation: int, gpus: tuple[int, ...], gpu_type: str, restore: float,
+            ckpt: str) -> Launch:
+    n = len(gpus)
+    alloc = pb.Allocation(gpu_type=gpu_type, num_gpus=n, num_nodes=1, num_replicas=n,
+                          atomic_batch_size=64, accum_steps=0, batch_size=64 * n)
+    world = pb.WorldLayout(world_size=n, master_addr="127.0.0.1", master_port=free_port(),
+                           nodes=["bench"])
+    return Launch(job_id="bench", generation=generation, local_gpus=gpus, spec=_spec(),
+                  allocation=alloc, world=world, restore_progress=restore, checkpoint_path=ckpt)
+
+
+async def _until(backend: TorchBackend, want, timeout: float = 120.0) -> pb.Telemetry:
+    """Poll the backend's telemetry until a report satisfies `want`."""
+    async with asyncio.timeout(timeout):
+        while True:
+            for t in backend.telemetry():
+                if want(t):
+                    return t
+            await asyncio.sleep(0.05)
+
+
+async def resize_latency(root: Path, gpu_type: str = "dgx-ext") -> list[dict]:
+    backend = TorchBackend(gpu_type, 2, workdir=root / "resize", emulate=True,
+                           stop_grace_s=60.0)
+    await backend.open()
+    ckpt = str(root / "ckpt")
+    out, restore = [], 0.0
+    try:
+        shapes = ((0, 1), (0,), (0, 1))
+        for gen, gpus in enumerate(shapes, start=1):
+            await backend.start(_launch(gen, gpus, gpu_type, restore, ckpt), lambda ex: None)
+            resumed = restore > 0
+            first = await _until(backend, lambda t, resumed=resumed: len(t.samples) > 0 and (
+                not resumed or t.checkpoint.restore_s > 0))
+            if out:
+                out[-1]["startup_s"] = first.checkpoint.restore_s
+                out[-1]["resize_s"] = out[-1]["stop_s"] + first.checkpoint.restore_s
+            await asyncio.sleep(2.0)  # train a little at this size
+            if gen == len(shapes):
+                break
+            t0 = time.monotonic()
+            ex = await backend.stop("bench")
+            if ex.kind != pb.JobExit.KIND_CHECKPOINTED:
+                raise RuntimeError(f"stop did not checkpoint: {ex}")
+            restore = ex.progress
+            out.append({"from": len(gpus), "to": len(shapes[gen]),
+                        "stop_s": time.monotonic() - t0})
+    finally:
+        await backend.close()
+    return out
+
+
+async def profiling_time(root: Path, types: tuple[str, ...]) -> dict[str, dict]:
+    out = {}
+    for t in types:
+        backend = TorchBackend(t, 1, workdir=root / f"profile-{t}", emulate=True)
+        await backend.open()
+        try:
+            sizes = profile_batch_sizes(8, 1024, 10)
+            t0 = time.monotonic()
+            tel = await backend.profile(pb.ProfileRequest(
+                job_id=f"bench-{t}", generation=0, spec=_spec(), local_gpu=0,
+                local_batch_sizes=sizes))
+            out[t] = {"seconds": time.monotonic() - t0, "sizes": len(tel.samples),
+                      "step_ms_at_64": next((1e3 * s.step_time_s for s in tel.samples
+                                             if s.atomic_batch_size == 64), None)}
+        finally:
+            await backend.close()
+    return out
+
+
+def run(*, types: tuple[str, ...] = ("dgx-ext", "rtx", "aws"), as_json: bool = False) -> int:
+    async def main() -> dict:
+        with tempfile.TemporaryDirectory(prefix="sia-bench-") as tmp:
+            root = Path(tmp)
+            return {"resize": await resize_latency(root),
+                    "profiling": await profiling_time(root, types)}
+
+    from sia_grpc.observability import configure_logging
+
+    configure_logging(level="warning")
+    res = asyncio.run(main())
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print("resize (mlp, hidden 512, emulated dgx-ext; SIGTERM to the first step at the new size)")
+    for r in res["resize"]:
+        print(f"  {r['from']} → {r['to']} workers: {r['resize_s']:.2f} s "
+              f"(stop {r['stop_s']:.2f} s + startup {r['startup_s']:.2f} s)")
+    print("profiling pass (10 micro-batch sizes, one emulated GPU)")
+    for t, p in res["profiling"].items():
+        print(f"  {t:8s} {p['seconds']:.1f} s, {p['sizes']} sizes timed, step at micro-batch "
+              f"64: {p['step_ms_at_64']:.1f} ms")
+    return 0
