@@ -238,11 +238,16 @@ class NodeAgent:
         self.status = AgentStatus.CLOSING
         try:
             await _cancel(*[t for t in (self._processor, *self._profiles) if t is not None])
-            for job in self.backend.running():
-                try:
-                    self._send(exit=await self.backend.stop(job.job_id))
-                except Exception:  # still close the rest
-                    self._log.exception("checkpoint on close failed", job_id=job.job_id)
+            # All at once: each stop may take the back-end's whole grace period.
+            jobs = [job.job_id for job in self.backend.running()]
+            results = await asyncio.gather(*(self.backend.stop(j) for j in jobs),
+                                           return_exceptions=True)
+            for job_id, res in zip(jobs, results, strict=True):
+                if isinstance(res, BaseException):  # still close the rest
+                    self._log.error("checkpoint on close failed", job_id=job_id,
+                                    error=repr(res))
+                else:
+                    self._send(exit=res)
             if self._stream_up:  # disconnected: the controller learns from the lost node
                 await self._end_stream()
         finally:

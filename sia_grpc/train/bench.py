@@ -46,14 +46,20 @@ def _launch(generation: int, gpus: tuple[int, ...], gpu_type: str, restore: floa
                   allocation=alloc, world=world, restore_progress=restore, checkpoint_path=ckpt)
 
 
-async def _until(backend: TorchBackend, want, timeout: float = 120.0) -> pb.Telemetry:
-    """Poll the backend's telemetry until a report satisfies `want`."""
+async def _first_steps(backend: TorchBackend, generation: int, resumed: bool,
+                       timeout: float = 120.0) -> float:
+    """Wait for the workers' first throughput sample (and, after a restart, their
+    measured startup); return that startup in seconds (0 for a fresh start)."""
+    samples, startup = False, 0.0
     async with asyncio.timeout(timeout):
-        while True:
+        while not samples or (resumed and not startup):
             for t in backend.telemetry():
-                if want(t):
-                    return t
+                if t.generation != generation:
+                    continue
+                samples |= len(t.samples) > 0
+                startup = startup or t.checkpoint.restore_s
             await asyncio.sleep(0.05)
+    return startup
 
 
 async def resize_latency(root: Path, gpu_type: str = "dgx-ext") -> list[dict]:
@@ -66,12 +72,10 @@ async def resize_latency(root: Path, gpu_type: str = "dgx-ext") -> list[dict]:
         shapes = ((0, 1), (0,), (0, 1))
         for gen, gpus in enumerate(shapes, start=1):
             await backend.start(_launch(gen, gpus, gpu_type, restore, ckpt), lambda ex: None)
-            resumed = restore > 0
-            first = await _until(backend, lambda t, resumed=resumed: len(t.samples) > 0 and (
-                not resumed or t.checkpoint.restore_s > 0))
+            startup = await _first_steps(backend, gen, resumed=bool(out))
             if out:
-                out[-1]["startup_s"] = first.checkpoint.restore_s
-                out[-1]["resize_s"] = out[-1]["stop_s"] + first.checkpoint.restore_s
+                out[-1]["startup_s"] = startup
+                out[-1]["resize_s"] = out[-1]["stop_s"] + startup
             await asyncio.sleep(2.0)  # train a little at this size
             if gen == len(shapes):
                 break
@@ -98,9 +102,11 @@ async def profiling_time(root: Path, types: tuple[str, ...]) -> dict[str, dict]:
             tel = await backend.profile(pb.ProfileRequest(
                 job_id=f"bench-{t}", generation=0, spec=_spec(), local_gpu=0,
                 local_batch_sizes=sizes))
+            # The speed the type shows: samples per second at the median size timed.
+            mid = sorted(tel.samples, key=lambda s: s.atomic_batch_size)[len(tel.samples) // 2]
             out[t] = {"seconds": time.monotonic() - t0, "sizes": len(tel.samples),
-                      "step_ms_at_64": next((1e3 * s.step_time_s for s in tel.samples
-                                             if s.atomic_batch_size == 64), None)}
+                      "micro_batch": mid.atomic_batch_size,
+                      "step_ms": 1e3 * mid.step_time_s}
         finally:
             await backend.close()
     return out
@@ -126,6 +132,6 @@ def run(*, types: tuple[str, ...] = ("dgx-ext", "rtx", "aws"), as_json: bool = F
               f"(stop {r['stop_s']:.2f} s + startup {r['startup_s']:.2f} s)")
     print("profiling pass (10 micro-batch sizes, one emulated GPU)")
     for t, p in res["profiling"].items():
-        print(f"  {t:8s} {p['seconds']:.1f} s, {p['sizes']} sizes timed, step at micro-batch "
-              f"64: {p['step_ms_at_64']:.1f} ms")
+        print(f"  {t:8s} {p['seconds']:.1f} s, {p['sizes']} sizes timed; step at micro-batch "
+              f"{p['micro_batch']}: {p['step_ms']:.1f} ms")
     return 0
