@@ -22,6 +22,11 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_GPUS = 1 << 16
 _MAX_BATCH = 1 << 24
 _MAX_LABELS = 64
+_MAX_LIST = 64  # allowed_gpu_types, type_batch_limits
+_MAX_ARGS, _MAX_ARG = 256, 4096  # command: arguments, characters each
+_MAX_EPOCHS = 1e6
+_MAX_SAMPLES = 1 << 48
+_MAX_APPLICATION = 128
 
 ADAPTIVITY = {pb.ADAPTIVITY_ADAPTIVE: Adaptivity.ADAPTIVE,
               pb.ADAPTIVITY_STRONG_SCALING: Adaptivity.STRONG_SCALING,
@@ -83,6 +88,18 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     app = _application(spec.application)
     if not spec.application:
         raise bad("application", "must be set (the model the job trains, e.g. cifar10)")
+    if len(spec.application) > _MAX_APPLICATION:
+        raise bad("application", f"at most {_MAX_APPLICATION} characters")
+    if len(spec.command) > _MAX_ARGS:
+        raise bad("command", f"at most {_MAX_ARGS} arguments")
+    for i, arg in enumerate(spec.command):
+        if len(arg) > _MAX_ARG or "\x00" in arg:
+            raise bad(f"command[{i}]", f"at most {_MAX_ARG} characters, no NUL")
+    if spec.command and not spec.command[0]:
+        raise bad("command[0]", "the program to run must not be empty")
+    for field in ("allowed_gpu_types", "type_batch_limits"):
+        if len(getattr(spec, field)) > _MAX_LIST:
+            raise bad(field, f"at most {_MAX_LIST} entries")
     if app is None and not spec.command:
         raise bad("application", f"unknown application {spec.application!r} and no command to run")
     for field in ("min_gpus", "max_gpus", "num_gpus", "pipeline_gpus"):
@@ -129,8 +146,10 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     if max_batch < init:
         raise bad("max_batch_size", f"{max_batch} is below the initial batch size {init}")
     which = spec.WhichOneof("target")
-    if which == "epochs" and not (math.isfinite(spec.epochs) and spec.epochs >= 0):
-        raise bad("epochs", f"must be a non-negative number, got {spec.epochs}")
+    if which == "epochs" and not (math.isfinite(spec.epochs) and 0 <= spec.epochs <= _MAX_EPOCHS):
+        raise bad("epochs", f"must be a number in [0, {_MAX_EPOCHS:g}], got {spec.epochs}")
+    if which == "samples" and spec.samples > _MAX_SAMPLES:
+        raise bad("samples", f"{spec.samples} is above the limit of {_MAX_SAMPLES}")
     if not (math.isfinite(spec.restart_cost_s) and 0 <= spec.restart_cost_s <= 86400):
         raise bad("restart_cost_s", f"must be within [0, 86400] seconds, got {spec.restart_cost_s}")
     restart = spec.restart_cost_s or (app.restart_delay if app is not None else 30.0)
