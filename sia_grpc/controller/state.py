@@ -227,6 +227,8 @@ class ControllerState:
                  started_at: float = 0.0) -> None:
         self.settings = settings
         self.jobs: dict[str, _JobRec] = {}
+        # Jobs not yet ended, per tenant: the per-tenant active-job limit reads it.
+        self.active_by_tenant: collections.Counter[str] = collections.Counter()
         self.nodes: dict[str, _NodeRec] = {}
         self.round_no = 0
         self.solving: int | None = None
@@ -255,6 +257,7 @@ class ControllerState:
         self.jobs[job.job_id] = rec
         if job.status.state not in TERMINAL:
             self._to_profile.add(job.job_id)
+            self.active_by_tenant[job.spec.tenant] += 1
         if job.status.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_UNSPECIFIED) \
                 and not rec.usable:  # accepted, never profiled
             job.status.state = pb.JOB_STATE_PROFILING
@@ -280,7 +283,9 @@ class ControllerState:
             case JobCancelRequested():
                 self._cancel(event, out)
             case JobDeleted():
-                self.jobs.pop(event.job_id, None)
+                rec = self.jobs.pop(event.job_id, None)
+                if rec is not None and rec.state not in TERMINAL:
+                    self.active_by_tenant[rec.job.spec.tenant] -= 1
             case AgentRegistered():
                 self._registered(event, out)
             case AgentMessage():
@@ -312,6 +317,7 @@ class ControllerState:
         rec = _JobRec(job=job, res=ev.resolved or resolve(job.spec))
         self.jobs[job.job_id] = rec
         self._to_profile.add(job.job_id)
+        self.active_by_tenant[job.spec.tenant] += 1
         # Not persisted: the store has it as accepted, and a reload profiles it again.
         self._set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
 
@@ -324,6 +330,8 @@ class ControllerState:
     def _finish(self, rec: _JobRec, state: int, at: float, reason: str,
                 out: list[Action], *, except_node: str = "") -> None:
         """End a job: stop it wherever it still runs (GPUs are released on the acks)."""
+        if rec.state not in TERMINAL:
+            self.active_by_tenant[rec.job.spec.tenant] -= 1
         rec.target = None
         self._set_moving(rec, False)
         self._account(rec, at)

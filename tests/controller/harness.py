@@ -5,10 +5,12 @@ invariants are checked against."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 from sia_grpc.api import pb
 from sia_grpc.controller.state import (
+    TERMINAL,
     Action,
     AgentMessage,
     AgentRegistered,
@@ -174,6 +176,10 @@ class Harness:
             for name, gpus in rec.held.items():
                 node = self.state.nodes[name]
                 assert all(node.holder.get(g) == rec.job_id for g in gpus), (rec.job_id, name)
+        # The per-tenant count of jobs not yet ended is exact.
+        active = collections.Counter(r.job.spec.tenant for r in self.state.jobs.values()
+                                     if r.state not in TERMINAL)
+        assert +self.state.active_by_tenant == active, (self.state.active_by_tenant, active)
 
     def state_of(self, job_id: str) -> int:
         return self.state.jobs[job_id].job.status.state
