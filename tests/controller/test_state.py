@@ -314,3 +314,29 @@ def test_a_full_cluster_makes_room_for_a_new_jobs_profiling_pass():
     h.tick(5.0, "arrival")  # the early round its profile asked for
     h.deliver()
     assert h.state_of("new") == pb.JOB_STATE_RUNNING
+
+
+def test_a_failed_solve_keeps_the_previous_allocation_and_says_so():
+    from sia_grpc.controller.state import RoundDone, SolveFinished
+
+    h = Harness(NODES)
+    h.submit("j1")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    before = h.state.jobs["j1"].alloc
+    h.submit("j2")
+    h.deliver()
+    h.now += 60
+    h.heartbeat()
+    (solve,) = [a for a in h.state.handle(Tick(h.now)) if isinstance(a, Solve)]
+    actions = h.state.handle(SolveFinished(h.now, solve.round_no, None,
+                                           error="solve timed out after 45 s"))
+    (done,) = [a for a in actions if isinstance(a, RoundDone)]
+    assert "timed out" in done.round.note
+    assert not [a for a in actions if isinstance(a, Send)]
+    assert h.state.jobs["j1"].alloc == before and h.state.jobs["j2"].alloc is None
+    assert h.state.solving is None  # the next round may run
+    h.tick()
+    h.deliver()
+    assert h.state_of("j2") == pb.JOB_STATE_RUNNING
