@@ -90,6 +90,17 @@ def main(argv: list[str] | None = None) -> int:
 
     add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
 
+    from sia_grpc.security.cli import add_commands as add_security_commands
+
+    add_security_commands(sub)  # certs init/issue, tokens add
+
+    ld = bench_sub.add_parser("load", help="many agents and many submitted jobs: none lost, "
+                                           "controller memory and CPU recorded")
+    ld.add_argument("--agents", type=int, default=1000)
+    ld.add_argument("--gpus-per-agent", type=int, default=8)
+    ld.add_argument("--jobs", type=int, default=10000)
+    ld.add_argument("--clients", type=int, default=64)
+    ld.add_argument("--json", action="store_true")
     tr = bench_sub.add_parser("training", help="resize latency and profiling time of real "
                                                "workers through the agent's torch back-end")
     tr.add_argument("--json", action="store_true")
@@ -157,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--rounds must be >= 1 and --warmup >= 0")
         return run(args.scales, args.rounds, args.warmup, args.reference_limit,
                    not args.no_reference, args.json)
+    if args.command == "bench" and args.bench == "load":
+        from sia_grpc.controlbench import run_load
+
+        for name in ("agents", "gpus_per_agent", "jobs", "clients"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')}: must be >= 1")
+        return run_load(agents=args.agents, gpus_per_agent=args.gpus_per_agent,
+                        jobs=args.jobs, clients=args.clients, as_json=args.json)
     if args.command == "bench" and args.bench == "training":
         from sia_grpc.train.bench import run as bench_training
 

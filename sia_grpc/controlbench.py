@@ -11,8 +11,12 @@ Two measurements, reported side by side:
   clients would be) submitting jobs to a controller with a file-backed store
   (`synchronous=FULL`); every accepted job is then counted in the store.
 
-Agents run in the benchmark's process (asyncio tasks), so they share its CPU with
-the controller: on a 2-core machine the "rest" includes the agents' own work.
+The agents run in their own processes (one per GPU type, `sia-nodeagent --count`),
+or with `agents_in_process` as tasks in the controller's process.
+
+`sia bench load` (`load`): many agents and many submitted jobs at once — every
+accepted job accounted for in the store, with the controller process's peak
+memory and CPU time recorded.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import resource
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -145,6 +150,80 @@ async def create_throughput(creates: int, clients: int) -> dict:
             "durable": durable, "create_per_s": accepted / wall, "wall_s": wall}
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
+               rounds: int = 2) -> dict:
+    """`agents` modeled agents in their own processes, `jobs` submitted by `clients`
+    concurrent clients (another process), then `rounds` full rounds over all of
+    them; every accepted job must be in the store after the controller stops."""
+    per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
+                for i, t in enumerate(_TYPES)}
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "load.db")
+        config = ControllerConfig(listen="127.0.0.1:0", db_path=db, round_duration=1e9,
+                                  early_round_delay=1e9, heartbeat_interval=100.0,
+                                  heartbeat_timeout=3000.0, solve_timeout=600.0)
+        lc = LocalCluster(per_type, rate=50.0, config=config, telemetry_interval=5.0)
+        loop = asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(lc.close)
+            await lc.start(agents=False)
+            for gpu_type, (count, per) in per_type.items():
+                if count:
+                    lc.spawn_agent(gpu_type, gpu_type, per, count=count)
+            await lc.wait_registered(agents, timeout=300)
+            c = lc.controller
+            cpu0, t0 = _cpu_s(), time.monotonic()
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                accepted, wall = await loop.run_in_executor(pool, _submit_load, lc.target,
+                                                            jobs, clients)
+            async with asyncio.timeout(900):  # taken up by the state machine, and profiled
+                while len(c.state.jobs) < accepted or \
+                        c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):
+                    await asyncio.sleep(0.2)
+            round_ms = []
+            for _ in range(rounds):
+                before = len(c.rounds)
+                c.post(sm.Tick(c.clock.time(), "timer"))
+                async with asyncio.timeout(900):
+                    while len(c.rounds) == before:
+                        await asyncio.sleep(0.05)
+                round_ms.append(c.rounds[-1].total_ms)
+            states = c.state.jobs_by_state()
+            cpu, elapsed = _cpu_s() - cpu0, time.monotonic() - t0
+        with Store(db) as store:
+            durable = len(store.all_jobs())
+    return {"agents": agents, "gpus": sum(n * g for n, g in per_type.values()),
+            "jobs": jobs, "accepted": accepted, "durable": durable,
+            "create_per_s": accepted / wall, "states": states, "round_ms": round_ms,
+            "controller_cpu_s": cpu, "elapsed_s": elapsed,
+            "controller_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_load(*, agents: int, gpus_per_agent: int, jobs: int, clients: int,
+             as_json: bool) -> int:
+    from sia_grpc.observability import configure_logging
+
+    configure_logging(level="warning")
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        r = runner.run(load(agents, gpus_per_agent, jobs, clients))
+    if as_json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"{r['agents']} agents ({r['gpus']} GPUs, own processes), {r['jobs']} jobs from "
+              f"{clients} clients: {r['accepted']} accepted ({r['create_per_s']:,.0f}/s), "
+              f"{r['durable']} durable after shutdown")
+        print(f"  jobs by state: {r['states']}")
+        print(f"  full rounds over all of them: {', '.join(f'{m:,.0f} ms' for m in r['round_ms'])}")
+        print(f"  controller process: {r['controller_cpu_s']:.1f} CPU-s over {r['elapsed_s']:.1f} s"
+              f", peak RSS {r['controller_peak_rss_mib']:.0f} MiB")
+    return 0 if r["durable"] == r["accepted"] == r["jobs"] else 1
+
+
 def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: int,
         clients: int, as_json: bool, agents_in_process: bool = False) -> int:
     from sia_grpc.observability import configure_logging
@@ -169,4 +248,4 @@ def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: in
     return 0 if ct["durable"] == ct["accepted"] else 1
 
 
-__all__ = ["create_throughput", "round_latency", "run"]
+__all__ = ["create_throughput", "load", "round_latency", "run", "run_load"]

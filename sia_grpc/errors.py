@@ -94,6 +94,16 @@ def unavailable(message: str, reason: str = "UNAVAILABLE") -> ApiError:
     return ApiError(grpc.StatusCode.UNAVAILABLE, message, reason=reason)
 
 
+def unauthenticated(message: str, reason: str = "UNAUTHENTICATED") -> ApiError:
+    """UNAUTHENTICATED: no credentials, or credentials the controller does not accept."""
+    return ApiError(grpc.StatusCode.UNAUTHENTICATED, message, reason=reason)
+
+
+def permission_denied(message: str, reason: str = "PERMISSION_DENIED") -> ApiError:
+    """PERMISSION_DENIED: the caller is known but may not do this."""
+    return ApiError(grpc.StatusCode.PERMISSION_DENIED, message, reason=reason)
+
+
 def _pack(msg) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -155,8 +156,33 @@ def error_line(err: ApiError, target: str) -> str:
 # -- commands ------------------------------------------------------------------------
 
 
+class _UsageError(Exception):
+    """A credentials flag that cannot be used (exit 2)."""
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token-file's contents, else $SIA_TOKEN (the token itself)."""
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as err:
+            raise _UsageError(f"--token-file: cannot read {args.token_file}: "
+                              f"{err.strerror or err}") from None
+        if not token:
+            raise _UsageError(f"--token-file: {args.token_file} is empty")
+        return token
+    return os.environ.get("SIA_TOKEN", "").strip() or None
+
+
 def _client(args: argparse.Namespace) -> SiaClient:
-    return SiaClient(args.controller)
+    ca = args.ca or os.environ.get("SIA_CA") or None
+    cert = args.cert or os.environ.get("SIA_CERT") or None
+    key = args.key or os.environ.get("SIA_KEY") or None
+    try:
+        return SiaClient(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
+    except ValueError as err:  # an unreadable PEM file, a cert without its key
+        raise _UsageError(str(err)) from None
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -244,7 +270,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except SpecError as err:
+        except (SpecError, _UsageError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         except ApiError as err:
@@ -266,6 +292,14 @@ def add_commands(subparsers: Any) -> None:
         p.add_argument("--controller", metavar="HOST:PORT", default=DEFAULT_TARGET,
                        help=f"the controller's address (default {DEFAULT_TARGET}; "
                             "env SIA_CONTROLLER)")
+        p.add_argument("--token-file", metavar="FILE",
+                       help="file holding the bearer token (default: env SIA_TOKEN, the "
+                            "token itself)")
+        p.add_argument("--ca", metavar="FILE",
+                       help="CA certificate (PEM) of the controller's TLS certificate: "
+                            "connect with TLS (env SIA_CA; default plaintext)")
+        p.add_argument("--cert", metavar="FILE", help="client certificate (PEM; env SIA_CERT)")
+        p.add_argument("--key", metavar="FILE", help="its private key (PEM; env SIA_KEY)")
         p.set_defaults(func=_guarded(func))
         return p
 

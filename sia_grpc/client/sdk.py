@@ -3,6 +3,12 @@
     with SiaClient("127.0.0.1:50051") as sia:
         job = sia.submit(load_spec("job.yaml")).wait(timeout=3600)
 
+Security (docs/security.md): `token=` sends `authorization: Bearer <token>` on every
+call; `ca=` (a PEM path or bytes) makes the channel TLS, verified against that CA,
+and `cert=`/`key=` add a client certificate. Without `ca` the channel is plaintext
+(the loopback dev controller) and the token travels as plain call metadata, since
+gRPC refuses call credentials on an insecure channel.
+
 Every failed call raises `ApiError` (never a raw `grpc.RpcError`). Reads retry on
 UNAVAILABLE with full-jitter exponential backoff; CreateJob is not retried here
 (its request_id makes a retry by the caller safe), nor are Cancel and Delete.
@@ -29,6 +35,7 @@ import grpc
 
 from sia_grpc.api import ClusterServiceStub, JobServiceStub, pb
 from sia_grpc.errors import ApiError
+from sia_grpc.security.tls import PemSource, channel_credentials
 
 DEFAULT_TARGET = os.environ.get("SIA_CONTROLLER") or "127.0.0.1:50051"
 
@@ -63,6 +70,28 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return self.rand() * min(self.cap, self.base * 2 ** attempt)
+
+
+def _channel_setup(target: str, token: str | None, ca: PemSource | None,
+                   cert: PemSource | None, key: PemSource | None,
+                   secure: Callable[..., Any], insecure: Callable[..., Any],
+                   make: bool) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """(channel or None, per-call metadata) for these credentials.
+
+    With `ca`: TLS, the token as call credentials (composite). Without: plaintext,
+    the token as metadata on each call.
+    """
+    token = (token or "").strip() or None
+    if ca is None and (cert is not None or key is not None):
+        raise ValueError("cert/key: a client certificate needs TLS; give ca= as well")
+    if ca is not None:
+        creds = channel_credentials(ca, cert, key)
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token))
+        return (secure(target, creds) if make else None), ()
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    return (insecure(target) if make else None), metadata
 
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode:
@@ -160,13 +189,17 @@ class SiaClient:
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float = 10.0,
                  read_retries: int = 4, channel: grpc.Channel | None = None,
                  sleep: Callable[[float], None] | None = None,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, token: str | None = None,
+                 ca: PemSource | None = None, cert: PemSource | None = None,
+                 key: PemSource | None = None) -> None:
         self.target = target
         self._timeout = timeout
         self._backoff = Backoff(retries=read_retries, rand=rand)
         self._sleep = sleep or time.sleep
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.insecure_channel(target)
+        made, self._md = _channel_setup(target, token, ca, cert, key, grpc.secure_channel,
+                                        grpc.insecure_channel, channel is None)
+        self._channel = channel if channel is not None else made
         self._jobs = JobServiceStub(self._channel)
         self._cluster = ClusterServiceStub(self._channel)
         self._closed = False
@@ -192,7 +225,7 @@ class SiaClient:
 
     def _write(self, method: Callable[..., Any], request: Any) -> Any:
         try:
-            return method(request, timeout=self._timeout)
+            return method(request, timeout=self._timeout, metadata=self._md)
         except grpc.RpcError as err:
             raise ApiError.from_rpc_error(err) from err
 
@@ -200,7 +233,7 @@ class SiaClient:
               deadline: float | None = None) -> Any:
         for attempt in itertools.count():
             try:
-                return method(request, timeout=self._call_timeout(deadline))
+                return method(request, timeout=self._call_timeout(deadline), metadata=self._md)
             except grpc.RpcError as err:
                 if _timed_out(err, deadline):
                     raise TimeoutError("timed out waiting for the job to finish") from err
@@ -247,7 +280,8 @@ class SiaClient:
                 deadline: float | None) -> Iterator[pb.JobEvent]:
         cursor = _WatchCursor(job_id, since_revision, self._backoff)
         while True:
-            call = self._jobs.WatchJobs(cursor.request(), timeout=_remaining(deadline))
+            call = self._jobs.WatchJobs(cursor.request(), timeout=_remaining(deadline),
+                                        metadata=self._md)
             try:
                 for ev in call:
                     if cursor.accept(ev):
@@ -333,13 +367,17 @@ class AsyncSiaClient:
     def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float = 10.0,
                  read_retries: int = 4, channel: grpc.aio.Channel | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
-                 rand: Callable[[], float] = random.random) -> None:
+                 rand: Callable[[], float] = random.random, token: str | None = None,
+                 ca: PemSource | None = None, cert: PemSource | None = None,
+                 key: PemSource | None = None) -> None:
         self.target = target
         self._timeout = timeout
         self._backoff = Backoff(retries=read_retries, rand=rand)
         self._sleep = sleep or asyncio.sleep
         self._owns_channel = channel is None
-        self._channel = channel if channel is not None else grpc.aio.insecure_channel(target)
+        made, self._md = _channel_setup(target, token, ca, cert, key, grpc.aio.secure_channel,
+                                        grpc.aio.insecure_channel, channel is None)
+        self._channel = channel if channel is not None else made
         self._jobs = JobServiceStub(self._channel)
         self._cluster = ClusterServiceStub(self._channel)
         self._closed = False
@@ -358,14 +396,14 @@ class AsyncSiaClient:
 
     async def _write(self, method: Callable[..., Any], request: Any) -> Any:
         try:
-            return await method(request, timeout=self._timeout)
+            return await method(request, timeout=self._timeout, metadata=self._md)
         except grpc.RpcError as err:
             raise ApiError.from_rpc_error(err) from err
 
     async def _read(self, method: Callable[..., Any], request: Any) -> Any:
         for attempt in itertools.count():
             try:
-                return await method(request, timeout=self._timeout)
+                return await method(request, timeout=self._timeout, metadata=self._md)
             except grpc.RpcError as err:
                 if not self._backoff.should_retry(err, attempt):
                     raise ApiError.from_rpc_error(err) from err
@@ -402,7 +440,7 @@ class AsyncSiaClient:
                     since_revision: int = 0) -> AsyncIterator[pb.JobEvent]:
         cursor = _WatchCursor(job_id, since_revision, self._backoff)
         while True:
-            call = self._jobs.WatchJobs(cursor.request())
+            call = self._jobs.WatchJobs(cursor.request(), metadata=self._md)
             try:
                 async for ev in call:
                     if cursor.accept(ev):

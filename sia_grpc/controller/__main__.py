@@ -22,6 +22,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--db", dest="db_path", help="SQLite store path (default sia-controller.db)")
     p.add_argument("--policy", help="sia, pollux, gavel or fifo (default sia)")
     p.add_argument("--round-duration", type=float, help="seconds between rounds (default 60)")
+    sec = p.add_argument_group("security (docs/security.md)")
+    sec.add_argument("--tls-cert", help="the controller's TLS certificate (PEM); with --tls-key "
+                                        "every port serves TLS")
+    sec.add_argument("--tls-key", help="its private key (PEM)")
+    sec.add_argument("--tls-client-ca", help="CA bundle (PEM) that signs node-agent client "
+                                             "certificates: agents connect with mutual TLS")
+    sec.add_argument("--agent-listen", metavar="HOST:PORT",
+                     help="the mutual-TLS port for agents (default: --listen's port + 1)")
+    sec.add_argument("--tokens", dest="tokens_file", metavar="FILE",
+                     help="bearer-token hashes → tenants (TOML; `sia tokens add`); reloaded "
+                          "on SIGHUP and when it changes")
+    sec.add_argument("--allow-insecure", action="store_true", default=None,
+                     help="allow plaintext and/or no tokens on a non-loopback address "
+                          "(e.g. behind a TLS-terminating mesh); never on an open network")
     p.add_argument("--log-format", choices=("json", "console"), help="default: console on a TTY")
     return p
 
@@ -40,25 +54,32 @@ async def serve(controller: Controller) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, controller.reload_tokens)  # token rotation
     async with controller:
         await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    configure_logging(fmt=args.log_format)
-    log = structlog.get_logger("sia.controller")
     try:
         config = load_config(args.config, listen=args.listen, db_path=args.db_path,
-                             policy=args.policy, round_duration=args.round_duration)
+                             policy=args.policy, round_duration=args.round_duration,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key,
+                             tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,
+                             tokens_file=args.tokens_file, allow_insecure=args.allow_insecure)
     except ConfigError as err:
         print(f"sia-controller: {err}", file=sys.stderr)
         return 2
+    configure_logging(fmt=args.log_format)  # after the config: its errors are plain lines
+    log = structlog.get_logger("sia.controller")
     telemetry = setup_telemetry("sia-controller")
     log.info("telemetry", traces=telemetry.traces_exporter, metrics=telemetry.metrics_exporter)
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(Controller(config, telemetry=telemetry)))
+    except ConfigError as err:  # e.g. an unreadable certificate or tokens file
+        print(f"sia-controller: {err}", file=sys.stderr)
+        return 2
     except OSError as err:
         print(f"sia-controller: {err}", file=sys.stderr)
         return 1

@@ -31,6 +31,29 @@ class ControllerConfig:
     store_synchronous: str = "FULL"
     inline_solver: bool = False  # solve on a thread instead of a spawned process
     max_message_bytes: int = 16 << 20
+    # Security (docs/security.md). Paths to PEM files; "" = not set.
+    tls_cert: str = ""  # the controller's certificate (chain); with tls_key: TLS on
+    tls_key: str = ""
+    tls_client_ca: str = ""  # CA bundle that signs node-agent client certificates
+    agent_listen: str = ""  # the mutual-TLS port for agents; "" = listen's port + 1
+    tokens_file: str = ""  # TOML of SHA-256 token hashes → tenants; "" = anonymous admin
+    allow_insecure: bool = False  # plaintext / no tokens on a non-loopback address
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @property
+    def agent_address(self) -> str:
+        """Where agents connect with their certificates: `agent_listen`, else (with
+        tls_client_ca) listen's host and port + 1 (an ephemeral port for port 0);
+        "" when agents use `listen` (no TLS)."""
+        if self.agent_listen:
+            return self.agent_listen
+        if not (self.tls and self.tls_client_ca):
+            return ""
+        host, _, port = self.listen.rpartition(":")
+        return f"{host}:{int(port) + 1 if int(port) else 0}"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -43,8 +66,41 @@ class ControllerConfig:
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError("heartbeat_timeout: must exceed heartbeat_interval")
         object.__setattr__(self, "solve_timeout", min(self.solve_timeout, self.round_duration))
-        if ":" not in self.listen:
-            raise ConfigError(f"listen: expected HOST:PORT, got {self.listen!r}")
+        for name in ("listen", "agent_listen"):
+            value = getattr(self, name)
+            if (value or name == "listen") and not _host_port(value):
+                raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")
+        self._check_security()
+
+    def _check_security(self) -> None:
+        from sia_grpc.security.tls import is_loopback
+
+        if bool(self.tls_cert) != bool(self.tls_key):
+            missing = "tls_key" if self.tls_cert else "tls_cert"
+            raise ConfigError(f"{missing}: tls_cert and tls_key go together (PEM paths)")
+        if self.tls_client_ca and not self.tls:
+            raise ConfigError("tls_client_ca: needs tls_cert and tls_key (mutual TLS is TLS)")
+        if self.agent_listen and not self.tls_client_ca and self.tls:
+            raise ConfigError("agent_listen: needs tls_client_ca (the CA of agent certificates)")
+        if self.allow_insecure:
+            return
+        exposed = [a for a in (self.listen, self.agent_address) if a and not is_loopback(a)]
+        if exposed and not self.tls:
+            raise ConfigError(
+                f"tls_cert: listen {exposed[0]} is not a loopback address, and plaintext is "
+                "allowed only on loopback; give tls_cert and tls_key (--tls-cert, "
+                "--tls-key), or set allow_insecure (--allow-insecure) to serve plaintext "
+                "anyway (not for production)")
+        if exposed and not self.tokens_file:
+            raise ConfigError(
+                f"tokens_file: listen {exposed[0]} is not a loopback address, and without "
+                "a tokens file every caller would be an admin; give tokens_file (--tokens; "
+                "`sia tokens add` makes one), or set allow_insecure (--allow-insecure)")
+
+
+def _host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep) and port.isdigit()
 
 
 def load_config(path: str | Path | None = None, *, env: Mapping[str, str] = os.environ,

@@ -27,12 +27,22 @@ from grpc_reflection.v1alpha import reflection
 from sia_grpc import api
 from sia_grpc.api import pb
 from sia_grpc.controller import state as sm
-from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import Store as JobStore
 from sia_grpc.controller.store import StoreError
 from sia_grpc.controller.validation import check_job_id, resolve
-from sia_grpc.errors import ApiError, failed_precondition, invalid, not_found, unavailable
+from sia_grpc.errors import (
+    ApiError,
+    failed_precondition,
+    invalid,
+    not_found,
+    permission_denied,
+    unavailable,
+)
+from sia_grpc.security import auth
+from sia_grpc.security.tls import is_loopback, read_pem, server_credentials
+from sia_grpc.security.tokens import Principal, TokenError, TokenStore
 
 log = structlog.get_logger("sia.controller")
 VERSION = "0.1.0"
@@ -127,6 +137,8 @@ class Controller:
             heartbeat_timeout=config.heartbeat_timeout,
             checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration))
         self.port = 0
+        self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
+        self.tokens: TokenStore | None = None
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
         self._events: asyncio.Queue = asyncio.Queue()
         self._agents: dict[str, _Agent] = {}
@@ -157,6 +169,7 @@ class Controller:
     async def start(self) -> None:
         if self.status is not Status.CREATED:
             return
+        self._auth = interceptor = self._security()  # first: a bad file is a ConfigError
         self._store = await self._in_store(JobStore, self.config.db_path,
                                            synchronous=self.config.store_synchronous)
         now = self.clock.time()
@@ -165,7 +178,7 @@ class Controller:
             self.state.restore(stored.job, stored.extra, now)
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes)]
-        server = grpc.aio.server(options=opts)
+        server = grpc.aio.server(options=opts, interceptors=[interceptor])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
         api.add_AgentServiceServicer_to_server(AgentService(self), server)
@@ -175,9 +188,7 @@ class Controller:
         reflection.enable_server_reflection(
             (*api.SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(self.config.listen)
-        if self.port == 0:
-            raise OSError(f"listen: cannot bind {self.config.listen}")
+        self._bind(server)
         await server.start()
         self._server = server
         for name in ("", *api.SERVICE_NAMES):
@@ -193,7 +204,70 @@ class Controller:
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
         log.info("controller started", listen=self.config.listen, port=self.port,
+                 agent_port=self.agent_port or None, tls=self.config.tls,
                  jobs=len(self.state.jobs), policy=self.config.policy)
+
+    # ------------------------------------------------------------ security
+
+    def _security(self) -> auth.AuthInterceptor:
+        """Load the tokens, say how the controller is exposed, build the interceptor."""
+        cfg = self.config
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            try:
+                read_pem(getattr(cfg, name), name)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        if cfg.tokens_file:
+            try:
+                self.tokens = TokenStore(cfg.tokens_file)
+            except TokenError as err:
+                raise ConfigError(f"tokens_file: {err}") from None
+            log.info("clients authenticate with bearer tokens", tokens_file=cfg.tokens_file,
+                     tokens=len(self.tokens))
+        else:
+            log.warning("no tokens_file: every caller is an anonymous admin "
+                        "(development mode; see docs/security.md)")
+        exposed = not all(is_loopback(a) for a in (cfg.listen, cfg.agent_address) if a)
+        if not cfg.tls and exposed:
+            log.warning("INSECURE: serving WITHOUT TLS on a non-loopback address because "
+                        "allow_insecure is set; anyone on the network can read and forge "
+                        "requests and register agents", listen=cfg.listen)
+        elif not cfg.tls:
+            log.info("serving WITHOUT TLS on loopback only", listen=cfg.listen)
+        elif not cfg.tls_client_ca:
+            log.warning("TLS without tls_client_ca: node agents cannot register")
+        return auth.AuthInterceptor(self.tokens, tls=cfg.tls, agent_hint=cfg.agent_address)
+
+    def _bind(self, server: grpc.aio.Server) -> None:
+        cfg = self.config
+        try:
+            if cfg.tls:
+                self.port = server.add_secure_port(
+                    cfg.listen, server_credentials(cfg.tls_cert, cfg.tls_key))
+            else:
+                self.port = server.add_insecure_port(cfg.listen)
+            if self.port == 0:
+                raise OSError(f"listen: cannot bind {cfg.listen}")
+            agent_listen = cfg.agent_address
+            if not agent_listen:
+                return
+            if cfg.tls:  # every connection here presents a certificate from tls_client_ca
+                creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca,
+                                           require_client_cert=True)
+                self.agent_port = server.add_secure_port(agent_listen, creds)
+            else:
+                self.agent_port = server.add_insecure_port(agent_listen)
+        except ValueError as err:  # an unreadable PEM file
+            raise ConfigError(str(err)) from None
+        except RuntimeError as err:  # grpc: a malformed certificate or key
+            raise ConfigError(f"tls_cert/tls_key: {err}") from None
+        if self.agent_port == 0:
+            raise OSError(f"agent_listen: cannot bind {agent_listen}")
+        self._auth.agent_hint = f"{agent_listen.rpartition(':')[0]}:{self.agent_port}"
+
+    def reload_tokens(self) -> bool:
+        """Read the tokens file again now (SIGHUP); False if it failed or is not set."""
+        return self.tokens.reload() if self.tokens is not None else False
 
     async def close(self, grace: float = 2.0) -> None:
         """Graceful stop: NOT_SERVING, timers off, in-flight work finished or capped,
@@ -468,12 +542,20 @@ class Controller:
         self._notify_watchers()
         await self.submit(sm.JobDeleted(self.clock.time(), job_id))
 
-    async def watch_jobs(self, request: pb.WatchJobsRequest) -> AsyncIterator[pb.JobEvent]:
+    async def watch_jobs(self, request: pb.WatchJobsRequest,
+                         caller: Principal | None = None) -> AsyncIterator[pb.JobEvent]:
+        """Job events; with a non-admin `caller`, only that tenant's jobs."""
+        tenant = None if caller is None or caller.admin else caller.tenant
+
+        def wanted(job: pb.Job) -> bool:
+            return ((not request.job_id or job.job_id == request.job_id)
+                    and (tenant is None or job.spec.tenant == tenant))
+
         rev = request.since_revision
         if rev == 0:
             rev = self._store.revision
             for stored in await self._in_store(self._store.all_jobs):
-                if not request.job_id or stored.job.job_id == request.job_id:
+                if wanted(stored.job):
                     yield pb.JobEvent(kind=pb.JobEvent.KIND_SNAPSHOT, revision=stored.job.revision,
                                       job=stored.job)
         # Each watcher has its own event: cleared before it reads, set by every
@@ -491,7 +573,7 @@ class Controller:
                         "REVISION_COMPACTED") from None
                 for revision, kind, job in events:
                     rev = revision
-                    if not request.job_id or job.job_id == request.job_id:
+                    if wanted(job):
                         yield pb.JobEvent(kind=kind, revision=revision, job=job)
                 if not events:
                     await changed.wait()
@@ -508,6 +590,7 @@ class Controller:
             raise invalid("register", "the first message on the stream must be register")
         reg = first.register
         check_job_id(reg.node_id, "register.node_id")
+        auth.check_node_id(reg.node_id)
         if len(reg.gpus) != 1 or reg.gpus[0].count == 0 or not reg.gpus[0].gpu_type:
             raise invalid("register.gpus", "one GPU type with a positive count per node")
         node = reg.node_id
@@ -568,21 +651,49 @@ class JobService(api.JobServiceServicer):
     def __init__(self, controller: Controller) -> None:
         self.c = controller
 
+    # Authorization: the caller (auth.current(), set by the interceptor) sees only
+    # its tenant's jobs unless it is an admin. Another tenant's job answers
+    # NOT_FOUND, exactly as a job that does not exist, so job ids do not leak.
+
+    async def _own_job(self, job_id: str) -> pb.Job:
+        job = await self.c.get_job(job_id)
+        caller = auth.current()
+        if not caller.admin and job.spec.tenant != caller.tenant:
+            raise not_found("job", job_id)
+        return job
+
     @rpc
     async def CreateJob(self, request, context):
+        caller = auth.current()
+        spec = request.spec
+        if spec.tenant and spec.tenant != caller.tenant and not caller.admin:
+            raise permission_denied(
+                f"spec.tenant: {spec.tenant!r} is not your tenant; this token creates jobs "
+                f"for tenant {caller.tenant!r} (leave spec.tenant empty or set it to that)",
+                "TENANT_MISMATCH")
+        if not spec.tenant and caller.tenant:
+            spec.tenant = caller.tenant  # stamped before validation and the store see it
         return await self.c.create_job(request)
 
     @rpc
     async def GetJob(self, request, context):
-        return await self.c.get_job(request.job_id)
+        return await self._own_job(request.job_id)
 
     @rpc
     async def ListJobs(self, request, context):
         if request.page_size > 1000:
             raise invalid("page_size", "at most 1000")
+        caller = auth.current()
+        tenant = request.tenant
+        if not caller.admin:
+            if tenant and tenant != caller.tenant:
+                raise permission_denied(
+                    f"tenant: {tenant!r} is not your tenant; this token lists only the jobs "
+                    f"of tenant {caller.tenant!r}", "TENANT_MISMATCH")
+            tenant = caller.tenant
         try:
             jobs, token = await self.c._in_store(
-                self.c._store.list_jobs, states=tuple(request.states), tenant=request.tenant,
+                self.c._store.list_jobs, states=tuple(request.states), tenant=tenant,
                 page_size=request.page_size or 100, page_token=request.page_token)
         except ValueError as err:  # the store's word on a malformed token
             raise invalid("page_token", str(err).split(": ", 1)[-1]) from None
@@ -592,16 +703,18 @@ class JobService(api.JobServiceServicer):
 
     @rpc
     async def CancelJob(self, request, context):
+        await self._own_job(request.job_id)
         return await self.c.cancel_job(request.job_id)
 
     @rpc
     async def DeleteJob(self, request, context):
+        await self._own_job(request.job_id)
         await self.c.delete_job(request.job_id)
         return pb.DeleteJobResponse()
 
     async def WatchJobs(self, request, context):
         try:
-            async for ev in self.c.watch_jobs(request):
+            async for ev in self.c.watch_jobs(request, auth.current()):
                 yield ev
         except ApiError as err:
             await context.abort_with_status(err.to_status())

@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, metavar="N",
                    help="modeled: run N agents in this process, named NODE-ID-0 .. "
                         "NODE-ID-(N-1) (load tests: many nodes, few processes)")
+    p.add_argument("--tls-ca", metavar="FILE",
+                   help="CA certificate (PEM) of the controller: connect with TLS")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="this node's client certificate (PEM; CN or SAN = --node-id)")
+    p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     p.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
                    help="auto: console on a terminal, JSON otherwise")
     return p
@@ -181,8 +186,13 @@ def main(argv: list[str] | None = None) -> int:
                  else [f"{args.node_id}-{i}" for i in range(args.count)])
         configs = [AgentConfig(node_id=name, controller=args.controller, gpu_type=gpu_type,
                                num_gpus=num_gpus, time_scale=args.time_scale,
-                               telemetry_interval_s=args.telemetry_interval)
+                               telemetry_interval_s=args.telemetry_interval,
+                               tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
                    for name in names]
+        for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
+                           ("--tls-key", args.tls_key)):
+            if path and not Path(path).is_file():
+                raise ValueError(f"{flag}: cannot read {path}")
         backend = None if inventory is None else _torch_backend(args, inventory)
     except ValueError as exc:
         print(f"sia nodeagent: {exc}", file=sys.stderr)

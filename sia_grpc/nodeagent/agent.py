@@ -68,6 +68,12 @@ class AgentConfig:
     register_timeout_s: float = 10.0  # for the controller's Registered
     close_grace_s: float = 2.0  # close(): time to flush final JobExits
     agent_version: str = field(default_factory=_agent_version)
+    # Mutual TLS (docs/security.md): the CA of the controller's certificate, and this
+    # node's client certificate (CN or SAN = node_id). Read again on every
+    # reconnect, so renewed files are picked up without a restart.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.node_id:
@@ -86,6 +92,19 @@ class AgentConfig:
             raise ValueError("backoff_cap_s: must be >= backoff_base_s")
         if self.close_grace_s < 0:
             raise ValueError("close_grace_s: must be >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert, tls_key: give both (the client certificate and its key)")
+        if self.tls_cert and not self.tls_ca:
+            raise ValueError("tls_ca: required with tls_cert (the controller's CA)")
+
+    def channel(self) -> grpc.aio.Channel:
+        """A new channel to the controller: TLS when tls_ca is set, else plaintext."""
+        if not self.tls_ca:
+            return grpc.aio.insecure_channel(self.controller)
+        from sia_grpc.security.tls import channel_credentials
+
+        return grpc.aio.secure_channel(
+            self.controller, channel_credentials(self.tls_ca, self.tls_cert, self.tls_key))
 
 
 def full_jitter_backoff(attempt: int, *, base: float, cap: float,
@@ -311,7 +330,7 @@ class NodeAgent:
         """One stream, from Register until it fails or ends."""
         # A fresh channel each time, so gRPC's own reconnect backoff never stacks
         # on top of ours.
-        async with grpc.aio.insecure_channel(self.config.controller) as channel:
+        async with self.config.channel() as channel:
             call = AgentServiceStub(channel).Connect()
             tasks: list[asyncio.Task[Any]] = []
             try:
@@ -501,6 +520,10 @@ class NodeAgent:
 
     def _start_profile(self, req: pb.ProfileRequest) -> None:
         log = self._log.bind(job_id=req.job_id, generation=req.generation, gpu=req.local_gpu)
+        if self._profiling.get(req.local_gpu) == req.job_id:
+            # Re-sent after a reconnect: the pass in flight answers it.
+            log.info("profile request re-delivered: already profiling")
+            return
         running = {r.job_id: r for r in self.backend.running()}
         error = self._check_gpus([req.local_gpu], "", running)
         if error:  # answered, so the controller does not wait for it

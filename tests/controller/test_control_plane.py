@@ -310,6 +310,16 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
     assert ct["accepted"] == ct["durable"] == 400 and ct["create_per_s"] > 0
 
 
+@pytest.mark.timeout(180)
+async def test_load_bench_accounts_for_every_job_and_records_controller_resources():
+    from sia_grpc.controlbench import load
+
+    r = await load(agents=4, gpus_per_agent=8, jobs=60, clients=4, rounds=1)
+    assert r["accepted"] == r["durable"] == 60 and sum(r["states"].values()) == 60
+    assert r["controller_cpu_s"] > 0 and r["controller_peak_rss_mib"] > 10
+    assert len(r["round_ms"]) == 1
+
+
 @pytest.mark.timeout(60)
 async def test_cli_submit_ls_get_and_cancel_against_a_live_controller(tmp_path, capsys):
     from sia_grpc.cli import main

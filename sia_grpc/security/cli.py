@@ -1,0 +1,102 @@
+"""`sia certs ...` and `sia tokens ...`: development PKI and bearer tokens.
+
+    sia certs init DIR [--hosts controller.example,10.0.0.5] [--agents node-1,node-2]
+    sia certs issue DIR --agent node-3 | --controller --hosts ... | --admin [NAME]
+    sia tokens add --file tokens.toml --tenant team-a [--admin] [--name ci]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _certs_init(args: argparse.Namespace) -> int:
+    from sia_grpc.security.certs import init_dev_pki
+
+    issued = init_dev_pki(args.dir, hosts=args.hosts, agents=args.agents, days=args.days,
+                          force=args.force)
+    for name, files in issued.items():
+        print(f"{name:<24} {files.cert}  {files.key}")
+    print(f"\nkeys are mode 0600; keep {issued['ca'].key} off the cluster "
+          "(it signs new certificates)")
+    return 0
+
+
+def _certs_issue(args: argparse.Namespace) -> int:
+    from sia_grpc.security.certs import issue
+
+    if args.agent:
+        files = issue(args.dir, "agent", args.agent, days=args.days, force=args.force)
+    elif args.controller:
+        files = issue(args.dir, "controller", "sia-controller", hosts=args.hosts,
+                      days=args.days, force=args.force)
+    else:
+        files = issue(args.dir, "admin", args.admin, days=args.days, force=args.force)
+    print(f"{files.cert}  {files.key}")
+    return 0
+
+
+def _tokens_add(args: argparse.Namespace) -> int:
+    from sia_grpc.security.tokens import add_token
+
+    token = add_token(args.file, args.tenant, admin=args.admin, name=args.name or "")
+    role = "admin" if args.admin else "user"
+    print(f"added a {role} token for tenant {args.tenant!r} to {args.file} (only its hash is "
+          "stored); it is shown once:", file=sys.stderr)
+    print(token)
+    return 0
+
+
+def _guard(func):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except (OSError, ValueError) as err:  # FileExistsError, TokenError, bad names
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    return run
+
+
+def add_commands(sub: Any) -> None:
+    certs = sub.add_parser("certs", help="development CA and TLS certificates "
+                                         "(docs/security.md)")
+    csub = certs.add_subparsers(dest="certs", required=True)
+    init = csub.add_parser("init", help="a CA, a controller certificate, one client "
+                                        "certificate per agent, and an admin certificate")
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--hosts", type=_names, default=[], metavar="H1,H2",
+                      help="the controller's DNS names and IPs (localhost, 127.0.0.1 and ::1 "
+                           "are always added)")
+    init.add_argument("--agents", type=_names, default=[], metavar="NODE1,NODE2",
+                      help="node ids to issue agent certificates for (CN = node id)")
+    init.add_argument("--days", type=int, default=365, help="leaf validity (default 365)")
+    init.add_argument("--force", action="store_true", help="replace existing files")
+    init.set_defaults(func=_guard(_certs_init))
+
+    iss = csub.add_parser("issue", help="one more certificate signed by DIR's CA")
+    iss.add_argument("dir", metavar="DIR")
+    kind = iss.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--agent", metavar="NODE", help="a client certificate for node NODE")
+    kind.add_argument("--controller", action="store_true",
+                      help="a new controller server certificate (with --hosts)")
+    kind.add_argument("--admin", nargs="?", const="admin", metavar="NAME",
+                      help="an admin client certificate (may register any node id)")
+    iss.add_argument("--hosts", type=_names, default=[], metavar="H1,H2")
+    iss.add_argument("--days", type=int, default=365)
+    iss.add_argument("--force", action="store_true", help="replace existing files (renewal)")
+    iss.set_defaults(func=_guard(_certs_issue))
+
+    tokens = sub.add_parser("tokens", help="bearer tokens for tenants (docs/security.md)")
+    tsub = tokens.add_subparsers(dest="tokens", required=True)
+    add = tsub.add_parser("add", help="make a token, append its SHA-256 to FILE, print it once")
+    add.add_argument("--file", required=True, metavar="FILE", help="the tokens file (TOML)")
+    add.add_argument("--tenant", required=True)
+    add.add_argument("--admin", action="store_true", help="sees and manages every tenant's jobs")
+    add.add_argument("--name", help="a label kept beside the hash (who or what uses it)")
+    add.set_defaults(func=_guard(_tokens_add))

@@ -1,0 +1,491 @@
+"""deploy/k8s: every manifest validates against the Kubernetes OpenAPI schemas
+(kubernetes-validate, offline, strict: an unknown field fails), the kustomizations
+hold together, and the workloads are what docs/operations.md promises: one
+controller with Recreate, hardened containers, health probes on the service port,
+and container args that the real CLIs accept."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import shutil
+import subprocess
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import referencing
+import yaml
+from deploy_common import (
+    BASE,
+    DEPLOY,
+    K8S,
+    OVERLAYS,
+    ROOT,
+    SECURITY_FLAGS,
+    SECURITY_SETTINGS,
+    base_resources,
+    by_kind,
+    containers,
+    controller_parser,
+    documents,
+    expand_k8s,
+    flags_in,
+    kustomization,
+    missing_security_flags,
+    nodeagent_parser,
+    one,
+    option_strings,
+    parse,
+    pod_spec,
+    without_flags,
+    yaml_files,
+)
+
+# The oldest Kubernetes these manifests support, and the newest schemas bundled.
+K8S_VERSIONS = ("1.29", kubernetes_validate.utils.major_minor(
+    kubernetes_validate.utils.latest_version()))
+NODE = "gpu-node-7"  # stands in for $(NODE_NAME)
+
+BASE_DOCS = base_resources()
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# ---------------------------------------------------------------- schemas
+
+
+@functools.cache
+def _schema_validator(version: str, kind: str, api_version: str) -> jsonschema.Validator:
+    """The strict schema of kind/api_version, as kubernetes_validate.validate builds it."""
+    version = [v for v in kubernetes_validate.utils.all_versions()
+               if kubernetes_validate.utils.major_minor(v) == version][-1]
+    group = api_version.split("/")[0].split(".")[0] if "/" in api_version else ""
+    name = f"{kind.lower()}-{group}-{api_version.split('/')[-1]}" if group else \
+        f"{kind.lower()}-{api_version}"
+    folder = resources.files("kubernetes_validate") / "kubernetes-json-schema" / \
+        f"v{version}-local-strict"
+    schema = json.loads((folder / f"{name}.json").read_text())
+    definitions = json.loads((folder / "_definitions.json").read_text())
+    registry = referencing.Resource.from_contents(definitions) @ (
+        referencing.Resource.from_contents(schema) @ referencing.Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def patch_errors(doc: dict[str, Any], version: str) -> list[str]:
+    """Schema errors in a strategic-merge patch: everything but missing required
+    fields (a patch names only what it changes)."""
+    validator = _schema_validator(version, doc["kind"], doc["apiVersion"])
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(doc) if e.validator != "required"]
+
+
+def is_patch(path: Path) -> bool:
+    """Whether a file is used as a patch by a kustomization next to it."""
+    k = path.parent / "kustomization.yaml"
+    if not k.exists():
+        return False
+    patches = yaml.safe_load(k.read_text()).get("patches", [])
+    return any(p.get("path") == path.name for p in patches)
+
+
+@pytest.mark.parametrize("path", yaml_files(), ids=rel)
+def test_every_manifest_validates_strictly(path: Path) -> None:
+    docs = documents(path)
+    assert docs, f"{rel(path)}: no YAML documents"
+    for doc in docs:
+        for version in K8S_VERSIONS:
+            if is_patch(path):
+                errors = patch_errors(doc, version)
+                assert not errors, f"{rel(path)} (patch), Kubernetes {version}: {errors}"
+                continue
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                e = err.caught
+                where = ".".join(map(str, e.absolute_path))
+                pytest.fail(f"{rel(path)}: {doc['kind']}/{doc['metadata']['name']}, "
+                            f"Kubernetes {version}: {where}: {e.message}")
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    """The schemas are really strict: a misspelt field fails (not silently dropped)."""
+    doc = one(BASE_DOCS, "Deployment", "sia-controller")
+    bad = json.loads(json.dumps(doc))
+    bad["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFileSystem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="readOnlyRootFileSystem"):
+        kubernetes_validate.validate(bad, K8S_VERSIONS[0], strict=True)
+
+
+# ---------------------------------------------------------------- kustomize
+
+
+def kustomizations() -> list[Path]:
+    return sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
+
+
+@pytest.mark.parametrize("directory", kustomizations(), ids=rel)
+def test_kustomization_references_exist(directory: Path) -> None:
+    k = kustomization(directory)
+    named = [*k.get("resources", []),
+             *[p["path"] for p in k.get("patches", []) if "path" in p],
+             *[f.split("=", 1)[-1] for g in k.get("configMapGenerator", [])
+               for f in g.get("files", [])]]
+    assert named, f"{rel(directory)}: references nothing"
+    for entry in named:
+        target = directory / entry
+        assert target.exists(), f"{rel(directory)}/kustomization.yaml: {entry} does not exist"
+        if target.is_dir():
+            assert (target / "kustomization.yaml").exists(), f"{entry}: not a kustomization"
+    # Every YAML file next to a kustomization is used by it (no forgotten manifest).
+    used = {(directory / e).resolve() for e in named}
+    for path in directory.glob("*.yaml"):
+        if path.name != "kustomization.yaml":
+            assert path.resolve() in used, f"{rel(path)} is not in its kustomization"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlay_patches_target_base_resources(overlay: Path) -> None:
+    k = kustomization(overlay)
+    assert "../../base" in k["resources"]
+    base = {(d["kind"], d["metadata"]["name"]) for d in base_resources(overlay)}
+    for patch in k.get("patches", []):
+        if "target" in patch:
+            targets = [(patch["target"]["kind"], patch["target"]["name"])]
+        else:
+            targets = [(d["kind"], d["metadata"]["name"])
+                       for d in documents(overlay / patch["path"])]
+        for target in targets:
+            assert target in base, f"{overlay.name}: patch {patch} targets {target}, " \
+                                   "which the base does not have"
+    images = {i["name"] for i in kustomization(BASE)["images"]}
+    assert {i["name"] for i in k.get("images", [])} <= images
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlays_never_touch_replicas_or_strategy(overlay: Path) -> None:
+    """The single-writer guarantee lives in the base and no overlay may change it."""
+    k = kustomization(overlay)
+    assert "replicas" not in k
+    for patch in k.get("patches", []):
+        for doc in documents(overlay / patch["path"]) if "path" in patch else []:
+            spec = doc.get("spec", {})
+            assert "replicas" not in spec and "strategy" not in spec, patch
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed: the overlays "
+                    "are checked file by file only")
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("directory", [BASE, *OVERLAYS], ids=rel)
+def test_rendered_kustomization_validates_and_keeps_the_invariants(directory: Path) -> None:
+    docs = render(directory)
+    for doc in docs:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    check_single_writer(docs)
+    for doc in docs:
+        if (spec := pod_spec(doc)) is not None:
+            check_hardened(doc, spec)
+    config = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert len(config) == 1 and config[0]["metadata"]["name"].startswith("sia-controller-config-")
+    deploy = one(docs, "Deployment", "sia-controller")
+    volumes = deploy["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "config", "configMap": {"name": config[0]["metadata"]["name"]}} in volumes
+    agent = one(docs, "DaemonSet", "sia-nodeagent")
+    for c in [*containers(pod_spec(deploy)), *containers(pod_spec(agent))]:
+        assert ":" in c["image"], f"{c['name']}: image {c['image']} has no tag"
+
+
+# ---------------------------------------------------------------- the workloads
+
+
+def check_single_writer(docs: list[dict[str, Any]]) -> None:
+    deploy = one(docs, "Deployment", "sia-controller")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert not by_kind(docs, "HorizontalPodAutoscaler")
+    claims = [v["persistentVolumeClaim"]["claimName"]
+              for v in deploy["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert claims == ["sia-store"]
+    pvc = one(docs, "PersistentVolumeClaim", "sia-store")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_controller_is_a_single_writer() -> None:
+    check_single_writer(BASE_DOCS)
+
+
+def check_hardened(doc: dict[str, Any], spec: dict[str, Any]) -> None:
+    name = f"{doc['kind']}/{doc['metadata']['name']}"
+    pod = spec.get("securityContext", {})
+    assert pod.get("runAsNonRoot") is True, name
+    assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, name
+    assert spec.get("automountServiceAccountToken") is False, name
+    assert not spec.get("hostPID") and not spec.get("hostIPC"), name
+    for c in containers(spec):
+        sc = c.get("securityContext", {})
+        where = f"{name} container {c['name']}"
+        assert sc.get("runAsNonRoot") is True, where
+        assert sc.get("readOnlyRootFilesystem") is True, where
+        assert sc.get("allowPrivilegeEscalation") is False, where
+        assert sc.get("privileged") in (None, False), where
+        assert sc.get("capabilities") == {"drop": ["ALL"]}, where
+        assert sc.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        assert sc.get("runAsUser", pod.get("runAsUser", 0)) != 0, where
+
+
+TOOL_DOCS = [d for p in sorted((K8S / "tools").glob("*.yaml")) for d in documents(p)]
+
+
+@pytest.mark.parametrize("doc", [d for d in [*BASE_DOCS, *TOOL_DOCS] if pod_spec(d) is not None],
+                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_container_is_hardened(doc: dict[str, Any]) -> None:
+    check_hardened(doc, pod_spec(doc))
+
+
+def test_maintenance_pod_mounts_the_store_the_controller_uses() -> None:
+    (pod,) = TOOL_DOCS
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]]
+    assert claims == ["sia-store"]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] == "/var/lib/sia"
+    assert pod["metadata"]["namespace"] == kustomization(BASE)["namespace"]
+
+
+def test_overlay_patches_do_not_weaken_security() -> None:
+    for overlay in OVERLAYS:
+        for path in overlay.glob("*.yaml"):
+            text = path.read_text()
+            for word in ("securityContext", "privileged", "hostPath", "capabilities"):
+                assert word not in text, f"{rel(path)} touches {word}"
+
+
+def test_secrets_are_referenced_never_committed() -> None:
+    for path in [*yaml_files(), *DEPLOY.rglob("*.toml"), *DEPLOY.rglob("*.env")]:
+        text = path.read_text()
+        assert "kind: Secret" not in text, rel(path)
+        assert "PRIVATE KEY" not in text, rel(path)
+    readme = (K8S / "README.md").read_text()
+    for doc in BASE_DOCS:
+        for volume in (pod_spec(doc) or {}).get("volumes", []):
+            if "secret" in volume:
+                name = volume["secret"]["secretName"]
+                assert f"create secret generic {name}" in readme, \
+                    f"deploy/k8s/README.md does not say how to create the Secret {name}"
+
+
+def test_secret_files_used_in_args_are_created_by_the_readme() -> None:
+    readme = (K8S / "README.md").read_text()
+    for doc in BASE_DOCS:
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        for c in containers(spec):
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            secret_volumes = {v["name"] for v in spec["volumes"] if "secret" in v}
+            for arg in [*c.get("args", []), *_probe_commands(c)]:
+                value = arg.split("=", 1)[-1]
+                for mount, volume in mounts.items():
+                    if volume in secret_volumes and value.startswith(mount + "/"):
+                        key = value[len(mount) + 1:].replace("$(NODE_NAME)", "")
+                        # agent-$(NODE_NAME).crt: the README adds agent-<node>.crt files
+                        assert key.split(".")[0].rstrip("-") in readme, (c["name"], value)
+
+
+def _probe_commands(c: dict[str, Any]) -> list[str]:
+    return [a for p in ("readinessProbe", "livenessProbe", "startupProbe")
+            for a in c.get(p, {}).get("exec", {}).get("command", [])]
+
+
+def _healthcheck_parser():
+    path = DEPLOY / "docker" / "sia-healthcheck.py"
+    spec = importlib.util.spec_from_file_location("sia_healthcheck", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parser()
+
+
+def test_probes_check_grpc_health_on_the_service_port() -> None:
+    deploy = one(BASE_DOCS, "Deployment", "sia-controller")
+    service = one(BASE_DOCS, "Service", "sia-controller")
+    (c,) = pod_spec(deploy)["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    svc = {p["name"]: p for p in service["spec"]["ports"]}
+    assert svc["grpc"]["targetPort"] == "grpc" and svc["grpc"]["port"] == ports["grpc"]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    for probe in ("readinessProbe", "livenessProbe"):
+        command = c[probe]["exec"]["command"]
+        assert command[0] == "sia-healthcheck", probe
+        args = parse(_healthcheck_parser(), command[1:])
+        host, port = args.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) == ports["grpc"], probe
+        # TLS, verified against the name the agents and clients use too.
+        assert args.ca and args.server_name == \
+            f"{service['metadata']['name']}.sia-system.svc", probe
+        assert c[probe]["timeoutSeconds"] >= 3, probe
+
+
+# ---------------------------------------------------------------- args vs the CLIs
+
+
+def _controller() -> dict[str, Any]:
+    (c,) = pod_spec(one(BASE_DOCS, "Deployment", "sia-controller"))["containers"]
+    return c
+
+
+def _agent() -> dict[str, Any]:
+    (c,) = pod_spec(one(BASE_DOCS, "DaemonSet", "sia-nodeagent"))["containers"]
+    return c
+
+
+def _agent_args() -> list[str]:
+    return expand_k8s(_agent()["args"], {"NODE_NAME": NODE})
+
+
+def _controller_toml() -> dict[str, Any]:
+    return tomllib.loads((BASE / "controller.toml").read_text())["controller"]
+
+
+def test_controller_args_parse_and_make_a_valid_config(tmp_path: Path) -> None:
+    from sia_grpc.controller.config import ControllerConfig, load_config
+
+    p = controller_parser()
+    args = without_flags(_controller()["args"], missing_security_flags(p, _controller()["args"]),
+                         p)
+    ns = parse(p, args)
+    settings = _controller_toml()
+    fields = set(ControllerConfig.__dataclass_fields__)
+    assert set(settings) <= fields | SECURITY_SETTINGS, set(settings) - fields
+    config_file = tmp_path / "controller.toml"
+    config_file.write_text(tomllib_dump({k: v for k, v in settings.items() if k in fields}))
+    overrides = {k: v for k, v in vars(ns).items()
+                 if k in fields and k not in ("config",)}
+    if not {"tls_cert", "tokens_file"} <= fields:
+        overrides["listen"] = "127.0.0.1:50051"  # plaintext is loopback-only without them
+    config = load_config(config_file, env={}, **overrides)
+    assert config.db_path.startswith("/var/lib/sia/")
+    mounts = {m["mountPath"] for m in _controller()["volumeMounts"]}
+    assert str(Path(config.db_path).parent) in mounts
+    assert ns.config == "/etc/sia/config/controller.toml"
+    assert "/etc/sia/config" in mounts
+
+
+def tomllib_dump(values: dict[str, Any]) -> str:
+    lines = ["[controller]"]
+    for key, value in values.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def test_agent_args_parse() -> None:
+    from sia_grpc.nodeagent.__main__ import _check_args
+
+    p = nodeagent_parser()
+    args = without_flags(_agent_args(), missing_security_flags(p, _agent_args()), p)
+    ns = parse(p, args)
+    try:
+        _check_args(p, ns)
+    except SystemExit:
+        pytest.fail(f"sia-nodeagent rejects {args}")
+    assert ns.backend == "torch" and ns.node_id == NODE and ns.gpus is None
+    daemonset = one(BASE_DOCS, "DaemonSet", "sia-nodeagent")
+    # The agent stops its workers within --stop-grace; the pod must wait longer.
+    assert daemonset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= \
+        ns.stop_grace + 30
+
+
+ALL_FLAGS = sorted({*flags_in(_controller()["args"]), *flags_in(_agent_args())})
+
+
+@pytest.mark.parametrize("flag", ALL_FLAGS)
+def test_every_flag_exists_in_its_cli(flag: str) -> None:
+    agent = flag in flags_in(_agent_args())
+    parser = nodeagent_parser() if agent else controller_parser()
+    if flag not in option_strings(parser) and flag in SECURITY_FLAGS:
+        pytest.skip(f"{flag} is a security flag that {parser.prog} does not have yet "
+                    "(added with docs/security.md)")
+    assert flag in option_strings(parser), f"{parser.prog} has no {flag}"
+
+
+def test_agents_reach_the_controller_agent_port() -> None:
+    from sia_grpc.controller.config import ControllerConfig
+
+    service = one(BASE_DOCS, "Service", "sia-controller")
+    ns = parse(nodeagent_parser(), without_flags(_agent_args(), SECURITY_FLAGS,
+                                                 nodeagent_parser()))
+    host, port = ns.controller.rsplit(":", 1)
+    assert host == f"{service['metadata']['name']}.{kustomization(BASE)['namespace']}.svc"
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    if not hasattr(ControllerConfig, "agent_address"):
+        pytest.skip("the controller has no separate agent port yet (docs/security.md)")
+    listen = _controller_toml()["listen"]
+    config = ControllerConfig(listen=listen.replace("0.0.0.0", "127.0.0.1"),
+                              tls_cert="c", tls_key="k", tls_client_ca="ca")
+    assert int(port) == ports["agents"] == int(config.agent_address.rsplit(":", 1)[1])
+    (c,) = pod_spec(one(BASE_DOCS, "Deployment", "sia-controller"))["containers"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["agents"] == ports["agents"]
+
+
+def test_checkpoints_are_on_the_shared_volume_everywhere() -> None:
+    root = _controller_toml()["checkpoint_root"]
+    agent = _agent()
+    ns = parse(nodeagent_parser(), without_flags(_agent_args(), SECURITY_FLAGS,
+                                                 nodeagent_parser()))
+    assert str(ns.checkpoint_root) == root
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(one(BASE_DOCS, "DaemonSet",
+                                                  "sia-nodeagent"))["volumes"]}
+    claim = volumes[mounts[root]]["persistentVolumeClaim"]["claimName"]
+    assert one(BASE_DOCS, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == \
+        ["ReadWriteMany"]
+
+
+def test_agent_daemonset_runs_on_gpu_nodes_only() -> None:
+    daemonset = one(BASE_DOCS, "DaemonSet", "sia-nodeagent")
+    spec = pod_spec(daemonset)
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        spec["tolerations"]
+    (term,) = spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"] for e in term["matchExpressions"]}
+    assert "nvidia.com/gpu.present" in keys
+    priority = one(BASE_DOCS, "PriorityClass", spec["priorityClassName"])
+    assert priority["value"] >= 1_000_000
+    env = {e["name"]: e for e in _agent()["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    gpus = _agent()["resources"]["limits"]["nvidia.com/gpu"]
+    count = next(e for e in term["matchExpressions"] if e["key"] == "nvidia.com/gpu.count")
+    assert count["values"] == [str(gpus)]
+    for overlay in OVERLAYS:  # an overlay that changes the GPU count changes both
+        for path in overlay.glob("nodeagent*.yaml"):
+            (doc,) = documents(path)
+            ospec = doc["spec"]["template"]["spec"]
+            ogpus = ospec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+            terms = ospec.get("affinity", {}).get("nodeAffinity", {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution")
+            ocount = count["values"] if terms is None else next(
+                e["values"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]
+                if e["key"] == "nvidia.com/gpu.count")
+            assert ocount == [str(ogpus)], rel(path)
+
+
+def test_security_flag_names_are_the_agreed_ones() -> None:
+    """The manifests use exactly the flag names of docs/security.md."""
+    used = {f for f in ALL_FLAGS if f.startswith("--tls") or f == "--tokens"}
+    assert used <= SECURITY_FLAGS
