@@ -31,6 +31,11 @@ class ControllerConfig:
     store_synchronous: str = "FULL"
     inline_solver: bool = False  # solve on a thread instead of a spawned process
     max_message_bytes: int = 16 << 20
+    # Per tenant (0: no limit): jobs not yet ended, and CreateJob calls a second
+    # with bursts of create_burst. Beyond them CreateJob is RESOURCE_EXHAUSTED.
+    max_active_jobs: int = 0
+    create_rate: float = 0.0
+    create_burst: int = 0
     # Security (docs/security.md). Paths to PEM files; "" = not set.
     tls_cert: str = ""  # the controller's certificate (chain); with tls_key: TLS on
     tls_key: str = ""
@@ -63,6 +68,9 @@ class ControllerConfig:
                      "heartbeat_interval", "heartbeat_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("max_active_jobs", "create_rate", "create_burst"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name}: must be >= 0 (0: no limit), got {getattr(self, name)}")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError("heartbeat_timeout: must exceed heartbeat_interval")
         object.__setattr__(self, "solve_timeout", min(self.solve_timeout, self.round_duration))

@@ -28,10 +28,11 @@ from sia_grpc import api
 from sia_grpc.api import pb
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
+from sia_grpc.controller.limits import TenantLimits
 from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import Store as JobStore
 from sia_grpc.controller.store import StoreError
-from sia_grpc.controller.validation import check_job_id, resolve
+from sia_grpc.controller.validation import Resolved, check_job_id, resolve
 from sia_grpc.errors import (
     ApiError,
     failed_precondition,
@@ -136,6 +137,9 @@ class Controller:
         self.state = sm.ControllerState(sm.ControllerSettings(
             heartbeat_timeout=config.heartbeat_timeout,
             checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration))
+        self._limits = TenantLimits(config.max_active_jobs, config.create_rate,
+                                    config.create_burst)
+        self._pending_creates: collections.Counter[str] = collections.Counter()
         self.port = 0
         self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
         self.tokens: TokenStore | None = None
@@ -319,6 +323,8 @@ class Controller:
             touched: dict[str, None] = {}
             failed: dict[int, Exception] = {}
             for k, (event, _) in enumerate(batch):
+                if isinstance(event, sm.JobCreated):  # the state machine counts it now
+                    self._pending_creates[event.job.spec.tenant] -= 1
                 try:
                     actions = self.state.handle(event)
                 except Exception as exc:  # the loop must survive any one event
@@ -472,6 +478,19 @@ class Controller:
             check_job_id(request.job_id)
         if len(request.request_id) > 128:
             raise invalid("request_id", "at most 128 characters")
+        tenant = request.spec.tenant
+        # Exact under concurrency: jobs the state machine counts, plus creates on
+        # their way to it (each leaves `_pending_creates` when its event is handled).
+        self._limits.admit(tenant, self.state.active_by_tenant[tenant]
+                           + self._pending_creates[tenant], self.clock.time())
+        self._pending_creates[tenant] += 1
+        try:
+            return await self._create(request, resolved)
+        except BaseException:
+            self._pending_creates[tenant] -= 1
+            raise
+
+    async def _create(self, request: pb.CreateJobRequest, resolved: Resolved) -> pb.Job:
         job = pb.Job(job_id=request.job_id or f"{request.spec.name or 'job'}-"
                      f"{uuid.uuid4().hex[:8]}", spec=request.spec)
         if not request.job_id and len(job.job_id) > 63:
@@ -492,6 +511,7 @@ class Controller:
             self.post(sm.JobCreated(now, stored, resolved))
             log.debug("job created", job_id=stored.job_id, application=stored.spec.application)
             return stored
+        self._pending_creates[request.spec.tenant] -= 1  # a repeat: nothing new to count
         current = self.state.job(stored.job_id)
         return pb.Job.FromString(current.SerializeToString()) if current else stored
 

@@ -42,3 +42,34 @@ def test_no_limits_admit_everything():
         lim.admit("a", k, 0.0)
     with pytest.raises(ValueError):
         TenantLimits(max_active_jobs=-1)
+
+
+@pytest.mark.timeout(60)
+async def test_controller_enforces_the_per_tenant_limits_over_grpc():
+    from dataclasses import replace
+
+    from sia_grpc.api import pb
+    from sia_grpc.client import AsyncSiaClient
+    from sia_grpc.controller.config import ConfigError, ControllerConfig
+    from sia_grpc.localcluster import LocalCluster
+
+    def spec(name: str, tenant: str) -> pb.JobSpec:
+        return pb.JobSpec(name=name, application="cifar10", tenant=tenant,
+                          adaptivity=pb.ADAPTIVITY_ADAPTIVE)
+
+    config = replace(ControllerConfig(listen="127.0.0.1:0", db_path=":memory:"),
+                     max_active_jobs=2)
+    async with LocalCluster({}, config=config) as lc, AsyncSiaClient(lc.target) as client:
+        first = await client.submit(spec("a1", "team-a"))
+        await client.submit(spec("a2", "team-a"))
+        with pytest.raises(ApiError) as err:
+            await client.submit(spec("a3", "team-a"))
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_active_jobs" in err.value.message
+        await client.submit(spec("b1", "team-b"))  # another tenant is not affected
+        await first.cancel()
+        await client.submit(spec("a3", "team-a"))  # an ended job frees a place
+        names = sorted([j.spec.name async for j in client.list()])
+    assert names == ["a1", "a2", "a3", "b1"]
+    with pytest.raises(ConfigError, match="create_rate"):
+        ControllerConfig(create_rate=-1.0)
