@@ -403,6 +403,13 @@ class Controller:
         while True:
             await self.clock.sleep(self.config.round_duration)
             self.post(sm.Tick(self.clock.time(), "timer"))
+            try:  # the changelog (WatchJobs' history) keeps its newest entries only
+                dropped = await self._in_store(self._store.compact)
+            except Exception:  # StoreError: logged; the next round tries again
+                log.exception("changelog compaction failed")
+            else:
+                if dropped:
+                    log.info("changelog compacted", dropped=dropped)
 
     async def _liveness(self) -> None:
         while True:
