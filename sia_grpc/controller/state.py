@@ -29,7 +29,7 @@ from google.protobuf import timestamp_pb2
 
 from sia_grpc.api import pb
 from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
-from sia_grpc.convert import allocation_to_pb
+from sia_grpc.convert import MAX_GPUS_PER_NODE, allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
@@ -244,6 +244,7 @@ class ControllerState:
         self._moving: set[str] = set()  # jobs waiting for stops or GPUs to start again
         self._to_profile: set[str] = set()  # jobs that may still need a profiling pass
         self._profile_changed: set[str] = set()  # jobs whose passes changed (this event)
+        self._released: set[str] = set()  # jobs that released GPUs (this event): persisted
 
     # ------------------------------------------------------------ loading
 
@@ -266,7 +267,10 @@ class ControllerState:
             if n is None:
                 a = rec.alloc
                 gpu_type = a.config.gpu_type if a else ""
-                n = self.nodes[node] = _NodeRec(node, gpu_type, max(gpus) + 1, last_seen=at)
+                n = self.nodes[node] = _NodeRec(node, gpu_type, max(gpus, default=-1) + 1,
+                                                last_seen=at)
+            # Until its agent registers, a node has at least the GPUs its jobs hold.
+            n.num_gpus = max(n.num_gpus, max(gpus, default=-1) + 1)
             n.holder.update(dict.fromkeys(gpus, job.job_id))
 
     def extra(self, job_id: str) -> bytes:
@@ -303,6 +307,9 @@ class ControllerState:
         self._start_profiles(event.at, out)
         self._profiles_done(event.at, out)
         self._dispatch_pending(event.at, out)
+        if self._released:  # else a restart would book their GPUs to them again
+            out.append(Persist(tuple(sorted(j for j in self._released if j in self.jobs))))
+            self._released.clear()
         for round_no in [r for r, ids in self._round_acks.items()
                          if not ids and r != self.solving]:
             del self._round_acks[round_no]
@@ -345,6 +352,13 @@ class ControllerState:
     # ------------------------------------------------------------ agents
 
     def _registered(self, ev: AgentRegistered, out: list[Action]) -> None:
+        try:  # what the policy's cluster will hold: else every round fails on this node
+            Node(ev.node_id, ev.gpu_type, ev.num_gpus)
+            if ev.num_gpus > MAX_GPUS_PER_NODE:
+                raise ValueError(f"num_gpus: at most {MAX_GPUS_PER_NODE}, got {ev.num_gpus}")
+        except ValueError:
+            out.append(Reconnect(ev.node_id))  # not taken: its stream is ended
+            return
         node = self.nodes.get(ev.node_id)
         if ev.gpu_type not in {n.gpu_type for n in self.nodes.values()
                                if n.state == pb.NODE_STATE_READY}:
@@ -353,16 +367,55 @@ class ControllerState:
         if node is None:
             node = self.nodes[ev.node_id] = _NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
+        # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
+        # booked on the missing ones is gone; a pass there is run again, a job requeued.
+        for g in sorted(g for g in node.holder if g >= node.num_gpus):
+            rec = self.jobs.get(node.holder.pop(g))
+            if rec is None:
+                continue
+            for t, (name, gpu) in list(rec.profiling.items()):
+                if (name, gpu) == (node.name, g):
+                    del rec.profiling[t]
+                    self._to_profile.add(rec.job_id)
+            if node.name in rec.held:
+                stopping = node.name in rec.stopping
+                self._release(rec, node.name)
+                if not stopping:
+                    self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
         node.state, node.last_seen = pb.NODE_STATE_READY, ev.at
         reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
         # Re-deliver what it may have missed; the agent ignores ids it already applied.
         unacked = set()
-        for job_id, name, _, msg in self._pending_acks.values():
-            if name == ev.node_id:
-                unacked.add(job_id)
-                out.append(Send(name, msg))
+        for did, (job_id, name, action, msg) in list(self._pending_acks.items()):
+            if name != ev.node_id:
+                continue
+            rec = self.jobs.get(job_id)
+            d = msg.directive
+            if action == pb.Directive.ACTION_RUN and (
+                    rec is None or rec.state in TERMINAL or d.generation != rec.generation
+                    or ev.node_id not in rec.held):
+                # Obsolete: the job moved on while the agent was away. Sent now, it
+                # would start a fenced generation on GPUs the books give to others.
+                del self._pending_acks[did]
+                self._round_acked(d.round, did, out)
+                continue
+            unacked.add(job_id)
+            out.append(Send(name, msg))
+        # Profiling passes in flight here: the request may have been lost with the old
+        # stream (or the agent restarted), and nothing else would ever end the pass.
+        # Sent again; an agent still running that pass ignores the copy.
+        for job_id in sorted(set(node.holder.values())):
+            rec = self.jobs.get(job_id)
+            if rec is None:
+                continue
+            for t, (name, gpu) in sorted(rec.profiling.items()):
+                if name == ev.node_id:
+                    out.append(self._profile_request(rec, t, name, gpu))
         # Jobs we believe run here but the agent does not have: their workers are gone.
-        for job_id in {j for j in node.holder.values()}:
+        # (Also jobs whose restored books name this node while another job's booking
+        # of the same GPU won: the agent's report settles it.)
+        for job_id in sorted({*node.holder.values(),
+                              *(j for j, r in self.jobs.items() if ev.node_id in r.held)}):
             rec = self.jobs.get(job_id)
             if rec is None or job_id in reported or job_id in unacked:
                 continue
@@ -379,10 +432,14 @@ class ControllerState:
             ours = (rec is not None and rec.state not in TERMINAL and gen == rec.generation
                     and rec.held.get(ev.node_id) == tuple(sorted(gpus)))
             if not ours:
-                node.holder.update({g: job_id for g in gpus if g not in node.holder})
+                # Only GPUs the node has, and not booked for another job: an agent's
+                # report must not push its GPU count past what it registered.
+                mine = tuple(sorted({g for g in gpus if g < node.num_gpus
+                                     and node.holder.get(g, job_id) == job_id}))
+                node.holder.update(dict.fromkeys(mine, job_id))
                 self._send_stop(job_id, gen, ev.node_id, out)
                 if rec is not None:
-                    rec.held.setdefault(ev.node_id, tuple(sorted(gpus)))
+                    rec.held.setdefault(ev.node_id, mine)
                     rec.stopping.add(ev.node_id)
 
     def _agent_message(self, ev: AgentMessage, out: list[Action]) -> None:
@@ -426,7 +483,7 @@ class ControllerState:
                                               s.atomic_batch_size, s.accum_steps,
                                               s.step_time_s, sync)
                 new_shape = True
-        if t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
+        if t.HasField("grad") and _valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         rec.job.status.progress = max(rec.job.status.progress, min(t.progress, 1.0))
         if t.HasField("checkpoint"):
@@ -450,7 +507,7 @@ class ControllerState:
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
         rec.profiled.add(node.gpu_type)
-        if rec.grad is None and t.HasField("grad") and (t.grad.sqr > 0 or t.grad.var > 0):
+        if rec.grad is None and t.HasField("grad") and _valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         for s in t.samples:
             if _valid_sample(s) and s.num_replicas == 1 and s.num_nodes == 1:
@@ -492,15 +549,21 @@ class ControllerState:
             return
         if ex.generation != rec.generation or rec.state in TERMINAL:
             return
-        self._release(rec, node.name)
+        # A RUN still on its way there (a batch change) would start the finished job
+        # again: then its GPUs stay booked until a STOP behind that RUN is acknowledged.
+        rerun = any(j == rec.job_id and n == node.name and act == pb.Directive.ACTION_RUN
+                    for j, n, act, _ in self._pending_acks.values())
+        done_here = "" if rerun else node.name
+        if not rerun:
+            self._release(rec, node.name)
         if ex.kind == pb.JobExit.KIND_COMPLETED:
             rec.job.status.progress = 1.0
-            self._finish(rec, pb.JOB_STATE_SUCCEEDED, at, "completed", out, except_node=node.name)
+            self._finish(rec, pb.JOB_STATE_SUCCEEDED, at, "completed", out, except_node=done_here)
         else:
             msg = ex.message or "worker failed"
             rec.job.status.message = msg
             self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}", out,
-                         except_node=node.name)
+                         except_node=done_here)
 
     # ------------------------------------------------------------ rounds
 
@@ -508,7 +571,8 @@ class ControllerState:
         self._check_liveness(ev.at, out)
         if self.solving is not None:
             return
-        ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY]
+        # (a node restored from the store without its type waits for its agent)
+        ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY and n.gpu_type]
         jobs = [r for r in self.jobs.values() if self._schedulable(r)]
         if not ready or not jobs:
             return
@@ -696,6 +760,7 @@ class ControllerState:
     def _release(self, rec: _JobRec, node_name: str) -> None:
         gpus = rec.held.pop(node_name, ())
         rec.stopping.discard(node_name)
+        self._released.add(rec.job_id)
         node = self.nodes.get(node_name)
         if node is not None:
             for g in gpus:
@@ -799,14 +864,17 @@ class ControllerState:
                 busy.add(slot)
                 self.nodes[node].holder[gpu] = rec.job_id
                 rec.profiling[t] = (node, gpu)
-                lo, hi = rec.res.local_bsz_limits[t]
-                req = pb.ProfileRequest(
-                    job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
-                    local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
-                        lo, hi, self.settings.profile_batch_sizes))
-                out.append(Send(node, pb.ControllerMessage(profile=req)))
+                out.append(self._profile_request(rec, t, node, gpu))
             if not idle:
                 return
+
+    def _profile_request(self, rec: _JobRec, gpu_type: str, node: str, gpu: int) -> Send:
+        lo, hi = rec.res.local_bsz_limits[gpu_type]
+        req = pb.ProfileRequest(
+            job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
+            local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
+                lo, hi, self.settings.profile_batch_sizes))
+        return Send(node, pb.ControllerMessage(profile=req))
 
     def _profile_slots(self, cluster: Cluster, at: float) -> list[PolicyJob]:
         """One GPU per type that jobs have waited `profile_wait` to profile on and
@@ -989,6 +1057,13 @@ def _valid_sample(s: pb.ThroughputSample) -> bool:
     return (math.isfinite(s.step_time_s) and 0 < s.step_time_s < 86400 and s.num_nodes >= 1
             and s.num_replicas >= s.num_nodes and s.atomic_batch_size >= 1
             and math.isfinite(s.sync_time_s))
+
+
+def _valid_grad(g: pb.GradientStats) -> bool:
+    """Gradient statistics the goodput model can use: finite, non-negative, not both 0
+    (an fp16 overflow reports inf; taken, it would starve the job of GPUs for good)."""
+    return (math.isfinite(g.sqr) and math.isfinite(g.var) and g.sqr >= 0 and g.var >= 0
+            and (g.sqr > 0 or g.var > 0))
 
 
 def _sync(s: pb.ThroughputSample) -> float:

@@ -373,6 +373,8 @@ class Store:
         kind is a pb.JobEvent kind value. Raises Compacted when some of those changes
         were already dropped from the changelog.
         """
+        if revision >= 2**63:  # beyond SQLite's integers (a client's uint64): none is newer
+            return []
         with self._read(f"read changes since revision {revision}") as conn:
             through = conn.execute(
                 "SELECT value FROM meta WHERE key = 'compacted_through'").fetchone()[0]
