@@ -370,7 +370,7 @@ class ControllerState:
         # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
         # booked on the missing ones is gone; a pass there is run again, a job requeued.
         for g in sorted(g for g in node.holder if g >= node.num_gpus):
-            rec = self.jobs.get(node.holder.pop(g))
+            rec = self.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
             if rec is None:
                 continue
             for t, (name, gpu) in list(rec.profiling.items()):

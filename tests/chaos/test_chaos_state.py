@@ -477,3 +477,25 @@ def test_a_node_back_with_fewer_gpus_keeps_no_booking_on_the_missing_ones():
             h.complete(running[0])
             h.deliver()
     assert all(h.state_of(f"j{k}") == pb.JOB_STATE_SUCCEEDED for k in range(3))
+
+
+def test_registration_churn_with_odd_counts_and_reports_keeps_the_books():
+    """Regression (state._registered, found by the 20x fuzz run): agents registering
+    again with another GPU count and reports of workers on any GPU index. A node
+    shrinking under two bookings of one job raised KeyError half-way through."""
+    for seed in range(150):
+        rng = random.Random(seed)
+        h = Harness({"good": ("rtx", 4)})
+        for k in range(3):
+            h.submit(f"k{k}")
+        for step in range(20):
+            running = tuple((rng.choice(["k0", "k1", "k2", "zz"]), rng.randint(0, 3),
+                             tuple(rng.randint(0, 12) for _ in range(rng.randint(0, 3))))
+                            for _ in range(rng.randint(0, 3)))
+            h.state.handle(AgentRegistered(h.now, rng.choice(["a", "b", "good"]),
+                                           rng.choice(["rtx", "aws"]),
+                                           rng.choice([1, 2, 4, 8, 10, 16]), "x", running))
+            for node in h.state.nodes.values():
+                assert all(0 <= g < node.num_gpus for g in node.holder), (seed, step)
+            if rng.random() < 0.3:
+                h.state.handle(Tick(h.now + step))
