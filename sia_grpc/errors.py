@@ -19,6 +19,23 @@ from grpc_status import rpc_status
 
 DOMAIN = "sia.v1"
 
+# An error travels in trailing metadata, which gRPC caps at 16 KiB by default: a
+# message echoing a 20,000-character job id would reach the client as the
+# transport's own RESOURCE_EXHAUSTED instead of this error. Echoed text is clipped.
+MAX_MESSAGE_CHARS = 1024
+MAX_METADATA_CHARS = 256
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` if it fits in `limit` characters, else its head and tail around a
+    count of what was cut (the head names the field, the tail often the bound)."""
+    if len(text) <= limit:
+        return text
+    marker = f"...[{len(text)} chars]..."
+    keep = max(limit - len(marker), 0)
+    head = keep * 3 // 4
+    return text[:head] + marker + text[len(text) - (keep - head):]
+
 
 @dataclass
 class ApiError(Exception):
@@ -31,6 +48,10 @@ class ApiError(Exception):
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.message = clip(self.message, MAX_MESSAGE_CHARS)
+        self.field = clip(self.field, MAX_METADATA_CHARS)
+        self.metadata = {clip(k, MAX_METADATA_CHARS): clip(v, MAX_METADATA_CHARS)
+                         for k, v in self.metadata.items()}
         super().__init__(self.message)
 
     def __str__(self) -> str:

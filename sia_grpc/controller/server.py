@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import functools
 import time
@@ -33,8 +32,10 @@ from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import Store as JobStore
 from sia_grpc.controller.store import StoreError
 from sia_grpc.controller.validation import Resolved, check_job_id, resolve
+from sia_grpc.convert import MAX_GPUS_PER_NODE
 from sia_grpc.errors import (
     ApiError,
+    already_exists,
     failed_precondition,
     invalid,
     not_found,
@@ -518,6 +519,10 @@ class Controller:
             self.post(sm.JobCreated(now, stored, resolved))
             log.debug("job created", job_id=stored.job_id, application=stored.spec.application)
             return stored
+        if request.job_id and stored.job_id != request.job_id:
+            raise already_exists("request", request.request_id,
+                                 f"request_id: already used for job {stored.job_id!r}, "
+                                 f"not {request.job_id!r}")
         self._pending_creates[request.spec.tenant] -= 1  # a repeat: nothing new to count
         current = self.state.job(stored.job_id)
         return pb.Job.FromString(current.SerializeToString()) if current else stored
@@ -620,6 +625,10 @@ class Controller:
         auth.check_node_id(reg.node_id)
         if len(reg.gpus) != 1 or reg.gpus[0].count == 0 or not reg.gpus[0].gpu_type:
             raise invalid("register.gpus", "one GPU type with a positive count per node")
+        if reg.gpus[0].count > MAX_GPUS_PER_NODE:
+            raise invalid("register.gpus[0].count", f"at most {MAX_GPUS_PER_NODE} GPUs per "
+                          f"node, got {reg.gpus[0].count}")
+        check_job_id(reg.gpus[0].gpu_type, "register.gpus[0].gpu_type")
         node = reg.node_id
         old = self._agents.get(node)
         if old is not None:  # a second stream for one node replaces the first
@@ -637,11 +646,13 @@ class Controller:
             tuple((r.job_id, r.generation, tuple(r.local_gpus)) for r in reg.running)))
 
         async def read() -> None:
-            async for msg in requests:
-                if msg.WhichOneof("kind") is None:
-                    continue
-                self.post(sm.AgentMessage(self.clock.time(), node, msg))
-            agent.outbox.put_nowait(None)
+            try:
+                async for msg in requests:
+                    if msg.WhichOneof("kind") is None:
+                        continue
+                    self.post(sm.AgentMessage(self.clock.time(), node, msg))
+            finally:  # the stream ends with its reader, however that ends
+                agent.outbox.put_nowait(None)
 
         reader = asyncio.create_task(read(), name=f"sia-agent-{node}")
         try:
@@ -650,10 +661,15 @@ class Controller:
                 if msg is None:
                     break
                 yield msg
+            if reader.done() and not reader.cancelled():
+                exc = reader.exception()
+                if exc is not None and not isinstance(exc, grpc.aio.AioRpcError):
+                    # An undecodable message: the agent is told, not left hanging.
+                    log.warning("agent stream unreadable", node_id=node, error=repr(exc))
+                    raise invalid("message", f"an AgentMessage could not be read: {exc!r}")
         finally:
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await reader
+            await asyncio.wait([reader])  # its outcome was read above (or is moot)
             if self._agents.get(node) is agent:
                 del self._agents[node]
                 self.post(sm.AgentDisconnected(self.clock.time(), node))
@@ -662,7 +678,6 @@ class Controller:
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:
     from sia_grpc.controller.store import JobExists, RequestConflict
-    from sia_grpc.errors import already_exists
 
     if isinstance(err, JobExists):
         return already_exists("job", job_id)

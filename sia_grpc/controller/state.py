@@ -541,8 +541,8 @@ class ControllerState:
 
     def _exit(self, node: _NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:
         rec = self.jobs.get(ex.job_id)
-        if rec is None:
-            return
+        if rec is None or node.name not in rec.held:
+            return  # only a node the job runs on may end it (or report its checkpoint)
         if ex.kind == pb.JobExit.KIND_CHECKPOINTED:
             rec.checkpoint = max(rec.checkpoint, ex.progress)
             rec.job.status.progress = max(rec.job.status.progress, ex.progress)

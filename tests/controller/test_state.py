@@ -165,6 +165,28 @@ def test_cancel_stops_the_job_and_frees_its_gpus():
     assert not h.agents["rtx-0"].busy and not h.state.nodes["rtx-0"].holder
 
 
+def test_an_exit_from_a_node_the_job_does_not_run_on_is_ignored():
+    """A rogue (or confused) agent cannot end, fail or rewind another node's job."""
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
+    h.submit("j1", max_gpus=1)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    (mine,) = rec.held
+    other = "rtx-1" if mine == "rtx-0" else "rtx-0"
+    for kind in (pb.JobExit.KIND_FAILED, pb.JobExit.KIND_COMPLETED,
+                 pb.JobExit.KIND_CHECKPOINTED):
+        h.feed(AgentMessage(h.now, other, pb.AgentMessage(exit=pb.JobExit(
+            job_id="j1", generation=rec.generation, kind=kind, progress=0.9))))
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING
+    assert rec.checkpoint == 0 and rec.job.status.progress < 0.9
+    assert set(h.state.nodes[mine].holder.values()) == {"j1"}
+    h.complete("j1")  # from the node that runs it, it counts
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_SUCCEEDED
+
+
 def test_job_becoming_schedulable_asks_for_an_early_round():
     h = Harness({"rtx-0": ("rtx", 8)})
     h.submit("j1")

@@ -94,7 +94,7 @@ def _accepted(stub, job: pb.Job | None, request: pb.CreateJobRequest) -> None:
     got = stub.GetJob(pb.GetJobRequest(job_id=job.job_id), timeout=10)
     assert got.job_id == job.job_id and got.spec == request.spec
     assert 1 <= len(job.job_id) <= 63
-    if request.job_id and not request.request_id:  # (with one: see the xfail below)
+    if request.job_id:
         assert job.job_id == request.job_id
 
 
@@ -161,9 +161,6 @@ def test_list_jobs_with_forty_thousand_state_filters_is_answered(channel):
     assert call("JobService/ListJobs", stub.ListJobs, request) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="server.create_job: a request_id reused with an equal "
-                   "spec but a different explicit job_id answers OK with the first job (whose "
-                   "id is not the one asked for) instead of ALREADY_EXISTS")
 def test_request_id_reused_for_another_job_id_is_a_conflict(channel):
     stub = JobServiceStub(channel)
     spec = _valid_spec("ncf")
@@ -177,9 +174,6 @@ def test_request_id_reused_for_another_job_id_is_a_conflict(channel):
 LONG = "x" * 20_000
 
 
-@pytest.mark.xfail(strict=True, reason="errors echo the offending value unbounded: past gRPC's "
-                   "16 KiB metadata limit the client gets RESOURCE_EXHAUSTED ('received "
-                   "metadata size exceeds hard limit') instead of the typed error and field")
 @pytest.mark.parametrize("case", ["CreateJob spec.name", "CreateJob job_id", "GetJob",
                                   "Connect register.node_id"])
 def test_an_error_about_a_huge_field_still_arrives_typed(channel, case):
