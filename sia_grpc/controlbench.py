@@ -185,14 +185,19 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
                 while len(c.state.jobs) < accepted or \
                         c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):
                     await asyncio.sleep(0.2)
-            round_ms = []
+            round_ms, round_parts = [], []
             for _ in range(rounds):
                 before = len(c.rounds)
                 c.post(sm.Tick(c.clock.time(), "timer"))
                 async with asyncio.timeout(900):
                     while len(c.rounds) == before:
                         await asyncio.sleep(0.05)
-                round_ms.append(c.rounds[-1].total_ms)
+                r = c.rounds[-1]
+                round_ms.append(r.total_ms)
+                round_parts.append({"jobs": r.jobs, "moved": r.jobs_moved,
+                                    "estimate_ms": r.estimate_ms, "solve_ms": r.solve_ms,
+                                    "place_ms": r.place_ms, "dispatch_ms": r.dispatch_ms,
+                                    "note": r.note})
             states = c.state.jobs_by_state()
             cpu, elapsed = _cpu_s() - cpu0, time.monotonic() - t0
         with Store(db) as store:
@@ -200,7 +205,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
     return {"agents": agents, "gpus": sum(n * g for n, g in per_type.values()),
             "jobs": jobs, "accepted": accepted, "durable": durable,
             "create_per_s": accepted / wall, "states": states, "round_ms": round_ms,
-            "controller_cpu_s": cpu, "elapsed_s": elapsed,
+            "rounds": round_parts, "controller_cpu_s": cpu, "elapsed_s": elapsed,
             "controller_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -218,7 +223,11 @@ def run_load(*, agents: int, gpus_per_agent: int, jobs: int, clients: int,
               f"{clients} clients: {r['accepted']} accepted ({r['create_per_s']:,.0f}/s), "
               f"{r['durable']} durable after shutdown")
         print(f"  jobs by state: {r['states']}")
-        print(f"  full rounds over all of them: {', '.join(f'{m:,.0f} ms' for m in r['round_ms'])}")
+        print("  full rounds over all of them (tick to last ack):")
+        for ms, p in zip(r["round_ms"], r["rounds"], strict=True):
+            print(f"    {ms:9,.0f} ms: {p['jobs']} jobs, {p['moved']} moved; estimate "
+                  f"{p['estimate_ms']:,.0f}, solve {p['solve_ms']:,.0f}, place "
+                  f"{p['place_ms']:,.0f}, dispatch {p['dispatch_ms']:,.0f} ms {p['note']}")
         print(f"  controller process: {r['controller_cpu_s']:.1f} CPU-s over {r['elapsed_s']:.1f} s"
               f", peak RSS {r['controller_peak_rss_mib']:.0f} MiB")
     return 0 if r["durable"] == r["accepted"] == r["jobs"] else 1

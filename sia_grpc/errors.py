@@ -21,20 +21,24 @@ DOMAIN = "sia.v1"
 
 # An error travels in trailing metadata, which gRPC caps at 16 KiB by default: a
 # message echoing a 20,000-character job id would reach the client as the
-# transport's own RESOURCE_EXHAUSTED instead of this error. Echoed text is clipped.
-MAX_MESSAGE_CHARS = 1024
-MAX_METADATA_CHARS = 256
+# transport's own RESOURCE_EXHAUSTED instead of this error. Echoed text is clipped,
+# in UTF-8 bytes (grpc-message percent-encodes each non-ASCII byte as three, and the
+# status details carry the message twice more).
+MAX_MESSAGE_BYTES = 1024
+MAX_METADATA_BYTES = 256
 
 
 def clip(text: str, limit: int) -> str:
-    """`text` if it fits in `limit` characters, else its head and tail around a
-    count of what was cut (the head names the field, the tail often the bound)."""
-    if len(text) <= limit:
+    """`text` if it is at most `limit` bytes of UTF-8, else its head and tail around
+    a count of what was cut (the head names the field, the tail often the bound)."""
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
         return text
     marker = f"...[{len(text)} chars]..."
     keep = max(limit - len(marker), 0)
     head = keep * 3 // 4
-    return text[:head] + marker + text[len(text) - (keep - head):]
+    return (data[:head].decode("utf-8", "ignore") + marker
+            + data[len(data) - (keep - head):].decode("utf-8", "ignore"))
 
 
 @dataclass
@@ -48,9 +52,9 @@ class ApiError(Exception):
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.message = clip(self.message, MAX_MESSAGE_CHARS)
-        self.field = clip(self.field, MAX_METADATA_CHARS)
-        self.metadata = {clip(k, MAX_METADATA_CHARS): clip(v, MAX_METADATA_CHARS)
+        self.message = clip(self.message, MAX_MESSAGE_BYTES)
+        self.field = clip(self.field, MAX_METADATA_BYTES)
+        self.metadata = {clip(k, MAX_METADATA_BYTES): clip(v, MAX_METADATA_BYTES)
                          for k, v in self.metadata.items()}
         super().__init__(self.message)
 

@@ -279,7 +279,10 @@ class Telemetry:
 
         self._callbacks: dict[str, Callable[[], Any]] = {}
         for name, key, unit, description, attr in (
-            ("sia.queue.length", "queue_length", "{job}", "Jobs waiting for GPUs", None),
+            ("sia.queue.length", "queue_length", "{job}",
+             "Jobs waiting for GPUs (profiled, queued, holding none)", None),
+            ("sia.events.pending", "events_pending", "{event}",
+             "Controller events not yet handled; growth means it is falling behind", None),
             ("sia.jobs", "jobs_by_state", "{job}", "Jobs by state", "state"),
             ("sia.gpus.allocated", "gpus_allocated", "{gpu}", "Allocated GPUs by type",
              "gpu_type"),
@@ -296,6 +299,7 @@ class Telemetry:
         self,
         *,
         queue_length: CountFn | None = None,
+        events_pending: CountFn | None = None,
         jobs_by_state: CountsFn | None = None,
         gpus_allocated: CountsFn | None = None,
         agents_connected: CountFn | None = None,
@@ -305,7 +309,8 @@ class Telemetry:
         They run on the metric reader's thread at each export (or on `collect` in tests),
         so they should return a cheap snapshot (mapping keys: job state, GPU type).
         """
-        given = {"queue_length": queue_length, "jobs_by_state": jobs_by_state,
+        given = {"queue_length": queue_length, "events_pending": events_pending,
+                 "jobs_by_state": jobs_by_state,
                  "gpus_allocated": gpus_allocated, "agents_connected": agents_connected}
         self._callbacks.update({k: fn for k, fn in given.items() if fn is not None})
 

@@ -1,5 +1,5 @@
 """The user-facing `sia` commands that talk to a controller: submit, ls, get, cancel,
-delete, watch and cluster.
+delete, watch, cluster, and (admin) drain and undrain.
 
 `add_commands` registers them on the main parser's subparsers; each sets
 `func(args) -> exit code`. Failures print one `error: ...` line to stderr and
@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -104,8 +105,11 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round]) -> str:
     for n in cluster.nodes:
         jobs = dict.fromkeys(s.job_id for s in n.gpus if s.job_id)
         used = sum(1 for s in n.gpus if s.job_id)
-        node_rows.append([n.name, n.gpu_type, pb.NodeState.Name(n.state).removeprefix(
-            "NODE_STATE_"), f"{used}/{n.num_gpus}", ",".join(jobs) or "-"])
+        state = pb.NodeState.Name(n.state).removeprefix("NODE_STATE_")
+        if n.drain_reason:
+            state += f" ({n.drain_reason})"
+        node_rows.append([n.name, n.gpu_type, state, f"{used}/{n.num_gpus}",
+                          ",".join(jobs) or "-"])
     out += ["", table(["NODE", "TYPE", "STATE", "GPUS USED", "JOBS"], node_rows), ""]
     rounds = list(rounds)
     if not rounds:
@@ -265,6 +269,33 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drain(args: argparse.Namespace) -> int:
+    with _client(args) as sia:
+        node = sia.drain(args.node, args.reason or "")
+        print(f"{node.name} draining: {node.drain_reason}")
+        if not args.wait:
+            return 0
+        deadline = time.monotonic() + args.timeout
+        while True:
+            (node,) = [n for n in sia.cluster().nodes if n.name == args.node] or [node]
+            jobs = sorted({g.job_id for g in node.gpus if g.job_id})
+            if not jobs:
+                print(f"{node.name} drained: no job holds its GPUs")
+                return 0
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{node.name} still holds {', '.join(jobs)} after "
+                                   f"{args.timeout:g} s")
+            print(f"  waiting for {len(jobs)} job(s) to move: {', '.join(jobs)}", flush=True)
+            time.sleep(2.0)
+
+
+def _undrain(args: argparse.Namespace) -> int:
+    with _client(args) as sia:
+        node = sia.undrain(args.node)
+    print(f"{node.name} {pb.NodeState.Name(node.state).removeprefix('NODE_STATE_').lower()}")
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`func` with failures turned into one stderr line and an exit code."""
     def run(args: argparse.Namespace) -> int:
@@ -328,3 +359,13 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("job", metavar="JOB", nargs="?", help="only this job")
 
     command("cluster", "nodes, GPUs by type, and the last scheduling rounds", _cluster)
+
+    p = command("drain", "admin: take a node out of scheduling; its jobs move elsewhere", _drain)
+    p.add_argument("node", metavar="NODE")
+    p.add_argument("--reason", metavar="TEXT", help="shown in 'sia cluster' and the agent's log")
+    p.add_argument("--wait", action="store_true", help="return once no job holds its GPUs")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="with --wait: give up after S seconds (default 600)")
+
+    p = command("undrain", "admin: let a drained node take work again", _undrain)
+    p.add_argument("node", metavar="NODE")

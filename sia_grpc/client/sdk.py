@@ -322,6 +322,14 @@ class SiaClient:
         return list(self._read(self._cluster.ListRounds,
                                pb.ListRoundsRequest(limit=limit)).rounds)
 
+    def drain(self, node: str, reason: str = "") -> pb.Node:
+        """Admin: no new work on `node`; the next round moves its jobs elsewhere."""
+        return self._write(self._cluster.DrainNode, pb.DrainNodeRequest(node=node, reason=reason))
+
+    def undrain(self, node: str) -> pb.Node:
+        """Admin: end `node`'s drain."""
+        return self._write(self._cluster.UndrainNode, pb.UndrainNodeRequest(node=node))
+
     def handle(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)
 
@@ -476,6 +484,15 @@ class AsyncSiaClient:
     async def rounds(self, limit: int = 20) -> list[pb.Round]:
         resp = await self._read(self._cluster.ListRounds, pb.ListRoundsRequest(limit=limit))
         return list(resp.rounds)
+
+    async def drain(self, node: str, reason: str = "") -> pb.Node:
+        """Admin: no new work on `node`; the next round moves its jobs elsewhere."""
+        return await self._write(self._cluster.DrainNode,
+                                 pb.DrainNodeRequest(node=node, reason=reason))
+
+    async def undrain(self, node: str) -> pb.Node:
+        """Admin: end `node`'s drain."""
+        return await self._write(self._cluster.UndrainNode, pb.UndrainNodeRequest(node=node))
 
     def handle(self, job_id: str) -> AsyncJobHandle:
         return AsyncJobHandle(self, job_id)

@@ -43,7 +43,7 @@ from sia_grpc.errors import (
     unavailable,
 )
 from sia_grpc.security import auth
-from sia_grpc.security.tls import is_loopback, read_pem, server_credentials
+from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
 
 log = structlog.get_logger("sia.controller")
@@ -181,8 +181,14 @@ class Controller:
         self.state.started_at = now
         for stored in await self._in_store(self._store.all_jobs):
             self.state.restore(stored.job, stored.extra, now)
+        for node, reason in (await self._in_store(self._store.drains)).items():
+            self.state.restore_drain(node, reason, now)
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
-                ("grpc.max_send_message_length", self.config.max_message_bytes)]
+                ("grpc.max_send_message_length", self.config.max_message_bytes),
+                # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
+                # default (one ping per 5 min without data) would GOAWAY them.
+                ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+                ("grpc.keepalive_permit_without_calls", 1)]
         server = grpc.aio.server(options=opts, interceptors=[interceptor])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
@@ -200,7 +206,8 @@ class Controller:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.telemetry is not None:
             self.telemetry.observe(
-                queue_length=self._events.qsize, jobs_by_state=self.state.jobs_by_state,
+                queue_length=lambda: self.state.jobs_by_state().get("JOB_STATE_QUEUED", 0),
+                events_pending=self._events.qsize, jobs_by_state=self.state.jobs_by_state,
                 gpus_allocated=self.state.gpus_allocated,
                 agents_connected=lambda: len(self._agents))
         self.status = Status.RUNNING
@@ -246,9 +253,9 @@ class Controller:
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config
         try:
-            if cfg.tls:
-                self.port = server.add_secure_port(
-                    cfg.listen, server_credentials(cfg.tls_cert, cfg.tls_key))
+            if cfg.tls:  # the files are re-read when they change: rotation needs no restart
+                certs = ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+                self.port = server.add_secure_port(cfg.listen, certs.credentials())
             else:
                 self.port = server.add_insecure_port(cfg.listen)
             if self.port == 0:
@@ -257,12 +264,11 @@ class Controller:
             if not agent_listen:
                 return
             if cfg.tls:  # every connection here presents a certificate from tls_client_ca
-                creds = server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca,
-                                           require_client_cert=True)
+                creds = certs.credentials(require_client_cert=True)
                 self.agent_port = server.add_secure_port(agent_listen, creds)
             else:
                 self.agent_port = server.add_insecure_port(agent_listen)
-        except ValueError as err:  # an unreadable PEM file
+        except ValueError as err:  # an unreadable or malformed PEM file
             raise ConfigError(str(err)) from None
         except RuntimeError as err:  # grpc: a malformed certificate or key
             raise ConfigError(f"tls_cert/tls_key: {err}") from None
@@ -612,6 +618,19 @@ class Controller:
         finally:
             self._job_watchers.discard(changed)
 
+    # ------------------------------------------------------------ nodes
+
+    async def set_drain(self, node: str, reason: str | None) -> pb.Node:
+        """Drain `node` (durably, before the state machine acts) or end its drain."""
+        check_job_id(node, "node")
+        if node not in self.state.nodes:
+            raise not_found("node", node)
+        await self._in_store(self._store.set_drain, node, reason)
+        await self.submit(sm.NodeDrainChanged(self.clock.time(), node, reason))
+        log.warning("node drained" if reason is not None else "node drain ended",
+                    node_id=node, reason=reason, by=auth.current().name)
+        return next(n for n in self.state.cluster_pb().nodes if n.name == node)
+
     # ------------------------------------------------------------ agents
 
     async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
@@ -778,6 +797,18 @@ class ClusterService(api.ClusterServiceServicer):
         limit = request.limit or 20
         return pb.ListRoundsResponse(rounds=list(self.c.rounds)[-limit:])
 
+    @rpc
+    async def DrainNode(self, request, context):
+        _admin_only("DrainNode")
+        if len(request.reason) > 256:
+            raise invalid("reason", "at most 256 characters")
+        return await self.c.set_drain(request.node, request.reason or "drained by an admin")
+
+    @rpc
+    async def UndrainNode(self, request, context):
+        _admin_only("UndrainNode")
+        return await self.c.set_drain(request.node, None)
+
     async def WatchRounds(self, request, context):
         q: asyncio.Queue = asyncio.Queue()
         self.c._round_watchers.add(q)
@@ -786,6 +817,13 @@ class ClusterService(api.ClusterServiceServicer):
                 yield await q.get()
         finally:
             self.c._round_watchers.discard(q)
+
+
+def _admin_only(what: str) -> None:
+    caller = auth.current()
+    if not caller.admin:
+        raise permission_denied(f"{what}: only an admin may do this; this token is a "
+                                f"{caller.role} of tenant {caller.tenant!r}", "ADMIN_ONLY")
 
 
 class AgentService(api.AgentServiceServicer):

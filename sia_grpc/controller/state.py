@@ -22,7 +22,7 @@ import json
 import math
 import secrets
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import timestamp_pb2
@@ -83,6 +83,14 @@ class AgentMessage(Event):
 @dataclass(frozen=True)
 class AgentDisconnected(Event):
     node_id: str
+
+
+@dataclass(frozen=True)
+class NodeDrainChanged(Event):
+    """An admin drained a node (`reason` set) or ended its drain (`reason` None)."""
+
+    node_id: str
+    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -243,8 +251,15 @@ class ControllerState:
         self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
         self._moving: set[str] = set()  # jobs waiting for stops or GPUs to start again
         self._to_profile: set[str] = set()  # jobs that may still need a profiling pass
+        # Bumped whenever a job may newly need a pass (`_want_profiles`): with the same
+        # count and the same idle GPU types as the last scan, no pass can start.
+        self._profile_needs = 0
+        self._profile_scanned: tuple[int, frozenset[str]] | None = None
         self._profile_changed: set[str] = set()  # jobs whose passes changed (this event)
         self._released: set[str] = set()  # jobs that released GPUs (this event): persisted
+        # Drained nodes (admin) -> reason. Kept apart from node records: a drain
+        # outlives the agent's stream, and is restored before the agent returns.
+        self.drained: dict[str, str] = {}
 
     # ------------------------------------------------------------ loading
 
@@ -257,7 +272,7 @@ class ControllerState:
             _load_extra(rec, json.loads(extra))
         self.jobs[job.job_id] = rec
         if job.status.state not in TERMINAL:
-            self._to_profile.add(job.job_id)
+            self._want_profiles((job.job_id,))
             self.active_by_tenant[job.spec.tenant] += 1
         if job.status.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_UNSPECIFIED) \
                 and not rec.usable:  # accepted, never profiled
@@ -298,6 +313,8 @@ class ControllerState:
                 pass  # liveness is judged by heartbeats (Tick), so a quick reconnect is free
             case Tick():
                 self._tick(event, out)
+            case NodeDrainChanged():
+                self._drain_changed(event, out)
             case Liveness():
                 self._check_liveness(event.at, out)
             case SolveFinished():
@@ -323,7 +340,7 @@ class ControllerState:
         job.CopyFrom(ev.job)
         rec = _JobRec(job=job, res=ev.resolved or resolve(job.spec))
         self.jobs[job.job_id] = rec
-        self._to_profile.add(job.job_id)
+        self._want_profiles((job.job_id,))
         self.active_by_tenant[job.spec.tenant] += 1
         # Not persisted: the store has it as accepted, and a reload profiles it again.
         self._set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
@@ -360,10 +377,7 @@ class ControllerState:
             out.append(Reconnect(ev.node_id))  # not taken: its stream is ended
             return
         node = self.nodes.get(ev.node_id)
-        if ev.gpu_type not in {n.gpu_type for n in self.nodes.values()
-                               if n.state == pb.NODE_STATE_READY}:
-            # A type the cluster did not have: every job may want a profile of it.
-            self._to_profile.update(j for j, r in self.jobs.items() if r.state not in TERMINAL)
+        self._type_arriving(ev.gpu_type)
         if node is None:
             node = self.nodes[ev.node_id] = _NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
@@ -376,13 +390,15 @@ class ControllerState:
             for t, (name, gpu) in list(rec.profiling.items()):
                 if (name, gpu) == (node.name, g):
                     del rec.profiling[t]
-                    self._to_profile.add(rec.job_id)
+                    self._want_profiles((rec.job_id,))
             if node.name in rec.held:
                 stopping = node.name in rec.stopping
                 self._release(rec, node.name)
                 if not stopping:
                     self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
-        node.state, node.last_seen = pb.NODE_STATE_READY, ev.at
+        node.state, node.last_seen = self._up_state(node.name), ev.at
+        if node.name in self.drained:  # an agent that restarted forgot it
+            out.append(self._drain_message(node.name))
         reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
         # Re-deliver what it may have missed; the agent ignores ids it already applied.
         unacked = set()
@@ -564,6 +580,44 @@ class ControllerState:
             rec.job.status.message = msg
             self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}", out,
                          except_node=done_here)
+
+    # ------------------------------------------------------------ draining
+
+    def _drain_changed(self, ev: NodeDrainChanged, out: list[Action]) -> None:
+        if ev.reason is None:
+            self.drained.pop(ev.node_id, None)
+        else:
+            self.drained[ev.node_id] = ev.reason
+        node = self.nodes.get(ev.node_id)
+        if node is None or node.state == pb.NODE_STATE_LOST:
+            return  # registering will tell it
+        if ev.reason is None:
+            self._type_arriving(node.gpu_type)
+        node.state = self._up_state(node.name)
+        out.append(self._drain_message(node.name))
+        # Draining: an early round moves its jobs to idle GPUs (or queues them) and
+        # leaves every other job where it is. Undrained: its GPUs are idle ones.
+        out.append(WantRound("drain" if ev.reason is not None else "undrain"))
+
+    def restore_drain(self, node_id: str, reason: str, at: float) -> None:
+        """Reload a drain from the store after a controller restart."""
+        self.drained[node_id] = reason
+        node = self.nodes.setdefault(node_id, _NodeRec(node_id, "", 0, last_seen=at))
+        node.state = pb.NODE_STATE_DRAINING
+
+    def _type_arriving(self, gpu_type: str) -> None:
+        """Before a node of `gpu_type` joins the pool: if the cluster had no such
+        type, every job may want a profile of it."""
+        if gpu_type and gpu_type not in self._present_types():
+            self._want_profiles(j for j, r in self.jobs.items() if r.state not in TERMINAL)
+
+    def _up_state(self, node_id: str) -> int:
+        return pb.NODE_STATE_DRAINING if node_id in self.drained else pb.NODE_STATE_READY
+
+    def _drain_message(self, node_id: str) -> Send:
+        reason = self.drained.get(node_id)
+        return Send(node_id, pb.ControllerMessage(drain=pb.Drain(
+            reason=reason or "", cancel=reason is None)))
 
     # ------------------------------------------------------------ rounds
 
@@ -797,7 +851,7 @@ class ControllerState:
                     for t, (n, _) in list(rec.profiling.items()):
                         if n == node.name:
                             del rec.profiling[t]
-                            self._to_profile.add(job_id)
+                            self._want_profiles((job_id,))
                     if node.name in rec.held:
                         self._release(rec, node.name)
                         if rec.alloc is not None and not rec.moving:
@@ -835,16 +889,23 @@ class ControllerState:
                 self._finish(rec, pb.JOB_STATE_FAILED, at, "failed: no GPU type in the "
                              "cluster can run it (profiling found none)", out)
 
+    def _want_profiles(self, job_ids: Iterable[str]) -> None:
+        self._to_profile.update(job_ids)
+        self._profile_needs += 1
+
     def _start_profiles(self, at: float, out: list[Action]) -> None:
         """Give every job still missing a profile one idle GPU of that type.
 
-        Cheap when nothing can start: only jobs in `_to_profile` are looked at, and
-        not at all while no type has an idle GPU (a busy cluster, many arrivals)."""
+        Cheap when nothing can start: only jobs in `_to_profile` are looked at; not
+        at all while no type has an idle GPU (a busy cluster, many arrivals), nor
+        when no job may want more and the idle types are those the last scan left
+        (no waiting job wanted them): thousands of jobs waiting for one busy type
+        would otherwise be scanned at every event."""
         if not self._to_profile:
             return
         busy = self._reserved_gpus()
         idle = self._idle_types(busy)
-        if not idle:
+        if not idle or self._profile_scanned == (self._profile_needs, frozenset(idle)):
             return
         present = self._present_types()
         for job_id in sorted(self._to_profile):
@@ -867,6 +928,7 @@ class ControllerState:
                 out.append(self._profile_request(rec, t, node, gpu))
             if not idle:
                 return
+        self._profile_scanned = (self._profile_needs, frozenset(idle))
 
     def _profile_request(self, rec: _JobRec, gpu_type: str, node: str, gpu: int) -> Send:
         lo, hi = rec.res.local_bsz_limits[gpu_type]
@@ -903,7 +965,7 @@ class ControllerState:
         per_node = collections.Counter(
             node for node, _ in (self._reserved_gpus() if reserved is None else reserved))
         return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
-                and len(n.holder) + per_node[n.name] < n.num_gpus}
+                and len(n.holder) + per_node.get(n.name, 0) < n.num_gpus}
 
     def _set_moving(self, rec: _JobRec, moving: bool) -> None:
         rec.moving = moving
@@ -970,10 +1032,13 @@ class ControllerState:
         types: dict[str, pb.GpuTypeSummary] = {}
         for n in sorted(self.nodes.values(), key=lambda n: (n.gpu_type, n.name)):
             node = c.nodes.add(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus,
-                               state=n.state, agent_version=n.version)
+                               state=n.state, agent_version=n.version,
+                               drain_reason=self.drained.get(n.name, ""))
             node.last_heartbeat.CopyFrom(_ts(n.last_seen))
             for g in range(n.num_gpus):
                 node.gpus.add(index=g, job_id=n.holder.get(g, ""))
+            if not n.gpu_type:  # (restored, its agent not back yet)
+                continue
             s = types.setdefault(n.gpu_type, pb.GpuTypeSummary(gpu_type=n.gpu_type))
             if n.state == pb.NODE_STATE_READY:
                 s.nodes += 1

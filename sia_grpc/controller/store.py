@@ -31,7 +31,7 @@ from typing import Any
 
 from sia_grpc.api import pb
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -64,6 +64,17 @@ CREATE TABLE changelog (
     job      BLOB NOT NULL
 );
 """
+
+# Upgrades, by the version they bring a store to. A store of any older version is
+# brought forward on open, in one transaction with the version bump.
+_MIGRATIONS = {
+    2: """
+CREATE TABLE drains (
+    node   TEXT PRIMARY KEY,
+    reason TEXT NOT NULL
+) WITHOUT ROWID;
+""",
+}
 
 _TOKEN = re.compile(r"seq:(\d{1,19})")
 
@@ -144,10 +155,13 @@ class Store:
                 raise StoreError(
                     f"store: {self.path} has schema version {version}, newer than the "
                     f"{SCHEMA_VERSION} this controller knows; run a newer controller")
-            if version == 0:
-                for statement in _SCHEMA.split(";"):
+            steps = [_SCHEMA] if version == 0 else []
+            steps += [_MIGRATIONS[v] for v in range(max(version, 1) + 1, SCHEMA_VERSION + 1)]
+            for script in steps:
+                for statement in script.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+            if version != SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self._revision = self._meta("revision")
 
@@ -325,7 +339,22 @@ class Store:
             self._set_meta("compacted_through", through)
         return drop
 
+    def set_drain(self, node: str, reason: str | None) -> None:
+        """Record that `node` is drained for `reason`, or (None) that it is not."""
+        with self._lock, self._txn(f"record the drain of node {node!r}") as conn:
+            if reason is None:
+                conn.execute("DELETE FROM drains WHERE node = ?", (node,))
+            else:
+                conn.execute("INSERT OR REPLACE INTO drains (node, reason) VALUES (?, ?)",
+                             (node, reason))
+
     # -- reads ------------------------------------------------------------------------
+
+    def drains(self) -> dict[str, str]:
+        """Drained nodes and their reasons."""
+        with self._read("read drained nodes") as conn:
+            return dict(conn.execute("SELECT node, reason FROM drains").fetchall())
+
 
     def get_job(self, job_id: str) -> StoredJob | None:
         with self._read(f"read job {job_id!r}") as conn:

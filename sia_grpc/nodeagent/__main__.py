@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="modeled: modeled seconds per real second (default 1; 60 runs a "
                         "minute a second)")
     p.add_argument("--telemetry-interval", type=float, default=2.0, metavar="SECONDS")
+    p.add_argument("--keepalive", type=_seconds, default=20.0, metavar="SECONDS",
+                   help="ping the controller after this long without a message; no answer "
+                        "for as long again ends the stream and it reconnects (default 20)")
     p.add_argument("--count", type=int, default=1, metavar="N",
                    help="modeled: run N agents in this process, named NODE-ID-0 .. "
                         "NODE-ID-(N-1) (load tests: many nodes, few processes)")
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = [AgentConfig(node_id=name, controller=args.controller, gpu_type=gpu_type,
                                num_gpus=num_gpus, time_scale=args.time_scale,
                                telemetry_interval_s=args.telemetry_interval,
-                               tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
+                               keepalive_s=args.keepalive, tls_ca=args.tls_ca,
+                               tls_cert=args.tls_cert, tls_key=args.tls_key)
                    for name in names]
         for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
                            ("--tls-key", args.tls_key)):

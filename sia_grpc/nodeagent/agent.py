@@ -66,6 +66,10 @@ class AgentConfig:
     backoff_cap_s: float = 10.0
     heartbeat_interval_s: float = 5.0  # only if Registered leaves it unset
     register_timeout_s: float = 10.0  # for the controller's Registered
+    # HTTP/2 keepalive: with nothing read for this long the agent pings, and a ping
+    # unanswered for as long again ends the stream. Else a partition (no RST, no FIN)
+    # leaves the agent writing into a dead TCP connection for many minutes.
+    keepalive_s: float = 20.0
     close_grace_s: float = 2.0  # close(): time to flush final JobExits
     agent_version: str = field(default_factory=_agent_version)
     # Mutual TLS (docs/security.md): the CA of the controller's certificate, and this
@@ -86,7 +90,7 @@ class AgentConfig:
         if self.num_gpus < 1:
             raise ValueError(f"num_gpus: must be >= 1, got {self.num_gpus}")
         for name in ("time_scale", "telemetry_interval_s", "backoff_base_s", "backoff_cap_s",
-                     "heartbeat_interval_s", "register_timeout_s"):
+                     "heartbeat_interval_s", "register_timeout_s", "keepalive_s"):
             _positive(name, getattr(self, name))
         if self.backoff_cap_s < self.backoff_base_s:
             raise ValueError("backoff_cap_s: must be >= backoff_base_s")
@@ -99,12 +103,17 @@ class AgentConfig:
 
     def channel(self) -> grpc.aio.Channel:
         """A new channel to the controller: TLS when tls_ca is set, else plaintext."""
+        ms = max(int(self.keepalive_s * 1000), 1000)  # the controller accepts 1 ping/s
+        options = [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if not self.tls_ca:
-            return grpc.aio.insecure_channel(self.controller)
+            return grpc.aio.insecure_channel(self.controller, options=options)
         from sia_grpc.security.tls import channel_credentials
 
         return grpc.aio.secure_channel(
-            self.controller, channel_credentials(self.tls_ca, self.tls_cert, self.tls_key))
+            self.controller, channel_credentials(self.tls_ca, self.tls_cert, self.tls_key),
+            options=options)
 
 
 def full_jitter_backoff(attempt: int, *, base: float, cap: float,
@@ -389,6 +398,10 @@ class NodeAgent:
                 self._directives.put_nowait(msg.directive)
             elif kind == "profile":
                 self._start_profile(msg.profile)
+            elif kind == "drain" and msg.drain.cancel:
+                if self.drain_reason is not None:
+                    self._log.warning("drain ended: taking new jobs", was=self.drain_reason)
+                self.drain_reason = None
             elif kind == "drain":
                 self.drain_reason = msg.drain.reason or "unspecified"
                 self._log.warning("draining: no new jobs", reason=self.drain_reason)

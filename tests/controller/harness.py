@@ -36,6 +36,7 @@ class FakeAgent:
     running: dict[str, tuple[int, tuple[int, ...], float]] = field(default_factory=dict)
     busy: dict[int, str] = field(default_factory=dict)  # GPU -> job, as the agent sees it
     up: bool = True
+    draining: bool = False  # told by a Drain: it refuses new RUNs, as real agents do
 
     def register_event(self, at: float) -> AgentRegistered:
         return AgentRegistered(at, self.name, self.gpu_type, self.num_gpus, "test",
@@ -127,11 +128,16 @@ class Harness:
                         atomic_batch_size=b, step_time_s=step, sync_time_s=sync, count=5))
             return [pb.AgentMessage(telemetry=pb.Telemetry(
                 job_id=p.job_id, generation=p.generation, profile=True, samples=samples))]
+        if kind == "drain":
+            agent.draining = not msg.drain.cancel
+            return []
         d = msg.directive
         ack = pb.DirectiveAck(directive_id=d.directive_id, job_id=d.job_id,
                               generation=d.generation, ok=True)
         out = []
-        if d.action == pb.Directive.ACTION_STOP:
+        if d.action == pb.Directive.ACTION_RUN and agent.draining:
+            ack.ok, ack.error = False, "node draining"
+        elif d.action == pb.Directive.ACTION_STOP:
             run = agent.running.get(d.job_id)
             if run is not None and run[0] <= d.generation:
                 self._drop(agent, d.job_id)

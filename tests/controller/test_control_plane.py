@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.errors import ApiError
 from sia_grpc.localcluster import LocalCluster
 
 RATE = 600.0
@@ -128,6 +129,91 @@ async def test_killed_agent_process_its_job_is_requeued_and_completes_elsewhere(
 
 
 @pytest.mark.timeout(120)
+async def test_a_drained_node_hands_its_job_to_another_and_stays_drained_across_a_restart(
+        tmp_path, capsys):
+    from sia_grpc.cli import main
+
+    cfg = replace(CONFIG, db_path=str(tmp_path / "sia.db"))
+    async with LocalCluster({"rtx": (2, 4)}, rate=120.0, config=cfg,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(2)
+        h = await client.submit(spec("cifar10", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4,
+                                     batch_size=512))
+        async with asyncio.timeout(60):
+            async for job in h.watch():
+                if job.status.state == pb.JOB_STATE_RUNNING:
+                    break
+        (first,) = {g.node for g in job.status.allocation.gpus}
+        (other,) = {"rtx-0", "rtx-1"} - {first}
+        node = await client.drain(first, "replace GPU 3")
+        assert node.state == pb.NODE_STATE_DRAINING and node.drain_reason == "replace GPU 3"
+        async with asyncio.timeout(60):
+            async for job in h.watch():
+                if job.status.state == pb.JOB_STATE_RUNNING and \
+                        {g.node for g in job.status.allocation.gpus} == {other}:
+                    break
+        assert job.status.restarts == 1
+        cluster = {n.name: n for n in (await client.cluster()).nodes}
+        assert not any(g.job_id for g in cluster[first].gpus)
+        with pytest.raises(ApiError) as err:
+            await client.drain("rtx-9")
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        await lc.restart_controller()
+        await lc.wait_registered(2)
+        cluster = {n.name: n for n in (await client.cluster()).nodes}
+        assert cluster[first].state == pb.NODE_STATE_DRAINING
+        assert cluster[first].drain_reason == "replace GPU 3"
+        # Undrained through the CLI: the node takes work again.
+        assert await asyncio.to_thread(main, ["undrain", first, "--controller", lc.target]) == 0
+        assert f"{first} ready" in capsys.readouterr().out.splitlines()
+        assert {n.name: n.state for n in (await client.cluster()).nodes}[first] == \
+            pb.NODE_STATE_READY
+
+
+async def test_agent_keepalive_pings_are_welcome():
+    """Agents ping to notice a partition; the controller must not answer a ping a
+    second with GOAWAY (gRPC's default allows one per 5 minutes without data)."""
+    from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
+
+    async with LocalCluster({}, rate=1.0, config=CONFIG) as lc:
+        cfg = AgentConfig(node_id="pinger", controller=lc.target, gpu_type="rtx", num_gpus=1,
+                          keepalive_s=1.0, heartbeat_interval_s=60.0)
+        async with NodeAgent(cfg) as agent:
+            await lc.wait_registered(1)
+            await asyncio.sleep(5.0)  # a ping a second; three strikes would end it
+            assert agent.registrations == 1
+            assert "pinger" in lc.controller._agents
+
+
+async def test_queue_length_metric_counts_jobs_waiting_for_gpus():
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from sia_grpc.observability import setup_telemetry
+
+    reader = InMemoryMetricReader()
+    telemetry = setup_telemetry("sia-controller", metric_reader=reader, env={})
+    try:
+        async with LocalCluster({"rtx": (1, 4)}, rate=30.0, config=CONFIG,
+                                telemetry=telemetry, telemetry_interval=0.05) as lc, \
+                AsyncSiaClient(lc.target) as client:
+            await lc.wait_registered(1)
+            rigid = dict(adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=512)
+            ids = [(await client.submit(spec("cifar10", **rigid))).job_id for _ in range(3)]
+            async with asyncio.timeout(30):  # one runs, two wait for its GPUs
+                while sorted([(await client.get(i)).status.state for i in ids]) != \
+                        [pb.JOB_STATE_QUEUED, pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING]:
+                    await asyncio.sleep(0.02)
+            data = reader.get_metrics_data()
+    finally:
+        telemetry.shutdown()
+    points = {m.name: [getattr(p, "value", None) for p in m.data.data_points]
+              for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert points["sia.queue.length"] == [2]
+    assert len(points["sia.events.pending"]) == 1
+
+
+@pytest.mark.timeout(120)
 async def test_restarted_controller_loses_no_job_and_keeps_running_workers(tmp_path):
     cfg = replace(CONFIG, db_path=str(tmp_path / "sia.db"))
     async with LocalCluster({"rtx": (1, 8), "aws": (1, 4)}, rate=120.0, config=cfg,
@@ -160,7 +246,6 @@ async def test_restarted_controller_loses_no_job_and_keeps_running_workers(tmp_p
 
 async def test_bad_requests_get_invalid_argument_naming_the_field_and_nothing_is_stored():
     async with LocalCluster({}, config=CONFIG) as lc, AsyncSiaClient(lc.target) as client:
-        from sia_grpc.errors import ApiError
 
         cases = {
             "spec.adaptivity": spec(adaptivity=pb.ADAPTIVITY_UNSPECIFIED),

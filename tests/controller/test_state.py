@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import Harness
+from harness import FakeAgent, Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +14,7 @@ from sia_grpc.controller.state import (
     AgentMessage,
     ControllerState,
     JobCancelRequested,
+    NodeDrainChanged,
     Persist,
     Send,
     Solve,
@@ -185,6 +186,62 @@ def test_an_exit_from_a_node_the_job_does_not_run_on_is_ignored():
     h.complete("j1")  # from the node that runs it, it counts
     h.deliver()
     assert h.state_of("j1") == pb.JOB_STATE_SUCCEEDED
+
+
+def test_a_drained_node_loses_its_jobs_to_other_nodes_and_gets_no_new_work():
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2, batch_size=256)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    (node,) = rec.held
+    other = "rtx-1" if node == "rtx-0" else "rtx-0"
+    actions = h.feed(NodeDrainChanged(h.now, node, "replace GPU 3"))
+    assert h.state.nodes[node].state == pb.NODE_STATE_DRAINING
+    assert [s.message.drain.reason for s in sends(actions, "drain")] == ["replace GPU 3"]
+    assert WantRound("drain") in actions
+    h.deliver()
+    assert h.agents[node].draining
+    h.tick(1.0, trigger="drain")  # the early round the drain asked for
+    h.deliver()
+    assert set(rec.held) == {other} and h.state_of("j1") == pb.JOB_STATE_RUNNING
+    assert not h.agents[node].busy and not h.state.nodes[node].holder
+    assert rec.job.status.restarts == 1
+    # A new job is placed elsewhere (or waits), never on the drained node.
+    h.submit("j2", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2, batch_size=256)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    assert not h.agents[node].busy and h.state.refused == 0
+    (shown,) = [n for n in h.state.cluster_pb().nodes if n.name == node]
+    assert shown.state == pb.NODE_STATE_DRAINING and shown.drain_reason == "replace GPU 3"
+    # Its agent restarts: the drain holds and the agent is told again.
+    h.agents[node].draining = False
+    actions = h.feed(h.agents[node].register_event(h.now))
+    assert h.state.nodes[node].state == pb.NODE_STATE_DRAINING
+    assert len(sends(actions, "drain")) == 1
+    h.deliver()
+    # Undrained: ready again, the agent told, and its GPUs filled by the next round.
+    actions = h.feed(NodeDrainChanged(h.now, node, None))
+    assert h.state.nodes[node].state == pb.NODE_STATE_READY and node not in h.state.drained
+    assert [s.message.drain.cancel for s in sends(actions, "drain")] == [True]
+    h.deliver()
+    assert not h.agents[node].draining
+
+
+def test_a_drain_restored_after_a_restart_applies_before_its_agent_returns():
+    h = Harness({"rtx-1": ("rtx", 4)})
+    h.state.restore_drain("rtx-0", "bad fan", h.now)
+    h.agents["rtx-0"] = FakeAgent("rtx-0", "rtx", 4)
+    actions = h.feed(h.agents["rtx-0"].register_event(h.now))
+    assert h.state.nodes["rtx-0"].state == pb.NODE_STATE_DRAINING
+    assert [s.message.drain.reason for s in sends(actions, "drain")] == ["bad fan"]
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=256)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    assert set(h.state.jobs["j1"].held) == {"rtx-1"}
 
 
 def test_job_becoming_schedulable_asks_for_an_early_round():

@@ -14,6 +14,7 @@ import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.controller.store import (
+    SCHEMA_VERSION,
     Compacted,
     JobExists,
     NotFound,
@@ -303,10 +304,34 @@ def test_newer_schema_is_refused(tmp_path: Path):
     path = tmp_path / "sia.db"
     Store(path).close()
     raw = sqlite3.connect(path)
-    raw.execute("PRAGMA user_version = 2")
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     raw.close()
-    with pytest.raises(StoreError, match="schema version 2, newer than the 1"):
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer than "
+                                         f"the {SCHEMA_VERSION}"):
         Store(path)
+
+
+def test_a_version_1_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path):
+    """An older controller's store (no drains table) opens with a newer one."""
+    path = tmp_path / "sia.db"
+    with Store(path) as store:
+        store.create_jobs([(job("a"), "req-a")])
+    raw = sqlite3.connect(path)
+    raw.execute("DROP TABLE drains")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    with Store(path) as store:
+        assert [s.job.job_id for s in store.all_jobs()] == ["a"]
+        assert store.drains() == {}
+        store.set_drain("rtx-0", "replace GPU 3")
+    with Store(path) as store:  # durable, and the upgrade is not run twice
+        assert store.drains() == {"rtx-0": "replace GPU 3"}
+        store.set_drain("rtx-0", None)
+        assert store.drains() == {}
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    raw.close()
 
 
 def test_closed_store_raises_store_error():

@@ -18,6 +18,7 @@ from fuzzkit import (
     create_requests,
     doubles,
     examples,
+    field_of,
     healthy,
     i32_enum,
     job_specs,
@@ -202,6 +203,16 @@ def test_an_error_about_a_huge_field_still_arrives_typed(channel, case):
     assert info.value.code() == want, info.value.details()
 
 
+@pytest.mark.parametrize("char", ["x", "é", "\U0001F600", "\n"])
+def test_an_error_echoing_a_long_multibyte_value_stays_under_the_metadata_limit(channel, char):
+    """grpc-message percent-encodes every non-ASCII byte: clipping counts bytes."""
+    with pytest.raises(grpc.RpcError) as info:
+        ClusterServiceStub(channel).DrainNode(pb.DrainNodeRequest(node=char * 30_000),
+                                              timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert field_of(info.value) == "node" and "chars]" in info.value.details()
+
+
 def test_watch_from_a_revision_beyond_sqlite_integers_waits_for_changes(channel):
     """Regression (store.events_since): since_revision >= 2**63 was UNKNOWN
     (OverflowError binding it); no change is newer, so the watch just waits."""
@@ -219,6 +230,17 @@ def test_cluster_reads_answer(channel, limit):
     call("ClusterService/GetCluster", stub.GetCluster, pb.GetClusterRequest())
     out = call("ClusterService/ListRounds", stub.ListRounds, pb.ListRoundsRequest(limit=limit))
     assert out is not None
+
+
+@settings(max_examples=examples(40), **FUZZ)
+@given(node=st.one_of(names, texts), reason=texts)
+def test_drain_and_undrain_answer_ok_or_a_typed_error(channel, node, reason):
+    stub = ClusterServiceStub(channel)
+    out = call("ClusterService/DrainNode", stub.DrainNode,
+               pb.DrainNodeRequest(node=node, reason=reason))
+    call("ClusterService/UndrainNode", stub.UndrainNode, pb.UndrainNodeRequest(node=node))
+    if out is not None:  # a node the controller knows: drained, then ready again
+        assert out.state == pb.NODE_STATE_DRAINING and out.name == node
 
 
 @st.composite
@@ -347,6 +369,10 @@ def _seeds() -> dict[str, tuple[type, list]]:
         "/sia.v1.ClusterService/GetCluster": (pb.GetClusterRequest, [pb.GetClusterRequest()]),
         "/sia.v1.ClusterService/ListRounds": (pb.ListRoundsRequest, [pb.ListRoundsRequest(
             limit=3)]),
+        "/sia.v1.ClusterService/DrainNode": (pb.DrainNodeRequest, [pb.DrainNodeRequest(
+            node="no-such-node", reason="maintenance")]),
+        "/sia.v1.ClusterService/UndrainNode": (pb.UndrainNodeRequest, [pb.UndrainNodeRequest(
+            node="no-such-node")]),
         "/sia.v1.PolicyService/Optimize": (pb.OptimizeRequest, [opt]),
         "/grpc.health.v1.Health/Check": (health_pb2.HealthCheckRequest, [
             health_pb2.HealthCheckRequest(service="sia.v1.JobService")]),

@@ -274,6 +274,10 @@ async def test_drain_refuses_new_runs_but_still_stops(controller, agent):
     assert agent.draining
     assert not refused.ok and refused.error == "node draining (maintenance)"
     assert stopped.ok and running(agent) == []
+    s.send(drain=pb.Drain(cancel=True))  # the drain is over: it runs jobs again
+    s.directive(**run(4, job_id="job-2", gpus=(2,)))
+    (again,) = await s.wait("ack", lambda a: a.directive_id == 4)
+    assert again.ok and not agent.draining
 
 
 async def test_other_ranks_of_a_multinode_job_only_hold_gpus(controller, agent, clock):

@@ -203,6 +203,26 @@ async def test_tenant_isolation(controller, pki, tokens):
         await a.cancel(ja)  # its own: fine
 
 
+async def test_only_an_admin_may_drain_a_node(controller, pki, tokens):
+    ok = await connect(f"127.0.0.1:{controller.agent_port}", channel_credentials(
+        pki["ca.crt"], pki["agent-node-1.crt"], pki["agent-node-1.key"]), "node-1")
+    assert ok.WhichOneof("kind") == "registered"
+    async with client(controller, pki, tokens.a) as a, \
+            client(controller, pki, tokens.admin) as admin:
+        for call in (a.drain("node-1", "mine now"), a.undrain("node-1")):
+            with pytest.raises(ApiError) as err:
+                await call
+            assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+            assert err.value.reason == "ADMIN_ONLY" and "only an admin" in err.value.message
+        assert "node-1" not in controller.state.drained
+        node = await admin.drain("node-1", "maintenance")
+        assert node.state == pb.NODE_STATE_DRAINING
+        assert controller.state.drained == {"node-1": "maintenance"}
+        with pytest.raises(ApiError) as err:
+            await admin.drain("node-1", "x" * 300)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.field == "reason"
+
+
 async def test_watch_shows_only_the_callers_jobs(controller, pki, tokens):
     async with client(controller, pki, tokens.a) as a, client(controller, pki, tokens.b) as b:
         await a.submit(spec())

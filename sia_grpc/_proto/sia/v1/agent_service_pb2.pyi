@@ -210,7 +210,9 @@ class ProfileRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., local_gpu: _Optional[int] = ..., local_batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Drain(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "cancel")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    cancel: bool
+    def __init__(self, reason: _Optional[str] = ..., cancel: _Optional[bool] = ...) -> None: ...

@@ -30,7 +30,7 @@ class GpuSlot(_message.Message):
     def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "gpu_type", "num_gpus", "state", "gpus", "agent_version", "last_heartbeat")
+    __slots__ = ("name", "gpu_type", "num_gpus", "state", "gpus", "agent_version", "last_heartbeat", "drain_reason")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Node(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu_type: str
     num_gpus: int
@@ -45,7 +46,8 @@ class Node(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuSlot]
     agent_version: str
     last_heartbeat: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuSlot, _Mapping]]] = ..., agent_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    drain_reason: str
+    def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuSlot, _Mapping]]] = ..., agent_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_reason: _Optional[str] = ...) -> None: ...
 
 class GpuTypeSummary(_message.Message):
     __slots__ = ("gpu_type", "nodes", "gpus", "allocated")
@@ -120,3 +122,17 @@ class ListRoundsResponse(_message.Message):
 class WatchRoundsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class UndrainNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...

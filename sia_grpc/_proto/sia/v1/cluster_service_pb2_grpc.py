@@ -49,6 +49,16 @@ class ClusterServiceStub:
                 request_serializer=sia_dot_v1_dot_cluster__service__pb2.WatchRoundsRequest.SerializeToString,
                 response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Round.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/sia.v1.ClusterService/DrainNode',
+                request_serializer=sia_dot_v1_dot_cluster__service__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+                _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/sia.v1.ClusterService/UndrainNode',
+                request_serializer=sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -72,6 +82,21 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Admin only. A draining node takes no new work; the next round moves its jobs
+        elsewhere (checkpoint-restart) or queues them. It stays drained, across
+        controller restarts and agent reconnects, until UndrainNode.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +114,16 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.WatchRounds,
                     request_deserializer=sia_dot_v1_dot_cluster__service__pb2.WatchRoundsRequest.FromString,
                     response_serializer=sia_dot_v1_dot_cluster__service__pb2.Round.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=sia_dot_v1_dot_cluster__service__pb2.DrainNodeRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_cluster__service__pb2.Node.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
+                    request_deserializer=sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_cluster__service__pb2.Node.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +207,60 @@ class ClusterService:
             '/sia.v1.ClusterService/WatchRounds',
             sia_dot_v1_dot_cluster__service__pb2.WatchRoundsRequest.SerializeToString,
             sia_dot_v1_dot_cluster__service__pb2.Round.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sia.v1.ClusterService/DrainNode',
+            sia_dot_v1_dot_cluster__service__pb2.DrainNodeRequest.SerializeToString,
+            sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sia.v1.ClusterService/UndrainNode',
+            sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.SerializeToString,
+            sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
             options,
             channel_credentials,
             insecure,
