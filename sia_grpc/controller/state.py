@@ -249,12 +249,21 @@ class ControllerState:
         self._round_started, self._round_trigger = 0.0, "timer"
         self.refused = 0  # RUN directives an agent refused (should stay 0)
         self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
-        self._moving: set[str] = set()  # jobs waiting for stops or GPUs to start again
-        self._to_profile: set[str] = set()  # jobs that may still need a profiling pass
-        # Bumped whenever a job may newly need a pass (`_want_profiles`): with the same
-        # count and the same idle GPU types as the last scan, no pass can start.
-        self._profile_needs = 0
-        self._profile_scanned: tuple[int, frozenset[str]] | None = None
+        # Jobs waiting for stops or GPUs to start again (an ordered set: no sort per scan).
+        self._moving: dict[str, None] = {}
+        # Jobs that may still need a profiling pass, oldest first (a dict as an
+        # ordered set: the first to come is the first profiled).
+        self._to_profile: dict[str, None] = {}
+        # Scans that look for work to start (moves whose GPUs are free, profiling
+        # passes) run only when something they depend on changed: GPUs freed or
+        # nodes back (`_capacity_changed`), moves wanted or given up, passes wanted
+        # (`_want_profiles`). Else thousands of moving or waiting jobs would be
+        # scanned at every event (a telemetry report, a heartbeat).
+        self._capacity_epoch = 0
+        self._dispatch_scanned = -1
+        self._idle_cache: tuple[int, set[str]] = (-1, set())
+        self._freed_types: set[str] = set()  # types with GPUs freed since the last look
+        self._freed_all = True  # ... or: any type may have (moves dropped, new wants)
         self._profile_changed: set[str] = set()  # jobs whose passes changed (this event)
         self._released: set[str] = set()  # jobs that released GPUs (this event): persisted
         # Drained nodes (admin) -> reason. Kept apart from node records: a drain
@@ -385,6 +394,7 @@ class ControllerState:
         # booked on the missing ones is gone; a pass there is run again, a job requeued.
         for g in sorted(g for g in node.holder if g >= node.num_gpus):
             rec = self.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
+            self._capacity_changed(node.gpu_type)
             if rec is None:
                 continue
             for t, (name, gpu) in list(rec.profiling.items()):
@@ -397,6 +407,7 @@ class ControllerState:
                 if not stopping:
                     self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
         node.state, node.last_seen = self._up_state(node.name), ev.at
+        self._capacity_changed(node.gpu_type)
         if node.name in self.drained:  # an agent that restarted forgot it
             out.append(self._drain_message(node.name))
         reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
@@ -522,6 +533,7 @@ class ControllerState:
         self._profile_changed.add(rec.job_id)
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
+            self._capacity_changed(node.gpu_type)
         rec.profiled.add(node.gpu_type)
         if rec.grad is None and t.HasField("grad") and _valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
@@ -543,6 +555,7 @@ class ControllerState:
         if rec is None:
             for g in [g for g, j in node.holder.items() if j == job_id]:
                 del node.holder[g]
+                self._capacity_changed(node.gpu_type)
             return
         if action == pb.Directive.ACTION_STOP:
             self._release(rec, node_id)
@@ -594,6 +607,7 @@ class ControllerState:
         if ev.reason is None:
             self._type_arriving(node.gpu_type)
         node.state = self._up_state(node.name)
+        self._capacity_changed(node.gpu_type)
         out.append(self._drain_message(node.name))
         # Draining: an early round moves its jobs to idle GPUs (or queues them) and
         # leaves every other job where it is. Undrained: its GPUs are idle ones.
@@ -732,10 +746,13 @@ class ControllerState:
 
     def _dispatch_pending(self, at: float, out: list[Action]) -> None:
         """Start every job whose target's GPUs are all released."""
-        for job_id in sorted(self._moving):
+        if self._dispatch_scanned == self._capacity_epoch:
+            return  # nothing freed, no move wanted or dropped: none can start now
+        self._dispatch_scanned = self._capacity_epoch
+        for job_id in list(self._moving):
             rec = self.jobs.get(job_id)
             if rec is None or not rec.moving or rec.state in TERMINAL:
-                self._moving.discard(job_id)
+                self._moving.pop(job_id, None)
                 continue
             if rec.held:
                 continue
@@ -756,7 +773,7 @@ class ControllerState:
         self._account(rec, at)
         rec.generation += 1
         rec.alloc, rec.target = alloc, None
-        self._set_moving(rec, False)
+        self._set_moving(rec, False, started=True)
         rec.run_since = rec.started_at = at
         status = rec.job.status
         status.generation = rec.generation
@@ -820,6 +837,7 @@ class ControllerState:
             for g in gpus:
                 if node.holder.get(g) == rec.job_id:
                     del node.holder[g]
+                    self._capacity_changed(node.gpu_type)
 
     def _interrupt(self, rec: _JobRec, at: float, reason: str, out: list[Action]) -> None:
         """Its allocation broke (node lost, workers gone): requeue from its checkpoint."""
@@ -857,6 +875,7 @@ class ControllerState:
                         if rec.alloc is not None and not rec.moving:
                             self._interrupt(rec, at, f"requeued: node {node.name} lost", out)
                 node.holder.clear()
+                self._capacity_changed(node.gpu_type)
 
     # ------------------------------------------------------------ profiling
 
@@ -876,13 +895,15 @@ class ControllerState:
         placing it before the others are known); it fails if no type can run it.
         Only jobs whose passes changed since the last event are looked at."""
         changed, self._profile_changed = self._profile_changed, set()
+        idle: set[str] | None = None  # computed when a job becomes schedulable
         for job_id in sorted(changed):
             rec = self.jobs.get(job_id)
             if rec is None or rec.state != pb.JOB_STATE_PROFILING or rec.profiling:
                 continue
             if rec.usable:
                 self._set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round")
-                if self._idle_types() & rec.usable:  # else the next timer round does
+                idle = self._idle_types_cached() if idle is None else idle
+                if idle & rec.usable:  # else the next timer round does
                     out.append(WantRound())
                 out.append(Persist((rec.job_id,)))
             elif rec.profiled and not self._profile_types(rec):
@@ -890,45 +911,43 @@ class ControllerState:
                              "cluster can run it (profiling found none)", out)
 
     def _want_profiles(self, job_ids: Iterable[str]) -> None:
-        self._to_profile.update(job_ids)
-        self._profile_needs += 1
+        self._to_profile.update(dict.fromkeys(job_ids))
+        self._freed_all = True  # they may want a type whose idle GPUs nobody wanted
 
     def _start_profiles(self, at: float, out: list[Action]) -> None:
         """Give every job still missing a profile one idle GPU of that type.
 
-        Cheap when nothing can start: only jobs in `_to_profile` are looked at; not
-        at all while no type has an idle GPU (a busy cluster, many arrivals), nor
-        when no job may want more and the idle types are those the last scan left
-        (no waiting job wanted them): thousands of jobs waiting for one busy type
-        would otherwise be scanned at every event."""
-        if not self._to_profile:
-            return
-        busy = self._reserved_gpus()
-        idle = self._idle_types(busy)
-        if not idle or self._profile_scanned == (self._profile_needs, frozenset(idle)):
+        Only jobs in `_to_profile` are looked at, and only for the types whose GPUs
+        were freed since the last look (all types when new passes are wanted): a GPU
+        freed by one pass goes to the next job waiting for that type, without a scan
+        of the whole cluster or of thousands of jobs waiting for other types."""
+        if not self._to_profile or not (self._freed_all or self._freed_types):
             return
         present = self._present_types()
-        for job_id in sorted(self._to_profile):
+        types = set(present) if self._freed_all else self._freed_types & present
+        self._freed_all, self._freed_types = False, set()
+        busy: set[tuple[str, int]] | None = None  # computed when first needed
+        for job_id in list(self._to_profile):
+            if not types:
+                return
             rec = self.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
-                self._to_profile.discard(job_id)
+                del self._to_profile[job_id]
                 continue
             missing = self._profile_types(rec, present) - set(rec.profiling)
-            if not missing and rec.state != pb.JOB_STATE_PROFILING:
-                self._to_profile.discard(job_id)
-            for t in sorted(missing & idle):
+            if not missing:  # (a pass lost, or a new type, puts it back)
+                del self._to_profile[job_id]
+            for t in sorted(missing & types):
+                busy = self._reserved_gpus() if busy is None else busy
                 slot = self._idle_gpu(t, busy)
                 if slot is None:
-                    idle.discard(t)
+                    types.discard(t)
                     continue
                 node, gpu = slot
                 busy.add(slot)
                 self.nodes[node].holder[gpu] = rec.job_id
                 rec.profiling[t] = (node, gpu)
                 out.append(self._profile_request(rec, t, node, gpu))
-            if not idle:
-                return
-        self._profile_scanned = (self._profile_needs, frozenset(idle))
 
     def _profile_request(self, rec: _JobRec, gpu_type: str, node: str, gpu: int) -> Send:
         lo, hi = rec.res.local_bsz_limits[gpu_type]
@@ -967,15 +986,33 @@ class ControllerState:
         return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
                 and len(n.holder) + per_node.get(n.name, 0) < n.num_gpus}
 
-    def _set_moving(self, rec: _JobRec, moving: bool) -> None:
+    def _idle_types_cached(self) -> set[str]:
+        """`_idle_types()` as of the last time GPUs were freed: GPUs taken since may
+        make it too generous, never too strict (for asking for an early round,
+        where a round too many costs one solve that places nothing)."""
+        if self._idle_cache[0] != self._capacity_epoch:
+            self._idle_cache = (self._capacity_epoch, self._idle_types())
+        return self._idle_cache[1]
+
+    def _set_moving(self, rec: _JobRec, moving: bool, *, started: bool = False) -> None:
         rec.moving = moving
         if moving:
-            self._moving.add(rec.job_id)
+            self._moving[rec.job_id] = None
         else:
-            self._moving.discard(rec.job_id)
+            self._moving.pop(rec.job_id, None)
+        if not started:  # a move wanted, or its reserved GPUs given up
+            self._capacity_changed()
+
+    def _capacity_changed(self, gpu_type: str = "") -> None:
+        """GPUs of `gpu_type` (or "": of any type) may have become idle."""
+        self._capacity_epoch += 1
+        if gpu_type:
+            self._freed_types.add(gpu_type)
+        else:
+            self._freed_all = True
 
     def _idle_gpu(self, gpu_type: str, busy: set) -> tuple[str, int] | None:
-        for node in sorted(self.nodes.values(), key=lambda n: n.name):
+        for node in self.nodes.values():
             if node.gpu_type != gpu_type or node.state != pb.NODE_STATE_READY:
                 continue
             for g in range(node.num_gpus):

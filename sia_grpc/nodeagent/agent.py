@@ -214,6 +214,8 @@ class NodeAgent:
         self._outbox = _Outbox()
         self._directives: asyncio.Queue[pb.Directive] = asyncio.Queue()
         self._acks: collections.OrderedDict[int, pb.DirectiveAck] = collections.OrderedDict()
+        # Jobs that completed here -> generation (the most recent ACK_MEMORY of them).
+        self._completed: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._profiling: dict[int, str] = {}  # local GPU -> job being profiled on it
         self._profiles: set[asyncio.Task[None]] = set()
         self._connector: asyncio.Task[None] | None = None
@@ -480,6 +482,12 @@ class NodeAgent:
                 return ""
             if current is not None and current.generation > d.generation:
                 return f"stale generation {d.generation} (running {current.generation})"
+            if current is None and self._completed.get(d.job_id, -1) >= d.generation:
+                # A RUN (a batch change) that crossed the job's completion: started
+                # again it would hold GPUs the controller gives to others once the
+                # exit arrives. Its JobExit is already on its way.
+                log.info("already completed this generation here: not started again")
+                return ""
             if self.draining:
                 return f"node draining ({self.drain_reason})"
             error = self._check_gpus(d.local_gpus, d.job_id, running)
@@ -525,6 +533,11 @@ class NodeAgent:
         return ""
 
     def _on_exit(self, exit_: pb.JobExit) -> None:
+        if exit_.kind == pb.JobExit.KIND_COMPLETED:
+            self._completed[exit_.job_id] = exit_.generation
+            self._completed.move_to_end(exit_.job_id)
+            while len(self._completed) > ACK_MEMORY:
+                self._completed.popitem(last=False)
         self._log.info("job exited", job_id=exit_.job_id, generation=exit_.generation,
                        kind=pb.JobExit.Kind.Name(exit_.kind), progress=exit_.progress)
         self._send(exit=exit_)

@@ -60,6 +60,7 @@ class Agent:
     running: dict[str, tuple[int, tuple[int, ...], int]] = field(default_factory=dict)
     busy: dict[int, str] = field(default_factory=dict)
     acks: dict[int, pb.DirectiveAck] = field(default_factory=dict)
+    completed: dict[str, int] = field(default_factory=dict)  # job -> generation
     up: bool = True  # process alive
     connected: bool = True  # stream up (only while up)
 
@@ -95,6 +96,8 @@ class Agent:
         if d.action == pb.Directive.ACTION_RUN:
             if cur is not None and cur[0] > d.generation:
                 error = "stale generation"
+            elif cur is None and self.completed.get(d.job_id, -1) >= d.generation:
+                pass  # a batch change that crossed its completion: not started again
             elif cur is None or cur[0] < d.generation:
                 for g in d.local_gpus:
                     if g >= self.num_gpus:
@@ -263,6 +266,7 @@ class Chaos:
                 agent.up = False
                 agent.running.clear()
                 agent.busy.clear()
+                agent.completed.clear()  # (the real agent keeps it in memory)
                 agent.acks.clear()
                 self.to_ctrl[node].clear()
         elif name == "agent-restart":
@@ -281,6 +285,7 @@ class Chaos:
             if ranks0:
                 a, j = rng.choice(ranks0)
                 gen = a.drop(j)[0]
+                a.completed[j] = gen
                 self.to_ctrl[a.name].append(pb.AgentMessage(exit=pb.JobExit(
                     job_id=j, generation=gen, kind=pb.JobExit.KIND_COMPLETED, progress=1.0)))
         elif name == "cancel":

@@ -94,6 +94,10 @@ async def test_run_reports_exact_progress_then_completes_at_the_modeled_time(
                               progress=1.0)
     reports = [t.progress for t in job_telemetry(s)]
     assert reports == sorted(reports)
+    # A batch-change RUN that crossed the completion does not start it again.
+    s.directive(**run(3, restore=restore))
+    (ack3,) = await s.wait("ack", lambda a: a.directive_id == 3)
+    assert ack3.ok and running(agent) == []
     # The freed GPUs take a new job.
     s.directive(**run(2, job_id="job-2"))
     (ack2,) = await s.wait("ack", lambda a: a.directive_id == 2)
