@@ -629,7 +629,7 @@ class Controller:
         await self.submit(sm.NodeDrainChanged(self.clock.time(), node, reason))
         log.warning("node drained" if reason is not None else "node drain ended",
                     node_id=node, reason=reason, by=auth.current().name)
-        return next(n for n in self.state.cluster_pb().nodes if n.name == node)
+        return self.state.node_pb(node)
 
     # ------------------------------------------------------------ agents
 

@@ -1064,16 +1064,20 @@ class ControllerState:
             out[n.gpu_type] += len(n.holder)
         return out
 
+    def node_pb(self, name: str) -> pb.Node:
+        n = self.nodes[name]
+        node = pb.Node(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus, state=n.state,
+                       agent_version=n.version, drain_reason=self.drained.get(n.name, ""))
+        node.last_heartbeat.CopyFrom(_ts(n.last_seen))
+        for g in range(n.num_gpus):
+            node.gpus.add(index=g, job_id=n.holder.get(g, ""))
+        return node
+
     def cluster_pb(self) -> pb.Cluster:
         c = pb.Cluster()
         types: dict[str, pb.GpuTypeSummary] = {}
         for n in sorted(self.nodes.values(), key=lambda n: (n.gpu_type, n.name)):
-            node = c.nodes.add(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus,
-                               state=n.state, agent_version=n.version,
-                               drain_reason=self.drained.get(n.name, ""))
-            node.last_heartbeat.CopyFrom(_ts(n.last_seen))
-            for g in range(n.num_gpus):
-                node.gpus.add(index=g, job_id=n.holder.get(g, ""))
+            c.nodes.append(self.node_pb(n.name))
             if not n.gpu_type:  # (restored, its agent not back yet)
                 continue
             s = types.setdefault(n.gpu_type, pb.GpuTypeSummary(gpu_type=n.gpu_type))

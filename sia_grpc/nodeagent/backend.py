@@ -39,6 +39,13 @@ class Launch:
         """Whether this node holds global rank 0: it alone reports for the job."""
         return self.world.rank_offset == 0
 
+    def check_gpu_type(self, gpu_type: str) -> None:
+        """ValueError unless the allocation (where it names a type) is of `gpu_type`."""
+        a = self.allocation
+        if a.gpu_type and a.gpu_type != gpu_type:
+            raise ValueError(f"allocation.gpu_type: {a.gpu_type!r} does not match this "
+                             f"node's {gpu_type!r}")
+
     @classmethod
     def from_directive(cls, d: pb.Directive) -> Launch:
         return cls(job_id=d.job_id, generation=d.generation, local_gpus=tuple(d.local_gpus),

@@ -118,10 +118,8 @@ class ModeledBackend:
         if self.gpu_type not in app.gpu_types:
             raise ValueError(f"spec.application: {app.name} has no profile for this node's "
                              f"GPU type {self.gpu_type!r}")
+        launch.check_gpu_type(self.gpu_type)
         a = launch.allocation
-        if a.gpu_type and a.gpu_type != self.gpu_type:
-            raise ValueError(f"allocation.gpu_type: {a.gpu_type!r} does not match this "
-                             f"node's {self.gpu_type!r}")
         if a.num_nodes < 1 or a.num_replicas < a.num_nodes:
             raise ValueError(f"allocation: need 1 <= num_nodes <= num_replicas, got "
                              f"num_nodes={a.num_nodes}, num_replicas={a.num_replicas}")

@@ -274,10 +274,7 @@ class TorchBackend:
         if bad := [g for g in gpus if g >= self.num_gpus]:
             raise ValueError(f"local_gpus: GPU {bad[0]} does not exist (this node has GPUs "
                              f"0..{self.num_gpus - 1})")
-        a = launch.allocation
-        if a.gpu_type and a.gpu_type != self.gpu_type:
-            raise ValueError(f"allocation.gpu_type: {a.gpu_type!r} does not match this "
-                             f"node's {self.gpu_type!r}")
+        launch.check_gpu_type(self.gpu_type)
         w = launch.world
         world_size = w.world_size or len(gpus)
         if world_size < w.rank_offset + len(gpus):

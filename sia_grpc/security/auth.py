@@ -182,66 +182,38 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         """`handler` with the authentication of `method` in front."""
         admit = self._admit
 
-        async def deny(err: ApiError, context) -> None:
-            await context.abort_with_status(err.to_status())
+        async def enter(context) -> Callable[[], None]:
+            try:
+                return admit(method, context, context.invocation_metadata())
+            except ApiError as err:
+                await context.abort_with_status(err.to_status())  # raises
+                raise
 
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def unary_unary(request, context):
-                try:
-                    undo = admit(method, context, context.invocation_metadata())
-                except ApiError as err:
-                    await deny(err, context)
+        def unary(inner):  # one response: the context variables are reset after it
+            async def call(request, context):
+                undo = await enter(context)
                 try:
                     return await inner(request, context)
                 finally:
                     undo()
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+            return call
 
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
-
-            async def unary_stream(request, context):
-                try:
-                    admit(method, context, context.invocation_metadata())
-                except ApiError as err:
-                    await deny(err, context)
+        def streaming(inner):
+            async def call(request, context):
+                await enter(context)
                 # No reset: the generator's frames may resume in other contexts;
                 # the RPC's task (and its context copy) ends with the call.
-                async for item in inner_us(request, context):
+                async for item in inner(request, context):
                     yield item
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+            return call
 
-        if handler.stream_stream is not None:
-            inner_ss = handler.stream_stream
-
-            async def stream_stream(request_iterator, context):
-                try:
-                    admit(method, context, context.invocation_metadata())
-                except ApiError as err:
-                    await deny(err, context)
-                async for item in inner_ss(request_iterator, context):
-                    yield item
-            return grpc.stream_stream_rpc_method_handler(
-                stream_stream, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-
-        inner_su = handler.stream_unary
-
-        async def stream_unary(request_iterator, context):
-            try:
-                undo = admit(method, context, context.invocation_metadata())
-            except ApiError as err:
-                await deny(err, context)
-            try:
-                return await inner_su(request_iterator, context)
-            finally:
-                undo()
-        return grpc.stream_unary_rpc_method_handler(
-            stream_unary, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        for kind, make, wrap in (
+                ("unary_unary", grpc.unary_unary_rpc_method_handler, unary),
+                ("unary_stream", grpc.unary_stream_rpc_method_handler, streaming),
+                ("stream_stream", grpc.stream_stream_rpc_method_handler, streaming),
+                ("stream_unary", grpc.stream_unary_rpc_method_handler, unary)):
+            inner = getattr(handler, kind)
+            if inner is not None:
+                return make(wrap(inner), request_deserializer=handler.request_deserializer,
+                            response_serializer=handler.response_serializer)
+        return handler
