@@ -54,3 +54,24 @@ SERVICE_NAMES = tuple(
     m.DESCRIPTOR.services_by_name[s].full_name
     for m, s in ((job_service_pb2, "JobService"), (cluster_service_pb2, "ClusterService"),
                  (agent_service_pb2, "AgentService"), (policy_service_pb2, "PolicyService")))
+
+# One vocabulary for states everywhere a person reads them (CLI, SDK, errors, logs,
+# metrics): RUNNING, not JOB_STATE_RUNNING.
+TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,
+                             pb.JOB_STATE_CANCELLED})
+
+
+def state_name(state: int) -> str:
+    """"RUNNING" for pb.JOB_STATE_RUNNING (an unknown number as itself)."""
+    try:
+        return pb.JobState.Name(state).removeprefix("JOB_STATE_")
+    except ValueError:
+        return str(state)
+
+
+def node_state_name(state: int) -> str:
+    """"READY" for pb.NODE_STATE_READY."""
+    try:
+        return pb.NodeState.Name(state).removeprefix("NODE_STATE_")
+    except ValueError:
+        return str(state)

@@ -80,7 +80,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         await asyncio.gather(*(submit(k) for k in range(jobs)))
         c = lc.controller
         async with asyncio.timeout(600):  # every job profiled
-            while c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):
+            while c.state.jobs_by_state().get("PROFILING", 0):
                 await asyncio.sleep(0.2)
         totals, solves = [], []
         for _ in range(rounds + 1):  # the first round places everyone: reported apart
@@ -183,7 +183,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
                                                             jobs, clients)
             async with asyncio.timeout(900):  # taken up by the state machine, and profiled
                 while len(c.state.jobs) < accepted or \
-                        c.state.jobs_by_state().get("JOB_STATE_PROFILING", 0):
+                        c.state.jobs_by_state().get("PROFILING", 0):
                     await asyncio.sleep(0.2)
             round_ms, round_parts = [], []
             for _ in range(rounds):

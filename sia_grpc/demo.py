@@ -91,6 +91,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
     import asyncio
     import sys
 
+    from sia_grpc import api
     from sia_grpc.api import pb
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.client.cli import cluster_report, jobs_table
@@ -140,7 +141,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
     rows = []
     for j in finals:
         jct = (j.status.finish_time.ToNanoseconds() - j.status.create_time.ToNanoseconds()) / 3.6e12
-        rows.append((j.spec.name, pb.JobState.Name(j.status.state).removeprefix("JOB_STATE_"),
+        rows.append((j.spec.name, api.state_name(j.status.state),
                      f"{jct:.2f}", j.status.restarts))
     print("\nSummary (cluster time)", file=out)
     print(f"{'job':16s} {'state':10s} {'JCT h':>6s} {'restarts':>8s}", file=out)

@@ -121,8 +121,7 @@ async def _report(lc: LocalCluster, total: int,
     while True:
         await asyncio.sleep(1.0)
         states = lc.controller.state.jobs_by_state()
-        done = sum(states.get(s, 0) for s in ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED",
-                                               "JOB_STATE_CANCELLED"))
+        done = sum(states.get(s, 0) for s in ("SUCCEEDED", "FAILED", "CANCELLED"))
         progress(done, total, (lc.controller.clock.time() - lc.controller.state.started_at))
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from sia_grpc.api import pb
+from sia_grpc.api import pb, state_name
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.client.cli import cluster_report, format_gpus, jobs_table
 from sia_grpc.client.sdk import is_terminal
@@ -171,7 +171,7 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
         if st.state == pb.JOB_STATE_SUCCEEDED:
             done.append(jct)
         where = " → ".join(seen.get(j.spec.name, ())) or "-"
-        print(f"{j.spec.name:8s} {pb.JobState.Name(st.state).removeprefix('JOB_STATE_'):10s} "
+        print(f"{j.spec.name:8s} {state_name(st.state):10s} "
               f"{jct:6.0f} {st.restarts:8d}  {where}", file=out)
     if done:
         print(f"average JCT {sum(done) / len(done):.0f} s over {len(done)} jobs", file=out)

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import yaml
 
-from sia_grpc.api import pb
+from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.client.sdk import DEFAULT_TARGET, SiaClient
 from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
 from sia_grpc.errors import ApiError
@@ -30,11 +30,6 @@ from sia_grpc.errors import ApiError
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase screen: a redraw in place
 
 # -- formatting (pure) ---------------------------------------------------------------
-
-
-def state_name(state: int) -> str:
-    """RUNNING for pb.JOB_STATE_RUNNING."""
-    return pb.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
 def parse_state(text: str) -> int:
@@ -105,7 +100,7 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round]) -> str:
     for n in cluster.nodes:
         jobs = dict.fromkeys(s.job_id for s in n.gpus if s.job_id)
         used = sum(1 for s in n.gpus if s.job_id)
-        state = pb.NodeState.Name(n.state).removeprefix("NODE_STATE_")
+        state = node_state_name(n.state)
         if n.drain_reason:
             state += f" ({n.drain_reason})"
         node_rows.append([n.name, n.gpu_type, state, f"{used}/{n.num_gpus}",
@@ -292,7 +287,7 @@ def _drain(args: argparse.Namespace) -> int:
 def _undrain(args: argparse.Namespace) -> int:
     with _client(args) as sia:
         node = sia.undrain(args.node)
-    print(f"{node.name} {pb.NodeState.Name(node.state).removeprefix('NODE_STATE_').lower()}")
+    print(f"{node.name} {node_state_name(node.state).lower()}")
     return 0
 
 

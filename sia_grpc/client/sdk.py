@@ -33,14 +33,12 @@ from typing import Any
 
 import grpc
 
-from sia_grpc.api import ClusterServiceStub, JobServiceStub, pb
+from sia_grpc.api import TERMINAL_STATES, ClusterServiceStub, JobServiceStub, pb
 from sia_grpc.errors import ApiError
 from sia_grpc.security.tls import PemSource, channel_credentials
 
 DEFAULT_TARGET = os.environ.get("SIA_CONTROLLER") or "127.0.0.1:50051"
 
-TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,
-                             pb.JOB_STATE_CANCELLED})
 
 
 def is_terminal(job: pb.Job) -> bool:

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sia_grpc import api
-from sia_grpc.api import pb
+from sia_grpc.api import pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.limits import TenantLimits
@@ -206,7 +206,7 @@ class Controller:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.telemetry is not None:
             self.telemetry.observe(
-                queue_length=lambda: self.state.jobs_by_state().get("JOB_STATE_QUEUED", 0),
+                queue_length=lambda: self.state.jobs_by_state().get("QUEUED", 0),
                 events_pending=self._events.qsize, jobs_by_state=self.state.jobs_by_state,
                 gpus_allocated=self.state.gpus_allocated,
                 agents_connected=lambda: len(self._agents))
@@ -574,7 +574,7 @@ class Controller:
         job = await self.get_job(job_id)
         if job.status.state not in sm.TERMINAL:
             raise failed_precondition(
-                f"job {job_id!r} is {pb.JobState.Name(job.status.state)}; cancel it first",
+                f"job {job_id!r} is {state_name(job.status.state)}; cancel it first",
                 "JOB_NOT_FINISHED")
         await self._in_store(self._store.delete_job, job_id)
         self._notify_watchers()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import timestamp_pb2
 
-from sia_grpc.api import pb
+from sia_grpc.api import TERMINAL_STATES, pb, state_name
 from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
 from sia_grpc.convert import MAX_GPUS_PER_NODE, allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
@@ -35,7 +35,7 @@ from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
-TERMINAL = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+TERMINAL = TERMINAL_STATES
 # Until a job reports gradient statistics: no statistical gain from a larger
 # batch (gain = 1), so the policy keeps it near its initial batch size.
 NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
@@ -1053,7 +1053,7 @@ class ControllerState:
     def jobs_by_state(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for rec in list(self.jobs.values()):  # also read from the metrics thread
-            name = pb.JobState.Name(rec.state)
+            name = state_name(rec.state)
             out[name] = out.get(name, 0) + 1
         return out
 
