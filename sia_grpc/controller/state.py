@@ -41,6 +41,10 @@ TERMINAL = TERMINAL_STATES
 NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
 
 
+class InvariantError(AssertionError):
+    """The controller's books broke a rule (`ControllerState.check_invariants`)."""
+
+
 # ---------------------------------------------------------------- events
 
 
@@ -72,6 +76,8 @@ class AgentRegistered(Event):
     num_gpus: int
     version: str = ""
     running: tuple[tuple[str, int, tuple[int, ...]], ...] = ()  # (job, generation, gpus)
+    profiling: tuple[tuple[str, int, int], ...] = ()  # passes in flight: (job, generation, gpu)
+    draining: bool = False  # what the agent believes
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,9 @@ class _NodeRec:
     state: int = pb.NODE_STATE_READY
     last_seen: float = 0.0
     holder: dict[int, str] = field(default_factory=dict)  # GPU index -> job physically on it
+    # Books restored from the store, not yet confirmed by the agent's registration
+    # (two restored jobs may both name a GPU: the agent's report settles it).
+    restored: bool = False
 
 
 @dataclass
@@ -202,10 +211,16 @@ class _JobRec:
     profiled: set[str] = field(default_factory=set)  # types with a finished profiling pass
     usable: set[str] = field(default_factory=set)  # types whose profile had samples
     profiling: dict[str, tuple[str, int]] = field(default_factory=dict)  # type -> (node, gpu)
+    # type -> the last directive id issued before its request was sent: the agent
+    # applies requests and directives in order, so a STOP with a higher id ends it.
+    pass_sent: dict[str, int] = field(default_factory=dict)
     alloc: JobAllocation | None = None  # what it runs on (RUN sent)
     target: JobAllocation | None = None  # what it moves to once GPUs are released
     moving: bool = False  # target set by a round (None target = preempted)
     held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> its GPUs there
+    # node -> the generation its GPUs there were taken for: a late ack of an older
+    # STOP must not free what a newer generation holds.
+    held_gen: dict[str, int] = field(default_factory=dict)
     stopping: set[str] = field(default_factory=set)  # nodes sent STOP, not acknowledged yet
     generation: int = 0
     checkpoint: float = 0.0  # progress fraction of its last checkpoint
@@ -296,6 +311,7 @@ class ControllerState:
             # Until its agent registers, a node has at least the GPUs its jobs hold.
             n.num_gpus = max(n.num_gpus, max(gpus, default=-1) + 1)
             n.holder.update(dict.fromkeys(gpus, job.job_id))
+            n.restored = True
 
     def extra(self, job_id: str) -> bytes:
         """The controller-private part of a job, persisted beside it."""
@@ -370,6 +386,7 @@ class ControllerState:
         self._account(rec, at)
         rec.alloc = None
         self._stop_everywhere(rec, out, except_node=except_node)
+        self._stop_passes(rec, out)
         rec.job.status.ClearField("allocation")
         rec.job.status.finish_time.CopyFrom(_ts(at))
         self._set_state(rec, state, at, reason)
@@ -390,6 +407,7 @@ class ControllerState:
         if node is None:
             node = self.nodes[ev.node_id] = _NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
+        node.restored = False  # (its report below settles the restored books)
         # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
         # booked on the missing ones is gone; a pass there is run again, a job requeued.
         for g in sorted(g for g in node.holder if g >= node.num_gpus):
@@ -408,7 +426,9 @@ class ControllerState:
                     self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
         node.state, node.last_seen = self._up_state(node.name), ev.at
         self._capacity_changed(node.gpu_type)
-        if node.name in self.drained:  # an agent that restarted forgot it
+        # Its drain state, where the agent's differs: one that restarted forgot a
+        # drain, one whose stream broke may have missed its end.
+        if ev.draining != (node.name in self.drained):
             out.append(self._drain_message(node.name))
         reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
         # Re-deliver what it may have missed; the agent ignores ids it already applied.
@@ -431,9 +451,10 @@ class ControllerState:
         # Profiling passes in flight here: the request may have been lost with the old
         # stream (or the agent restarted), and nothing else would ever end the pass.
         # Sent again; an agent still running that pass ignores the copy.
+        # (An ended job's passes are being stopped: its STOP is re-sent above.)
         for job_id in sorted(set(node.holder.values())):
             rec = self.jobs.get(job_id)
-            if rec is None:
+            if rec is None or rec.state in TERMINAL:
                 continue
             for t, (name, gpu) in sorted(rec.profiling.items()):
                 if name == ev.node_id:
@@ -466,8 +487,10 @@ class ControllerState:
                 node.holder.update(dict.fromkeys(mine, job_id))
                 self._send_stop(job_id, gen, ev.node_id, out)
                 if rec is not None:
-                    rec.held.setdefault(ev.node_id, mine)
+                    if ev.node_id not in rec.held:
+                        rec.held[ev.node_id], rec.held_gen[ev.node_id] = mine, gen
                     rec.stopping.add(ev.node_id)
+        self._reported_passes(node, ev, out)
 
     def _agent_message(self, ev: AgentMessage, out: list[Action]) -> None:
         node = self.nodes.get(ev.node_id)
@@ -488,7 +511,11 @@ class ControllerState:
 
     def _telemetry(self, node: _NodeRec, t: pb.Telemetry, at: float, out: list[Action]) -> None:
         rec = self.jobs.get(t.job_id)
-        if rec is None:
+        if rec is None:  # a deleted job's pass that ran to its end: its GPU is free
+            g = t.profile_gpu if t.profile and t.HasField("profile_gpu") else -1
+            if node.holder.get(g, "") == t.job_id:
+                del node.holder[g]
+                self._capacity_changed(node.gpu_type)
             return
         if t.profile:
             self._profiled(rec, node, t, at, out)
@@ -527,10 +554,28 @@ class ControllerState:
     def _profiled(self, rec: _JobRec, node: _NodeRec, t: pb.Telemetry, at: float,
                   out: list[Action]) -> None:
         where = rec.profiling.get(node.gpu_type)
+        if t.HasField("profile_gpu") and (where is None or where != (node.name, t.profile_gpu)):
+            # Another pass of the job's (one the books stopped, or took back from
+            # an agent's report): it is over, so its GPU is free.
+            g = t.profile_gpu
+            if node.holder.get(g) == rec.job_id and not self._explained(rec, node.name, g):
+                del node.holder[g]
+                self._capacity_changed(node.gpu_type)
+            return
         if where is None or where[0] != node.name:
             return
         del rec.profiling[node.gpu_type]
         self._profile_changed.add(rec.job_id)
+        if t.profile_refused:
+            # It never ran (the agent's GPU was busy after all): it says nothing of the
+            # job, which profiles again when GPUs next free up. Not signalled as
+            # capacity: the same GPU would be offered, and refused, at once.
+            if node.holder.get(where[1]) == rec.job_id:
+                del node.holder[where[1]]
+            if rec.state == pb.JOB_STATE_PROFILING:
+                rec.job.status.reason = f"waiting: profiling on {node.gpu_type} ({t.profile_error})"
+            self._to_profile[rec.job_id] = None
+            return
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
             self._capacity_changed(node.gpu_type)
@@ -546,24 +591,84 @@ class ControllerState:
         out.append(Persist((rec.job_id,)))
 
     def _ack(self, node: _NodeRec, ack: pb.DirectiveAck, at: float, out: list[Action]) -> None:
-        pending = self._pending_acks.pop(ack.directive_id, None)
-        if pending is None:
-            return  # a re-delivered directive's second ack
+        pending = self._pending_acks.get(ack.directive_id)
+        if pending is None or pending[1] != node.name:
+            return  # a re-delivered directive's second ack (or another node's: ignored)
+        del self._pending_acks[ack.directive_id]
         self._round_acked(pending[3].directive.round, ack.directive_id, out)
-        job_id, node_id, action, _ = pending
+        job_id, node_id, action, msg = pending
         rec = self.jobs.get(job_id)
-        if rec is None:
-            for g in [g for g, j in node.holder.items() if j == job_id]:
-                del node.holder[g]
-                self._capacity_changed(node.gpu_type)
-            return
         if action == pb.Directive.ACTION_STOP:
-            self._release(rec, node_id)
+            self._stopped(rec, node, job_id, msg.directive.generation, ack.directive_id)
+        elif rec is None:
+            return
         elif not ack.ok and ack.generation == rec.generation and node_id in rec.held:
-            # The agent refused to start it (bad GPUs, draining): run it elsewhere.
+            # The agent refused to start it (bad GPUs, draining): run it elsewhere, and
+            # tell it again whether it is drained (it may have missed the news).
             self.refused += 1
+            out.append(self._drain_message(node_id))
             self._release(rec, node_id)
             self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
+
+    def _stopped(self, rec: _JobRec | None, node: _NodeRec, job_id: str, generation: int,
+                 stop_id: int) -> None:
+        """An acknowledged STOP: the agent has stopped the job's workers of that
+        generation or older on the node, and its passes there. What they held is
+        free, and so is anything else booked to the job on that node (a fenced
+        stale worker, a pass of a deleted job) — unless a newer generation of the
+        job has been started there since (a late ack of an older STOP)."""
+        if rec is not None:
+            self._passes_ended(rec, node.name, stop_id)
+            if generation >= rec.held_gen.get(node.name, -1):
+                self._release(rec, node.name)
+        for g in [g for g, j in node.holder.items() if j == job_id and not self._explained(
+                rec, node.name, g)]:
+            del node.holder[g]
+            self._capacity_changed(node.gpu_type)
+
+    @staticmethod
+    def _explained(rec: _JobRec | None, node: str, gpu: int) -> bool:
+        """Whether `rec` runs or profiles on node/gpu (a booking it may keep)."""
+        return rec is not None and (gpu in rec.held.get(node, ())
+                                    or (node, gpu) in rec.profiling.values())
+
+    def _reported_passes(self, node: _NodeRec, ev: AgentRegistered, out: list[Action]) -> None:
+        """Passes the agent says it runs: a pass the books lost track of (a partition,
+        a controller restart) is taken back if the job still wants that type's
+        profile and the GPU is free; any other is stopped, its GPU booked until then."""
+        for job_id, gen, gpu in ev.profiling:
+            rec = self.jobs.get(job_id)
+            if gpu >= node.num_gpus or (rec is not None and (node.name, gpu) in
+                                        rec.profiling.values()):
+                continue
+            if node.holder.get(gpu, job_id) != job_id:
+                continue  # booked to another job: the agent refuses its RUN till then
+            node.holder[gpu] = job_id
+            stopping = any(j == job_id and n == node.name and a == pb.Directive.ACTION_STOP
+                           for j, n, a, _ in self._pending_acks.values())
+            if stopping:
+                continue  # the STOP re-sent above ends it; its ack frees the GPU
+            if (rec is not None and rec.state not in TERMINAL and node.gpu_type not in
+                    rec.profiling and node.gpu_type in self._profile_types(rec)):
+                rec.profiling[node.gpu_type] = (node.name, gpu)
+                rec.pass_sent[node.gpu_type] = self._next_directive
+            else:
+                self._send_stop(job_id, gen, node.name, out)
+
+    def _passes_ended(self, rec: _JobRec, node_id: str, stop_id: int) -> None:
+        """A STOP acknowledged ends the job's passes on that node requested before it
+        (the agent stops them first): their GPUs are free; a live job profiles again."""
+        node = self.nodes.get(node_id)
+        for t, (name, gpu) in list(rec.profiling.items()):
+            if name != node_id or rec.pass_sent.get(t, 0) >= stop_id:
+                continue
+            del rec.profiling[t]
+            self._profile_changed.add(rec.job_id)
+            if rec.state not in TERMINAL:
+                self._want_profiles((rec.job_id,))
+            if node is not None and node.holder.get(gpu) == rec.job_id:
+                del node.holder[gpu]
+                self._capacity_changed(node.gpu_type)
 
     def _round_acked(self, round_no: int, directive_id: int, out: list[Action]) -> None:
         self._round_acks.get(round_no, set()).discard(directive_id)
@@ -757,6 +862,13 @@ class ControllerState:
             if rec.held:
                 continue
             target = rec.target
+            gone = target and sorted({g.node for g in target.gpus if g.node not in self.nodes
+                                      or self.nodes[g.node].state != pb.NODE_STATE_READY})
+            if gone:  # lost or drained since the round chose it: the move is void
+                target = rec.target = None
+                rec.job.status.reason = (f"requeued: {', '.join(gone)} left the pool before "
+                                         "the move could start")
+                out.append(WantRound("requeue"))
             if target is None:  # preempted, and now fully stopped
                 self._set_moving(rec, False)
                 self._account(rec, at)
@@ -783,7 +895,7 @@ class ControllerState:
             status.start_time.CopyFrom(_ts(at))
         for name, gpus in _by_node(alloc):
             self.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
-            rec.held[name] = gpus
+            rec.held[name], rec.held_gen[name] = gpus, rec.generation
         out.extend(self._run_directives(rec))
         self._set_state(rec, pb.JOB_STATE_RUNNING, at, status.reason or "running")
         out.append(Persist((rec.job_id,)))
@@ -823,6 +935,14 @@ class ControllerState:
                 rec.stopping.add(name)
                 self._send_stop(rec.job_id, rec.generation, name, out)
 
+    def _stop_passes(self, rec: _JobRec, out: list[Action]) -> None:
+        """An ended job's profiling passes are stopped, not left to finish: the
+        record may be deleted before a pass reports, and a pending STOP is what
+        frees the GPU then (its ack, `_ack`)."""
+        for name in sorted({n for n, _ in rec.profiling.values()} - rec.stopping):
+            rec.stopping.add(name)
+            self._send_stop(rec.job_id, rec.generation, name, out)
+
     def _send_stop(self, job_id: str, generation: int, node: str, out: list[Action]) -> None:
         out.append(self._directive(node, pb.Directive(
             round=self.round_no, job_id=job_id, generation=generation,
@@ -830,6 +950,7 @@ class ControllerState:
 
     def _release(self, rec: _JobRec, node_name: str) -> None:
         gpus = rec.held.pop(node_name, ())
+        rec.held_gen.pop(node_name, None)
         rec.stopping.discard(node_name)
         self._released.add(rec.job_id)
         node = self.nodes.get(node_name)
@@ -870,6 +991,8 @@ class ControllerState:
                         if n == node.name:
                             del rec.profiling[t]
                             self._want_profiles((job_id,))
+                    if node.name not in rec.held:  # (a pass being stopped: gone with it)
+                        rec.stopping.discard(node.name)
                     if node.name in rec.held:
                         self._release(rec, node.name)
                         if rec.alloc is not None and not rec.moving:
@@ -950,6 +1073,7 @@ class ControllerState:
                 out.append(self._profile_request(rec, t, node, gpu))
 
     def _profile_request(self, rec: _JobRec, gpu_type: str, node: str, gpu: int) -> Send:
+        rec.pass_sent[gpu_type] = self._next_directive
         lo, hi = rec.res.local_bsz_limits[gpu_type]
         req = pb.ProfileRequest(
             job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
@@ -1043,6 +1167,64 @@ class ControllerState:
         st.state = state
         st.reason = reason
         st.update_time.CopyFrom(_ts(at))
+
+    # ------------------------------------------------------------ invariants
+
+    def check_invariants(self) -> None:
+        """Raise `InvariantError` naming the first rule the books break.
+
+        The rules hold after every event, whatever order events arrive in; the
+        state-machine tests and the chaos runs call this after each one. The
+        central one: every GPU held belongs to a live job that runs or profiles on
+        it, or to a STOP in flight whose acknowledgement will free it. A GPU held by
+        a job that no longer exists, with nothing to free it, is a leak for ever."""
+        stops = {(j, n) for j, n, act, _ in self._pending_acks.values()
+                 if act == pb.Directive.ACTION_STOP}
+        for node in self.nodes.values():
+            if node.state == pb.NODE_STATE_LOST and node.holder:
+                raise InvariantError(f"lost node {node.name} holds GPUs {node.holder}")
+            for g, job_id in node.holder.items():
+                if not 0 <= g < node.num_gpus:
+                    raise InvariantError(f"{node.name}/{g}: booked past its {node.num_gpus} GPUs")
+                rec = self.jobs.get(job_id)
+                explained = (job_id, node.name) in stops or rec is not None and (
+                    g in rec.held.get(node.name, ()) or (node.name, g) in rec.profiling.values())
+                if not explained and not node.restored:
+                    what = "deleted" if rec is None else state_name(rec.state)
+                    raise InvariantError(
+                        f"{node.name}/{g} held by {job_id!r} ({what}), which neither runs nor "
+                        "profiles there and has no STOP in flight")
+        active: collections.Counter[str] = collections.Counter()
+        for job_id, rec in self.jobs.items():
+            ended = rec.state in TERMINAL
+            if not ended:
+                active[rec.job.spec.tenant] += 1
+            passes = {n for n, _ in rec.profiling.values()}
+            for name, gpu in rec.profiling.values():
+                node = self.nodes.get(name)
+                if node is None or (node.holder.get(gpu) != job_id and not node.restored):
+                    raise InvariantError(f"{job_id}: profiling on {name}/{gpu}, not booked to it")
+            for name, gpus in rec.held.items():
+                node = self.nodes.get(name)
+                if node is None:
+                    raise InvariantError(f"{job_id}: holds GPUs on unknown node {name}")
+                if not node.restored and any(node.holder.get(g) != job_id for g in gpus):
+                    raise InvariantError(f"{job_id}: holds {name}/{gpus}, booked to "
+                                         f"{[node.holder.get(g) for g in gpus]}")
+            for name in rec.stopping:
+                if (job_id, name) not in stops:
+                    raise InvariantError(f"{job_id}: stopping on {name} with no STOP in flight")
+            if ended and not (rec.held.keys() | passes) <= rec.stopping:
+                loose = sorted((rec.held.keys() | passes) - rec.stopping)
+                raise InvariantError(f"{job_id} is {state_name(rec.state)} but holds GPUs on "
+                                     f"{loose} not being stopped")
+            if rec.moving and job_id not in self._moving:
+                raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
+            if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):
+                raise InvariantError(f"{job_id}: RUNNING without a settled allocation")
+        if +self.active_by_tenant != active:
+            raise InvariantError(f"active jobs per tenant {dict(self.active_by_tenant)}, "
+                                 f"counted {dict(active)}")
 
     # ------------------------------------------------------------ views
 
@@ -1182,7 +1364,7 @@ def _dump_extra(rec: _JobRec) -> dict:
         "samples": [[*k, *v] for k, v in rec.samples.items()],
         "grad": [rec.grad.sqr, rec.grad.var] if rec.grad else None,
         "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
-        "held": {n: list(g) for n, g in rec.held.items()},
+        "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
         "generation": rec.generation, "checkpoint": rec.checkpoint,
         "attained": rec.attained, "restart_cost": rec.restart_cost,
     }
@@ -1200,6 +1382,7 @@ def _load_extra(rec: _JobRec, d: Mapping) -> None:
     rec.profiled, rec.usable = set(d.get("profiled", ())), set(d.get("usable", ()))
     rec.held = {n: tuple(g) for n, g in d.get("held", {}).items()}
     rec.generation = int(d.get("generation", 0))
+    rec.held_gen = {n: int(d.get("held_gen", {}).get(n, rec.generation)) for n in rec.held}
     rec.checkpoint = float(d.get("checkpoint", 0.0))
     rec.attained = dict(d.get("attained", {}))
     if d.get("restart_cost") is not None:

@@ -212,12 +212,13 @@ class NodeAgent:
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log = structlog.get_logger().bind(node_id=config.node_id)
         self._outbox = _Outbox()
-        self._directives: asyncio.Queue[pb.Directive] = asyncio.Queue()
+        # Directives and profiling requests, applied one at a time in the order sent.
+        self._directives: asyncio.Queue[pb.Directive | pb.ProfileRequest] = asyncio.Queue()
         self._acks: collections.OrderedDict[int, pb.DirectiveAck] = collections.OrderedDict()
         # Jobs that completed here -> generation (the most recent ACK_MEMORY of them).
         self._completed: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._profiling: dict[int, str] = {}  # local GPU -> job being profiled on it
-        self._profiles: set[asyncio.Task[None]] = set()
+        self._passes: dict[asyncio.Task[None], pb.ProfileRequest] = {}  # in flight
         self._connector: asyncio.Task[None] | None = None
         self._processor: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -267,7 +268,7 @@ class NodeAgent:
     async def _close(self) -> None:
         self.status = AgentStatus.CLOSING
         try:
-            await _cancel(*[t for t in (self._processor, *self._profiles) if t is not None])
+            await _cancel(*[t for t in (self._processor, *self._passes) if t is not None])
             # All at once: each stop may take the back-end's whole grace period.
             jobs = [job.job_id for job in self.backend.running()]
             results = await asyncio.gather(*(self.backend.stop(j) for j in jobs),
@@ -350,7 +351,11 @@ class NodeAgent:
                     node_id=self.config.node_id,
                     gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type,
                                           count=self.config.num_gpus)],
-                    agent_version=self.config.agent_version, running=running)))
+                    agent_version=self.config.agent_version, running=running,
+                    profiling=[pb.ProfilingPass(job_id=r.job_id, generation=r.generation,
+                                                local_gpu=r.local_gpu)
+                               for r in self._passes.values()],
+                    draining=self.draining)))
                 async with asyncio.timeout(self.config.register_timeout_s):
                     first = await call.read()
                 if first is grpc.aio.EOF:
@@ -398,8 +403,8 @@ class NodeAgent:
             kind = msg.WhichOneof("kind")
             if kind == "directive":
                 self._directives.put_nowait(msg.directive)
-            elif kind == "profile":
-                self._start_profile(msg.profile)
+            elif kind == "profile":  # in order with the directives: a STOP sent
+                self._directives.put_nowait(msg.profile)  # after it also ends it
             elif kind == "drain" and msg.drain.cancel:
                 if self.drain_reason is not None:
                     self._log.warning("drain ended: taking new jobs", was=self.drain_reason)
@@ -442,6 +447,9 @@ class NodeAgent:
     async def _process_directives(self) -> None:
         while True:
             d = await self._directives.get()
+            if isinstance(d, pb.ProfileRequest):
+                self._start_profile(d)  # (the pass runs on; the next message is not held up)
+                continue
             ack = self._acks.get(d.directive_id) if d.directive_id else None
             log = self._log.bind(job_id=d.job_id, generation=d.generation,
                                  directive_id=d.directive_id, round=d.round)
@@ -505,8 +513,12 @@ class NodeAgent:
             log.info("running", gpus=list(d.local_gpus))
             return ""
         if d.action == pb.Directive.ACTION_STOP:
+            # A job cancelled while being profiled: its passes end with it, and the
+            # ack goes out only once their GPUs are free (the controller then frees
+            # them in its books).
+            passes = await self._stop_profiles(d.job_id)
             if current is None:
-                log.info("stop: not running here")
+                log.info("stop: not running here", profiling_passes_stopped=passes or None)
                 return ""
             if current.generation > d.generation:
                 return f"stale generation {d.generation} (running {current.generation})"
@@ -554,22 +566,38 @@ class NodeAgent:
         error = self._check_gpus([req.local_gpu], "", running)
         if error:  # answered, so the controller does not wait for it
             log.warning("profile request refused", error=error)
-            self._send(telemetry=pb.Telemetry(job_id=req.job_id, generation=req.generation,
-                                              profile=True))
+            self._send(telemetry=pb.Telemetry(
+                job_id=req.job_id, generation=req.generation, profile=True,
+                profile_gpu=req.local_gpu, profile_refused=True,
+                profile_error=f"{self.config.node_id} refused: {error}"))
             return
         self._profiling[req.local_gpu] = req.job_id
         task = asyncio.create_task(self._profile(req, log), name=f"nodeagent:profile:{req.job_id}")
-        self._profiles.add(task)
-        task.add_done_callback(self._profiles.discard)
+        self._passes[task] = req
+
+        def done(_: asyncio.Task[None]) -> None:  # also for a task cancelled before it ran
+            self._passes.pop(task, None)
+            if self._profiling.get(req.local_gpu) == req.job_id:
+                del self._profiling[req.local_gpu]
+        task.add_done_callback(done)
+
+    async def _stop_profiles(self, job_id: str) -> int:
+        """End `job_id`'s profiling passes here (a cancelled pass reports nothing)."""
+        tasks = [t for t, r in self._passes.items() if r.job_id == job_id]
+        await _cancel(*tasks)
+        return len(tasks)
 
     async def _profile(self, req: pb.ProfileRequest, log: Any) -> None:
         try:
             result = await self.backend.profile(req)
-        except Exception:
+        except Exception as exc:
             log.exception("profile failed")
-            result = pb.Telemetry(job_id=req.job_id, generation=req.generation, profile=True)
-        finally:
-            del self._profiling[req.local_gpu]  # free before the controller hears of it
+            result = pb.Telemetry(job_id=req.job_id, generation=req.generation, profile=True,
+                                  profile_error=f"{type(exc).__name__}: {exc}"[:1000])
+        finally:  # free before the controller hears of it
+            if self._profiling.get(req.local_gpu) == req.job_id:
+                del self._profiling[req.local_gpu]
+        result.profile_gpu = req.local_gpu  # which pass this answers
         self._send(telemetry=result)
 
 

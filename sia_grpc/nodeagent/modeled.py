@@ -185,10 +185,12 @@ class ModeledBackend:
             app = self._app(request.spec.application)
         except ValueError as exc:
             log.warning("profile: nothing to model", error=str(exc))
+            out.profile_error = str(exc)
             return out
         if self.gpu_type not in app.gpu_types:
             log.warning("profile: application has no profile for this GPU type",
                         application=app.name, gpu_type=self.gpu_type)
+            out.profile_error = f"{app.name} has no profile for GPU type {self.gpu_type!r}"
             return out
         lo, hi = app.local_bsz_limits(self.gpu_type)
         began, busy_s = self.clock.now(), 0.0

@@ -9,18 +9,25 @@ from harness import FakeAgent, Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sia_grpc.api import pb
+from sia_grpc.api import TERMINAL_STATES, pb
 from sia_grpc.controller.state import (
     AgentMessage,
     ControllerState,
+    InvariantError,
     JobCancelRequested,
+    JobDeleted,
+    Liveness,
     NodeDrainChanged,
     Persist,
     Send,
     Solve,
+    SolveFinished,
     Tick,
     WantRound,
 )
+from sia_grpc.policy import JobAllocation
+from sia_grpc.policy.cluster import Config, GpuId
+from sia_grpc.policy.types import RoundResult
 
 NODES = {"rtx-0": ("rtx", 8), "aws-0": ("aws", 4), "aws-1": ("aws", 4)}
 
@@ -166,6 +173,106 @@ def test_cancel_stops_the_job_and_frees_its_gpus():
     assert not h.agents["rtx-0"].busy and not h.state.nodes["rtx-0"].holder
 
 
+@pytest.mark.parametrize("order", ["stop-first", "result-first", "agent-lost", "result-lost"])
+def test_a_job_deleted_while_profiling_frees_its_gpu(order):
+    """Regression (defect: a GPU leaked for ever): `sia cancel` then `sia delete` while
+    the job's profiling pass ran dropped the record, so the pass's result was
+    ignored and its GPU stayed booked to a job that no longer existed. Rule: a job
+    that ends stops its passes, and its record goes only when every GPU it holds
+    has a STOP in flight (whose ack frees it), whatever order the rest arrives in."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.agents["rtx-0"].hold_profiles = True
+    h.submit("j1")
+    h.deliver()  # the pass starts and runs
+    assert h.state.nodes["rtx-0"].holder and h.agents["rtx-0"].passes
+    actions = h.feed(JobCancelRequested(h.now, "j1"))
+    stops = [a for a in sends(actions, "directive")
+             if a.message.directive.action == pb.Directive.ACTION_STOP]
+    assert [a.node_id for a in stops] == ["rtx-0"]  # the pass is stopped, not left to run
+    h.feed(JobDeleted(h.now, "j1"))
+    if order == "stop-first":
+        h.deliver()
+    elif order == "result-first":  # an agent that finished the pass before the STOP
+        h.finish_profiles()
+        h.deliver()
+    elif order == "agent-lost":  # the node went silent with the STOP unanswered
+        h.agents["rtx-0"].up = False
+        h.now += 60
+        h.feed(Liveness(h.now))
+        h.agents["rtx-0"].up = True
+        h.agents["rtx-0"].passes.clear()
+        h.feed(h.agents["rtx-0"].register_event(h.now))
+        h.deliver()
+    else:  # the stream broke: the STOP is re-sent when the agent registers again
+        h.outbox.clear()
+        h.feed(h.agents["rtx-0"].register_event(h.now))
+        h.deliver()
+    h.assert_no_gpu_held()
+    h.submit("j2")  # and the GPU is usable again
+    h.finish_profiles()
+    h.deliver()
+    h.finish_profiles()
+    h.tick()
+    h.deliver()
+    assert h.state_of("j2") == pb.JOB_STATE_RUNNING
+
+
+def test_a_move_whose_node_is_lost_before_it_starts_is_requeued_not_run_there():
+    """Regression (found by the invariant check in the chaos run): a job whose target
+    node was lost while its old workers were stopping was RUN on the lost node once
+    they stopped, and stayed RUNNING there for ever. Rule: a RUN goes only to ready
+    nodes; a move whose target left the pool is requeued."""
+    h = Harness({"rtx-0": ("rtx", 4), "aws-0": ("aws", 4)})
+    h.submit("j1", allowed_gpu_types=["rtx", "aws"], max_gpus=1)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    src = rec.alloc.gpus[0].node
+    dst = "aws-0" if src == "rtx-0" else "rtx-0"
+    h.state.handle(Tick(h.now, "timer"))  # a round the test answers itself: move j1
+    a = rec.alloc
+    moved = JobAllocation(config=Config(h.state.nodes[dst].gpu_type, 1, 1),
+                          gpus=(GpuId(dst, 0),), num_replicas=1, batch_size=a.batch_size,
+                          atomic_bsz=a.atomic_bsz, accum_steps=0, goodput=1.0)
+    h.feed(SolveFinished(h.now, h.state.solving, RoundResult(
+        allocations={"j1": moved}, restarted=frozenset({"j1"}), objective=0.0, timings={},
+        reasons={"j1": "moved"})))
+    assert rec.moving and rec.target is not None and rec.held  # STOP sent to src
+    h.agents[dst].up = False
+    h.now += h.state.settings.heartbeat_timeout + 1
+    h.heartbeat()
+    h.feed(Liveness(h.now))  # dst is lost before src's workers stopped
+    h.deliver()  # src stops: the move cannot start on a lost node
+    assert rec.state == pb.JOB_STATE_QUEUED and rec.alloc is None
+    assert not h.state.nodes[dst].holder and "left the pool" in rec.job.status.reason
+
+
+def test_an_agent_that_missed_the_end_of_its_drain_is_told_when_it_registers():
+    """Regression (chaos run): the undrain was sent while the agent's stream was down,
+    so it refused every RUN for ever while the controller saw a ready node. Rule: on
+    registration the agent reports whether it drains, and is told where that differs."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.feed(NodeDrainChanged(h.now, "rtx-0", "fan"))
+    h.deliver()
+    assert h.agents["rtx-0"].draining
+    h.feed(NodeDrainChanged(h.now, "rtx-0", None))
+    h.outbox.clear()  # lost with the stream
+    actions = h.feed(h.agents["rtx-0"].register_event(h.now))
+    assert [s.message.drain.cancel for s in sends(actions, "drain")] == [True]
+    h.deliver()
+    assert not h.agents["rtx-0"].draining
+    actions = h.feed(h.agents["rtx-0"].register_event(h.now))  # in step: nothing to say
+    assert sends(actions, "drain") == []
+
+
+def test_the_invariant_check_names_a_leaked_gpu():
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.state.nodes["rtx-0"].holder[2] = "ghost"
+    with pytest.raises(InvariantError, match="rtx-0/2 held by 'ghost'"):
+        h.state.check_invariants()
+
+
 def test_an_exit_from_a_node_the_job_does_not_run_on_is_ignored():
     """A rogue (or confused) agent cannot end, fail or rewind another node's job."""
     h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
@@ -294,13 +401,23 @@ def test_state_survives_a_restart_through_its_persisted_form():
                 if a.message.directive.action == pb.Directive.ACTION_STOP]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from(["submit", "tick", "complete", "cancel", "kill"]),
-                          st.integers(0, 5)), min_size=5, max_size=25))
-def test_random_event_sequences_never_put_two_jobs_on_one_gpu(script):
+OPS = ["submit", "tick", "early-tick", "complete", "cancel", "delete", "kill", "lose",
+       "drain", "undrain", "hold-profiles", "finish-profiles", "partial-deliver"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 5)), min_size=5, max_size=30))
+def test_random_event_sequences_keep_the_books(script):
+    """Any order of submits, rounds, completions, cancels, deletes, agent deaths and
+    losses, drains and profiling results: no RUN lands on a busy GPU (the agents
+    assert it), `check_invariants` holds after every event, and once every job has
+    ended and every message is delivered, no GPU is held by anyone."""
     h = Harness(NODES)
     n = 0
+    names = sorted(h.agents)
     for op, k in script:
+        agent = h.agents[names[k % len(names)]]
+        deliver = True
         if op == "submit":
             h.submit(f"j{n}", application=["cifar10", "bert"][k % 2])
             n += 1
@@ -315,12 +432,58 @@ def test_random_event_sequences_never_put_two_jobs_on_one_gpu(script):
                     h.complete(job)
         elif op == "cancel" and n:
             h.feed(JobCancelRequested(h.now, f"j{k % n}"))
-        elif op == "kill":
-            agent = h.agents[sorted(h.agents)[k % len(h.agents)]]
+        elif op == "delete" and n:
+            rec = h.state.jobs.get(f"j{k % n}")
+            if rec is not None and rec.state in TERMINAL_STATES:
+                h.feed(JobDeleted(h.now, rec.job_id))
+        elif op == "early-tick":
+            h.tick(2.0, trigger="arrival")
+        elif op == "kill":  # the agent process dies with its workers, or comes back
             agent.up = not agent.up
             if agent.up:
                 h.feed(agent.register_event(h.now))
-        h.deliver()  # FakeAgent asserts no RUN lands on a busy GPU
+            else:
+                agent.running.clear()
+                agent.busy.clear()
+                agent.passes.clear()
+        elif op == "lose":  # silent past the heartbeat timeout (its workers go on)
+            agent.up = False
+            h.now += h.state.settings.heartbeat_timeout + 1
+            h.heartbeat()
+            h.feed(Liveness(h.now))
+        elif op in ("drain", "undrain"):
+            h.feed(NodeDrainChanged(h.now, agent.name, "test" if op == "drain" else None))
+        elif op == "hold-profiles":
+            agent.hold_profiles = not agent.hold_profiles
+        elif op == "finish-profiles":
+            h.finish_profiles()
+        elif op == "partial-deliver":  # some messages now, the rest later
+            for _ in range(k):
+                if h.outbox:
+                    _deliver_one(h)
+            deliver = False
+        if deliver:
+            h.deliver()  # FakeAgent asserts no RUN lands on a busy GPU
+    # Everything ends: agents back, passes answered, every job cancelled.
+    for agent in h.agents.values():
+        agent.hold_profiles = False
+        if not agent.up:
+            agent.up = True
+            h.feed(agent.register_event(h.now))
+    h.deliver()
+    h.finish_profiles()
+    for job_id in list(h.state.jobs):
+        h.feed(JobCancelRequested(h.now, job_id))
+    h.deliver()
+    h.assert_no_gpu_held()
+
+
+def _deliver_one(h: Harness) -> None:
+    send = h.outbox.pop(0)
+    agent = h.agents[send.node_id]
+    if agent.up:
+        for reply in h._answer(agent, send.message):
+            h.feed(AgentMessage(h.now, agent.name, reply))
 
 
 def test_round_is_acknowledged_only_after_every_directive_it_caused():

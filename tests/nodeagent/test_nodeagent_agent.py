@@ -240,7 +240,7 @@ async def test_profile_holds_the_gpu_then_reports_in_range_sizes(controller, age
     assert s.of("telemetry", lambda t: t.profile) == []
     await clock.advance_to(busy)
     (t,) = await s.wait("telemetry", lambda t: t.profile)
-    assert t == pb.Telemetry(job_id="p", generation=0, profile=True, samples=[
+    assert t == pb.Telemetry(job_id="p", generation=0, profile=True, profile_gpu=3, samples=[
         pb.ThroughputSample(gpu_type="rtx", num_nodes=1, num_replicas=1, atomic_batch_size=b,
                             accum_steps=0, step_time_s=step, sync_time_s=sync, count=5)
         for b, (step, sync) in times.items()],
@@ -248,6 +248,25 @@ async def test_profile_holds_the_gpu_then_reports_in_range_sizes(controller, age
     s.directive(**run(2, gpus=(3,)))  # released
     (ack,) = await s.wait("ack", lambda a: a.directive_id == 2)
     assert ack.ok, ack.error
+
+
+async def test_a_stop_ends_the_jobs_profiling_pass_before_its_ack(controller, agent, clock):
+    """The controller stops an ended job's passes (a GPU must not stay booked to a
+    job deleted while it was profiled): the pass ends, reports nothing, and its
+    GPU takes a RUN right after the STOP's ack."""
+    ctl, _ = controller
+    s = await ctl.stream()
+    s.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=3,
+                                     local_batch_sizes=[64, 128]))
+    await until(lambda: agent._profiling)
+    s.directive(directive_id=1, job_id="p", generation=0, action=pb.Directive.ACTION_STOP)
+    (ack,) = await s.wait("ack")
+    assert ack.ok and not agent._profiling
+    s.directive(**run(2, gpus=(3,)))
+    (ack,) = await s.wait("ack", lambda a: a.directive_id == 2)
+    assert ack.ok, ack.error
+    await clock.advance_to(3600.0)
+    assert s.of("telemetry", lambda t: t.profile) == []
 
 
 async def test_gpu_type_without_profiles_gets_empty_profile_and_refuses_runs(
@@ -258,7 +277,8 @@ async def test_gpu_type_without_profiles_gets_empty_profile_and_refuses_runs(
         s.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=0,
                                          local_batch_sizes=[64, 128]))
         (t,) = await s.wait("telemetry")
-        assert t == pb.Telemetry(job_id="p", generation=0, profile=True)
+        assert t == pb.Telemetry(job_id="p", generation=0, profile=True, profile_gpu=0,
+                                 profile_error="cifar10 has no profile for GPU type 'h100'")
         s.directive(**run(1, allocation=pb.Allocation(num_nodes=1, num_replicas=1,
                                                       atomic_batch_size=64)))
         (ack,) = await s.wait("ack")

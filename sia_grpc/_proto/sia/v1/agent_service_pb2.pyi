@@ -41,17 +41,31 @@ class RunningJob(_message.Message):
     local_gpus: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ProfilingPass(_message.Message):
+    __slots__ = ("job_id", "generation", "local_gpu")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_GPU_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    generation: int
+    local_gpu: int
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpu: _Optional[int] = ...) -> None: ...
+
 class Register(_message.Message):
-    __slots__ = ("node_id", "gpus", "agent_version", "running")
+    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PROFILING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInventory]
     agent_version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
+    profiling: _containers.RepeatedCompositeFieldContainer[ProfilingPass]
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
@@ -72,7 +86,7 @@ class CheckpointEvent(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., path: _Optional[str] = ..., progress: _Optional[float] = ..., save_s: _Optional[float] = ..., restore_s: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("job_id", "generation", "samples", "grad", "progress", "checkpoint", "profile")
+    __slots__ = ("job_id", "generation", "samples", "grad", "progress", "checkpoint", "profile", "profile_error", "profile_refused", "profile_gpu")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +94,9 @@ class Telemetry(_message.Message):
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_GPU_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     generation: int
     samples: _containers.RepeatedCompositeFieldContainer[_goodput_pb2.ThroughputSample]
@@ -87,7 +104,10 @@ class Telemetry(_message.Message):
     progress: float
     checkpoint: CheckpointEvent
     profile: bool
-    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[_Union[CheckpointEvent, _Mapping]] = ..., profile: _Optional[bool] = ...) -> None: ...
+    profile_error: str
+    profile_refused: bool
+    profile_gpu: int
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[_Union[CheckpointEvent, _Mapping]] = ..., profile: _Optional[bool] = ..., profile_error: _Optional[str] = ..., profile_refused: _Optional[bool] = ..., profile_gpu: _Optional[int] = ...) -> None: ...
 
 class DirectiveAck(_message.Message):
     __slots__ = ("directive_id", "job_id", "generation", "ok", "error")
