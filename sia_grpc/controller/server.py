@@ -371,6 +371,10 @@ class Controller:
                 asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
             case sm.RoundDone():
                 self._round_done(action.round)
+            case sm.RoundSkipped():
+                self._publish_round(action.round)
+                log.warning("round skipped", trigger=action.round.trigger,
+                            why=action.round.note.removeprefix("skipped: "))
             case sm.RoundAcked():
                 self._round_acked(action.round_no)
             case sm.WantRound():
@@ -386,7 +390,11 @@ class Controller:
         items = [(pb.Job.FromString(self.state.jobs[j].job.SerializeToString()),
                   self.state.extra(j)) for j in job_ids if j in self.state.jobs]
         if items:
-            await self._in_store(self._store.put_jobs, items)
+            revisions = await self._in_store(self._store.put_jobs, items)
+            for (job, _), revision in zip(items, revisions, strict=True):
+                live = self.state.jobs.get(job.job_id)
+                if live is not None:  # what GetJob shows is what WatchJobs says
+                    live.job.revision = revision
             self._notify_watchers()
 
     def _notify_watchers(self) -> None:
@@ -454,6 +462,12 @@ class Controller:
             clock[1] = time.time_ns()
         self._unacked_rounds[rnd.round] = rnd
 
+    def _publish_round(self, rnd: pb.Round) -> None:
+        """Into the round history and to WatchRounds streams."""
+        self.rounds.append(rnd)
+        for q in list(self._round_watchers):
+            q.put_nowait(rnd)
+
     def _round_acked(self, round_no: int) -> None:
         rnd = self._unacked_rounds.pop(round_no, None)
         clock = self._round_clock.pop(round_no, None)
@@ -463,9 +477,7 @@ class Controller:
         end = time.time_ns()
         rnd.dispatch_ms = (end - solved) / 1e6
         rnd.total_ms = (end - tick) / 1e6
-        self.rounds.append(rnd)
-        for q in list(self._round_watchers):
-            q.put_nowait(rnd)
+        self._publish_round(rnd)
         log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
                  gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
                  total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
@@ -510,8 +522,10 @@ class Controller:
         if not request.job_id and len(job.job_id) > 63:
             job.job_id = f"job-{uuid.uuid4().hex[:12]}"
         now = self.clock.time()
-        job.status.state = pb.JOB_STATE_QUEUED
-        job.status.reason = "accepted"
+        # As the state machine will have it, so the store, WatchJobs and the reply
+        # agree with `sia ls` from the start (it profiles first).
+        job.status.state = pb.JOB_STATE_PROFILING
+        job.status.reason = "waiting: profiling on each GPU type"
         job.status.create_time.FromNanoseconds(int(now * 1e9))
         job.status.update_time.CopyFrom(job.status.create_time)
         fut = asyncio.get_running_loop().create_future()
@@ -788,7 +802,8 @@ class ClusterService(api.ClusterServiceServicer):
 
     @rpc
     async def GetCluster(self, request, context):
-        out = self.c.state.cluster_pb()
+        caller = auth.current()
+        out = self.c.state.cluster_pb(None if caller.admin else caller.tenant)
         out.policy = self.c.config.policy
         out.round_duration_s = self.c.config.round_duration
         return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import timestamp_pb2
 
-from sia_grpc.api import TERMINAL_STATES, pb, state_name
+from sia_grpc.api import TERMINAL_STATES, node_state_name, pb, state_name
 from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
 from sia_grpc.convert import MAX_GPUS_PER_NODE, allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
@@ -36,6 +36,17 @@ from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 TERMINAL = TERMINAL_STATES
+# What a job's reason may begin with in each state: a reason always matches the
+# state it is shown with (checked by `check_invariants`).
+REASONS: dict[int, tuple[str, ...]] = {
+    pb.JOB_STATE_QUEUED: ("accepted", "waiting: ", "requeued: ", "preempted", "starting: "),
+    pb.JOB_STATE_PROFILING: ("waiting: ",),
+    pb.JOB_STATE_RESTARTING: ("checkpointing: ",),
+    pb.JOB_STATE_RUNNING: ("started on ", "kept ", "scaled ", "moved ", "repacked ", "running"),
+    pb.JOB_STATE_SUCCEEDED: ("completed",),
+    pb.JOB_STATE_FAILED: ("failed: ",),
+    pb.JOB_STATE_CANCELLED: ("cancelled",),
+}
 # Until a job reports gradient statistics: no statistical gain from a larger
 # batch (gain = 1), so the policy keeps it near its initial batch size.
 NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
@@ -163,13 +174,20 @@ class RoundDone:
 
 
 @dataclass(frozen=True)
+class RoundSkipped:
+    """A round that did not run, and why (`round.note`): for the log and history."""
+
+    round: pb.Round
+
+
+@dataclass(frozen=True)
 class WantRound:
     """Ask the shell for an early (debounced) round: a job became schedulable."""
 
     trigger: str = "arrival"
 
 
-Action = Send | Persist | Solve | RoundDone | WantRound | Reconnect | RoundAcked
+Action = Send | Persist | Solve | RoundDone | RoundSkipped | WantRound | Reconnect | RoundAcked
 
 
 @dataclass(frozen=True)
@@ -229,6 +247,9 @@ class _JobRec:
     started_at: float = 0.0  # when its current generation was started
     last_persist: float = 0.0
     restart_cost: float | None = None  # measured checkpoint + restore seconds, once known
+    # The round's reason for a move, shown once the move lands (RUNNING, or QUEUED if
+    # preempted); until then the job says it is checkpointing or starting.
+    next_reason: str = ""
 
     def restart_s(self) -> float:
         """S_i of Sia's restart factor: measured when known, else the spec's hint."""
@@ -284,6 +305,7 @@ class ControllerState:
         # Drained nodes (admin) -> reason. Kept apart from node records: a drain
         # outlives the agent's stream, and is restored before the agent returns.
         self.drained: dict[str, str] = {}
+        self._last_skip = ""  # why the last round did not run ("" once one ran)
 
     # ------------------------------------------------------------ loading
 
@@ -301,6 +323,7 @@ class ControllerState:
         if job.status.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_UNSPECIFIED) \
                 and not rec.usable:  # accepted, never profiled
             job.status.state = pb.JOB_STATE_PROFILING
+            job.status.reason = "waiting: profiling on each GPU type"
         for node, gpus in rec.held.items():
             n = self.nodes.get(node)
             if n is None:
@@ -367,8 +390,10 @@ class ControllerState:
         self.jobs[job.job_id] = rec
         self._want_profiles((job.job_id,))
         self.active_by_tenant[job.spec.tenant] += 1
-        # Not persisted: the store has it as accepted, and a reload profiles it again.
+        # The store has it as PROFILING already (the shell writes it so); a reload
+        # profiles it again.
         self._set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
+        self._say_if_unprofilable(rec, out)
 
     def _cancel(self, ev: JobCancelRequested, out: list[Action]) -> None:
         rec = self.jobs.get(ev.job_id)
@@ -743,33 +768,95 @@ class ControllerState:
     def _tick(self, ev: Tick, out: list[Action]) -> None:
         self._check_liveness(ev.at, out)
         if self.solving is not None:
+            if not ev.early:  # a solve longer than a round: worth saying
+                self._skip(ev, f"round {self.solving} is still being solved", out)
             return
         # (a node restored from the store without its type waits for its agent)
         ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY and n.gpu_type]
         jobs = [r for r in self.jobs.values() if self._schedulable(r)]
-        if not ready or not jobs:
-            return
-        cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready)
+        cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready) \
+            if ready else None
         names = {n.name for n in ready}
-        policy_jobs, previous = [], {}
+        policy_jobs, previous, unplaceable = [], {}, []
         # An early round only fills idle GPUs: every job that has GPUs keeps them
         # (reshuffling is the timer round's job, at most once per round length).
         for rec in jobs:
-            pj = self._policy_job(rec, cluster, ev.at, pinned=ev.early)
+            pj = None if cluster is None else self._policy_job(rec, cluster, ev.at,
+                                                                pinned=ev.early)
             if pj is None:
+                unplaceable.append(rec)
                 continue
             policy_jobs.append(pj)
             cur = rec.target if rec.moving else rec.alloc
             if cur is not None and all(g.node in names for g in cur.gpus):
                 previous[rec.job_id] = cur
+        for rec in unplaceable:
+            self._unplaceable(rec, names, ev.at, out)
         if not policy_jobs:
+            self._skip(ev, self._why_no_round(ready, jobs), out)
             return
         if not ev.early:
             policy_jobs.extend(self._profile_slots(cluster, ev.at))
+        self._last_skip = ""
         self.round_no += 1
         self.solving = self.round_no
         self._round_started, self._round_trigger = ev.at, ev.trigger
         out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous))
+
+    def _skip(self, ev: Tick, why: str, out: list[Action]) -> None:
+        """A round that did not run says why, once per reason (an idle cluster with
+        nothing to schedule says nothing)."""
+        if not why or why == self._last_skip:
+            return
+        self._last_skip = why
+        rnd = pb.Round(trigger=ev.trigger, note=f"skipped: {why}")
+        rnd.start_time.CopyFrom(_ts(ev.at))
+        out.append(RoundSkipped(rnd))
+
+    def _why_no_round(self, ready: list[_NodeRec], jobs: list[_JobRec]) -> str:
+        waiting = collections.Counter(state_name(r.state) for r in self.jobs.values()
+                                      if r.state not in TERMINAL)
+        if not waiting:
+            return ""
+        if not ready:
+            states = collections.Counter(node_state_name(n.state).lower()
+                                         for n in self.nodes.values())
+            return "no ready node" + (f" ({_counts(states)})" if states else "")
+        if not jobs:
+            return f"no job has a profile yet ({_counts(waiting)})"
+        return (f"none of the {len(jobs)} schedulable jobs can run on the ready nodes' GPU "
+                f"types ({', '.join(sorted({n.gpu_type for n in ready}))})")
+
+    def _unplaceable(self, rec: _JobRec, ready: set[str], at: float, out: list[Action]) -> None:
+        """A job no ready node can run (none of its types is there). It waits, saying
+        why; if it still holds GPUs on a node that left the pool (drained), it is
+        checkpointed and requeued, so the drain completes."""
+        why = self._type_gap(rec)
+        if rec.moving or not rec.held or set(rec.held) <= ready:
+            if rec.state == pb.JOB_STATE_QUEUED and not rec.moving:
+                rec.job.status.reason = f"waiting: {why}"
+            return
+        left = sorted(set(rec.held) - ready)
+        rec.target = None
+        self._set_moving(rec, True)
+        rec.job.status.restarts += 1
+        self._stop_everywhere(rec, out)
+        rec.next_reason = f"requeued: {', '.join(left)} left the pool and {why}"
+        self._set_state(rec, pb.JOB_STATE_RESTARTING, at, f"checkpointing: {rec.next_reason}")
+        out.append(Persist((rec.job_id,)))
+
+    def _type_gap(self, rec: _JobRec) -> str:
+        """Why no ready node can run the job, in the words of `kubectl describe`'s
+        "0/N nodes are available": the types it needs, and what the cluster has."""
+        have = sorted(self._present_types())
+        allowed = rec.res.allowed_types
+        runnable = set(rec.res.local_bsz_limits) & (allowed if allowed is not None else
+                                                    set(rec.res.local_bsz_limits))
+        want = sorted(rec.usable & runnable) or sorted(runnable) or sorted(allowed or ())
+        has = f"the cluster has {', '.join(have)}" if have else "no node is ready"
+        if not want:
+            return f"no node it can run on ({has})"
+        return f"no ready node of type {' or '.join(want)} ({has})"
 
     def _solved(self, ev: SolveFinished, out: list[Action]) -> None:
         if ev.round_no != self.solving:
@@ -790,7 +877,7 @@ class ControllerState:
                 continue
             new = res.allocations.get(job_id)
             if _same_gpus(rec.target if rec.moving else rec.alloc, new):
-                if new is not None and not rec.moving:
+                if not rec.moving and (new is not None or rec.state == pb.JOB_STATE_QUEUED):
                     rec.job.status.reason = reason
                     if _batch(new) != _batch(rec.alloc) and rec.held:
                         self._rebatch(rec, new, out)
@@ -803,11 +890,15 @@ class ControllerState:
             moved += 1
             rec.target = new
             self._set_moving(rec, True)
-            rec.job.status.reason = reason
+            rec.next_reason = reason
             if rec.held:  # one checkpoint-restart cycle: a move, resize or preemption
                 rec.job.status.restarts += 1
                 self._stop_everywhere(rec, out)
-                self._set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, reason)
+                self._set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, f"checkpointing: {reason}")
+            elif new is not None:  # (a restored PROFILING job with a profile, too)
+                self._set_state(rec, pb.JOB_STATE_QUEUED, ev.at,
+                                f"starting: on {new.config.num_gpus} {new.config.gpu_type} "
+                                "once other jobs release them")
             out.append(Persist((job_id,)))
         t = res.timings
         rnd.jobs = len(res.reasons)
@@ -866,15 +957,15 @@ class ControllerState:
                                       or self.nodes[g.node].state != pb.NODE_STATE_READY})
             if gone:  # lost or drained since the round chose it: the move is void
                 target = rec.target = None
-                rec.job.status.reason = (f"requeued: {', '.join(gone)} left the pool before "
-                                         "the move could start")
+                rec.next_reason = (f"requeued: {', '.join(gone)} left the pool before the "
+                                   "move could start")
                 out.append(WantRound("requeue"))
             if target is None:  # preempted, and now fully stopped
                 self._set_moving(rec, False)
                 self._account(rec, at)
                 rec.alloc = None
                 rec.job.status.ClearField("allocation")
-                self._set_state(rec, pb.JOB_STATE_QUEUED, at, rec.job.status.reason)
+                self._set_state(rec, pb.JOB_STATE_QUEUED, at, rec.next_reason or "preempted")
                 out.append(Persist((rec.job_id,)))
                 continue
             if any(self.nodes[g.node].holder.get(g.index) is not None for g in target.gpus):
@@ -897,7 +988,8 @@ class ControllerState:
             self.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
             rec.held[name], rec.held_gen[name] = gpus, rec.generation
         out.extend(self._run_directives(rec))
-        self._set_state(rec, pb.JOB_STATE_RUNNING, at, status.reason or "running")
+        self._set_state(rec, pb.JOB_STATE_RUNNING, at, rec.next_reason or "running")
+        rec.next_reason = ""
         out.append(Persist((rec.job_id,)))
 
     def _rebatch(self, rec: _JobRec, alloc: JobAllocation, out: list[Action]) -> None:
@@ -1060,6 +1152,7 @@ class ControllerState:
             missing = self._profile_types(rec, present) - set(rec.profiling)
             if not missing:  # (a pass lost, or a new type, puts it back)
                 del self._to_profile[job_id]
+                self._say_if_unprofilable(rec, out)
             for t in sorted(missing & types):
                 busy = self._reserved_gpus() if busy is None else busy
                 slot = self._idle_gpu(t, busy)
@@ -1071,6 +1164,17 @@ class ControllerState:
                 self.nodes[node].holder[gpu] = rec.job_id
                 rec.profiling[t] = (node, gpu)
                 out.append(self._profile_request(rec, t, node, gpu))
+
+    def _say_if_unprofilable(self, rec: _JobRec, out: list[Action]) -> None:
+        """A job with nothing to profile on (no ready node of a type it may use) waits
+        saying so, rather than "profiling on each GPU type" for ever; a node of such a
+        type joining puts it back in line (`_type_arriving`)."""
+        if (rec.state == pb.JOB_STATE_PROFILING and not rec.profiling and not rec.usable
+                and not self._profile_types(rec)):
+            why = f"waiting: {self._type_gap(rec)}"
+            if why != rec.job.status.reason:
+                rec.job.status.reason = why
+                out.append(Persist((rec.job_id,)))
 
     def _profile_request(self, rec: _JobRec, gpu_type: str, node: str, gpu: int) -> Send:
         rec.pass_sent[gpu_type] = self._next_directive
@@ -1222,6 +1326,9 @@ class ControllerState:
                 raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
             if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):
                 raise InvariantError(f"{job_id}: RUNNING without a settled allocation")
+            if not rec.job.status.reason.startswith(REASONS.get(rec.state, ("",))):
+                raise InvariantError(f"{job_id}: {state_name(rec.state)} with reason "
+                                     f"{rec.job.status.reason!r}")
         if +self.active_by_tenant != active:
             raise InvariantError(f"active jobs per tenant {dict(self.active_by_tenant)}, "
                                  f"counted {dict(active)}")
@@ -1246,20 +1353,27 @@ class ControllerState:
             out[n.gpu_type] += len(n.holder)
         return out
 
-    def node_pb(self, name: str) -> pb.Node:
+    def node_pb(self, name: str, tenant: str | None = None) -> pb.Node:
+        """A node as `GetCluster` shows it; for `tenant` (a caller who is not an
+        admin) another tenant's job ids are hidden (docs/security.md)."""
         n = self.nodes[name]
         node = pb.Node(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus, state=n.state,
                        agent_version=n.version, drain_reason=self.drained.get(n.name, ""))
         node.last_heartbeat.CopyFrom(_ts(n.last_seen))
         for g in range(n.num_gpus):
-            node.gpus.add(index=g, job_id=n.holder.get(g, ""))
+            job_id = n.holder.get(g, "")
+            if job_id and tenant is not None:
+                rec = self.jobs.get(job_id)
+                if rec is None or rec.job.spec.tenant != tenant:
+                    job_id = OTHER_TENANT
+            node.gpus.add(index=g, job_id=job_id)
         return node
 
-    def cluster_pb(self) -> pb.Cluster:
+    def cluster_pb(self, tenant: str | None = None) -> pb.Cluster:
         c = pb.Cluster()
         types: dict[str, pb.GpuTypeSummary] = {}
         for n in sorted(self.nodes.values(), key=lambda n: (n.gpu_type, n.name)):
-            c.nodes.append(self.node_pb(n.name))
+            c.nodes.append(self.node_pb(n.name, tenant))
             if not n.gpu_type:  # (restored, its agent not back yet)
                 continue
             s = types.setdefault(n.gpu_type, pb.GpuTypeSummary(gpu_type=n.gpu_type))
@@ -1272,6 +1386,11 @@ class ControllerState:
 
 
 # ---------------------------------------------------------------- conversions
+
+
+def _counts(c: collections.Counter[str]) -> str:
+    """"2 draining, 1 lost"."""
+    return ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
 
 
 def _stored_allocation(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
@@ -1327,6 +1446,8 @@ def _merge_persists(actions: Sequence[Action]) -> list[Action]:
 
 
 PROFILE_SLOT = "~profile:"  # no job id can start with "~"
+# What a tenant sees for a GPU another tenant's job holds (not a valid job id).
+OTHER_TENANT = "(other tenant)"
 
 
 def _profile_slot(gpu_type: str) -> PolicyJob:

@@ -167,7 +167,12 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
 def explain(table: CandidateTable, jobs: Sequence[PolicyJob],
             allocations: Mapping[str, JobAllocation],
             previous: Mapping[str, JobAllocation]) -> dict[str, str]:
-    """A human-readable reason for each job's outcome this round."""
+    """A human-readable reason for each job's outcome this round.
+
+    The verb says what happens to the job's GPUs (started, kept, scaled 2→4, moved
+    to another type or other GPUs, repacked onto fewer nodes); a change names the
+    goodput it expects against staying where it is, both estimated now (the goodput
+    stored with the old allocation came from an older estimate)."""
     reasons: dict[str, str] = {}
     for i, job in enumerate(jobs):
         prev, now = previous.get(job.job_id), allocations.get(job.job_id)
@@ -179,16 +184,35 @@ def explain(table: CandidateTable, jobs: Sequence[PolicyJob],
             else:
                 reasons[job.job_id] = "waiting: no GPUs free for it this round"
             continue
-        where = f"{now.config.num_gpus} {now.config.gpu_type}"
+        n, t = now.config.num_gpus, now.config.gpu_type
+        batch = f"batch {now.batch_size}"
         if prev is None:
-            reasons[job.job_id] = f"started on {where}, batch {now.batch_size}"
+            reasons[job.job_id] = f"started on {n} {t}, {batch}"
+            continue
+        if sorted(prev.gpus) == sorted(now.gpus):
+            if prev.batch_size != now.batch_size:
+                batch = f"batch {prev.batch_size}→{now.batch_size}"
+            reasons[job.job_id] = f"kept {n} {t}, {batch}"
+            continue
+        pn, pt = prev.config.num_gpus, prev.config.gpu_type
+        if pt != t:
+            what = f"moved {pn} {pt}→{n} {t}"
+        elif pn != n:
+            what = f"scaled {pn}→{n} {t}"
         elif prev.config == now.config:
-            reasons[job.job_id] = f"kept {where}, batch {now.batch_size}"
+            what = f"moved to other {n} {t}"
         else:
-            verb = "scaled" if prev.config.gpu_type == now.config.gpu_type else "moved"
-            gain = (f": goodput {(now.goodput / prev.goodput - 1) * 100:+.0f}%"
-                    if prev.goodput > 0 else "")
-            reasons[job.job_id] = (f"{verb} {prev.config.num_gpus} {prev.config.gpu_type}"
-                                   f"→{where}, batch {now.batch_size}{gain}")
+            nodes = now.config.num_nodes
+            what = f"repacked {n} {t} onto {nodes} node{'s' if nodes > 1 else ''}"
+        reasons[job.job_id] = f"{what}, {batch}{_gain(table, i, prev, now)}"
     return reasons
 
+
+def _gain(table: CandidateTable, i: int, prev: JobAllocation, now: JobAllocation) -> str:
+    """": goodput +35%" against keeping `prev`'s shape, both as estimated this round."""
+    for row in range(int(table.offsets[i]), int(table.offsets[i + 1])):
+        if table.config_of(row) == prev.config:
+            stay = float(table.goodput[row])
+            change = (now.goodput / stay - 1) * 100 if stay > 0 else 0.0
+            return f": goodput {change:+.0f}%" if abs(change) >= 0.5 else ""
+    return ""

@@ -19,6 +19,7 @@ from sia_grpc.controller.state import (
     Liveness,
     NodeDrainChanged,
     Persist,
+    RoundSkipped,
     Send,
     Solve,
     SolveFinished,
@@ -335,6 +336,65 @@ def test_a_drained_node_loses_its_jobs_to_other_nodes_and_gets_no_new_work():
     assert [s.message.drain.cancel for s in sends(actions, "drain")] == [True]
     h.deliver()
     assert not h.agents[node].draining
+
+
+@pytest.mark.parametrize("others", [{}, {"aws-0": ("aws", 4)}])
+def test_a_drain_requeues_jobs_that_have_nowhere_else_to_go(others):
+    """Regression (defect: `sia drain n1 --wait` timed out): with no other node the
+    job could run on, no round ran and the job stayed RUNNING on the drained node.
+    Rule: a job holding GPUs on a node that left the pool and that no ready node can
+    run is checkpointed and requeued, saying why; a round that does not run says why."""
+    h = Harness({"rtx-0": ("rtx", 4), **others})
+    h.submit("j1", allowed_gpu_types=["rtx"])
+    h.deliver()
+    h.tick()
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING
+    h.feed(NodeDrainChanged(h.now, "rtx-0", "replace GPU 3"))
+    h.deliver()
+    actions = h.feed(Tick(h.now + 2, "drain", early=True))
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    assert rec.state == pb.JOB_STATE_QUEUED and not h.state.nodes["rtx-0"].holder
+    assert rec.job.status.reason.startswith("requeued: rtx-0 left the pool and no ready "
+                                            "node of type rtx")
+    assert rec.job.status.restarts == 1 and not h.agents["rtx-0"].running
+    skipped = [a.round.note for a in actions if isinstance(a, RoundSkipped)]
+    if not others:
+        assert skipped == ["skipped: no ready node (1 draining)"]
+    # The reason is said once, not at every tick; undrained, the job runs again.
+    h.now += 60
+    h.heartbeat()
+    assert not [a for a in h.feed(Tick(h.now)) if isinstance(a, RoundSkipped)]
+    h.feed(NodeDrainChanged(h.now, "rtx-0", None))
+    h.deliver()
+    h.tick()
+    h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING
+
+
+def test_a_job_no_node_can_serve_says_so():
+    """Regression (defect: a job for h100 on a cluster without one stayed PROFILING
+    with "waiting: profiling on each GPU type" for ever). Like Kubernetes' "0/N nodes
+    are available", its reason names what it needs and what the cluster has."""
+    h = Harness({"rtx-0": ("rtx", 4), "aws-0": ("aws", 4)})
+    h.submit("j1", allowed_gpu_types=["h100"])
+    h.deliver()
+    h.tick()
+    rec = h.state.jobs["j1"]
+    assert rec.state == pb.JOB_STATE_PROFILING
+    assert rec.job.status.reason == ("waiting: no ready node of type h100 "
+                                     "(the cluster has aws, rtx)")
+    # A job that profiled on rtx only, with the rtx node gone, says the same.
+    h.submit("j2", allowed_gpu_types=["rtx"])
+    h.deliver()
+    h.agents["rtx-0"].up = False
+    h.now += h.state.settings.heartbeat_timeout + 1
+    h.heartbeat()
+    h.feed(Liveness(h.now))
+    h.tick()
+    assert h.state.jobs["j2"].job.status.reason == ("waiting: no ready node of type rtx "
+                                                    "(the cluster has aws)")
 
 
 def test_a_drain_restored_after_a_restart_applies_before_its_agent_returns():

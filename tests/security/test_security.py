@@ -203,6 +203,28 @@ async def test_tenant_isolation(controller, pki, tokens):
         await a.cancel(ja)  # its own: fine
 
 
+async def test_the_cluster_view_hides_other_tenants_job_ids(controller, pki, tokens):
+    """Regression (defect: `sia cluster` listed another tenant's job on its GPUs)."""
+    ok = await connect(f"127.0.0.1:{controller.agent_port}", channel_credentials(
+        pki["ca.crt"], pki["agent-node-1.crt"], pki["agent-node-1.key"]), "node-1")
+    assert ok.WhichOneof("kind") == "registered"
+    async with client(controller, pki, tokens.a) as a, client(controller, pki, tokens.b) as b, \
+            client(controller, pki, tokens.admin) as admin:
+        ja = (await a.submit(spec())).job_id
+        jb = (await b.submit(spec("team-b"))).job_id
+        holder = controller.state.nodes["node-1"].holder
+        holder.update({0: ja, 1: jb})  # as a round would have placed them
+        try:
+            def gpus(cluster):
+                (node,) = [n for n in cluster.nodes if n.name == "node-1"]
+                return [g.job_id for g in node.gpus][:3]
+            assert gpus(await a.cluster()) == [ja, "(other tenant)", ""]
+            assert gpus(await b.cluster()) == ["(other tenant)", jb, ""]
+            assert gpus(await admin.cluster()) == [ja, jb, ""]
+        finally:
+            holder.clear()
+
+
 async def test_only_an_admin_may_drain_a_node(controller, pki, tokens):
     ok = await connect(f"127.0.0.1:{controller.agent_port}", channel_credentials(
         pki["ca.crt"], pki["agent-node-1.crt"], pki["agent-node-1.key"]), "node-1")
