@@ -11,6 +11,11 @@ Tracing and metrics use OpenTelemetry through a `Telemetry` object that owns its
 controllers (and tests) in one process stay isolated. A scheduling round is recorded
 after the fact from measured timestamps (the solve runs in another process, so no span
 can be "open" around it): one `sia.round` span with a child span per phase.
+
+The same meters also feed Prometheus when asked (`setup_telemetry(prometheus=True)`):
+OpenTelemetry's Prometheus reader collects into the Telemetry's own prometheus_client
+registry at each scrape, and `MetricsServer` serves it at `GET /metrics`. One
+instrumentation, so OTLP and Prometheus never disagree.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import atexit
 import logging
 import numbers
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlparse
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import structlog
 from opentelemetry import context as otel_context
@@ -40,10 +47,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import SpanContext, Status, StatusCode
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 __all__ = [
     "ROUND_SPAN",
     "SOLVE_PHASE",
+    "MetricsServer",
     "Telemetry",
     "configure_logging",
     "setup_telemetry",
@@ -135,12 +145,34 @@ ROUND_SPAN = "sia.round"
 SOLVE_PHASE = "solve"  # the phase whose duration feeds sia.solve.duration
 
 _EXPORTERS = ("otlp", "console", "none")
-# Seconds: rounds are bounded by the 60 s interval, solves by their timeout.
+# Seconds: rounds are bounded by the 60 s interval, solves by their timeout (45 s by
+# default: 40 and 45 show solves close to it).
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
-                     60.0, 120.0)
+                     40.0, 45.0, 60.0, 120.0)
 
-CountFn = Callable[[], int]
-CountsFn = Callable[[], Mapping[str, int]]
+# The gauges, read through callables given to `Telemetry.observe(key=...)`:
+# (name, key, unit, description, attribute of a per-value mapping or None). With the
+# Prometheus exporter "sia.queue.max_wait" (unit s) becomes sia_queue_max_wait_seconds,
+# "sia.jobs" becomes sia_jobs{state=...}; docs/operations.md lists them all.
+_GAUGES: tuple[tuple[str, str, str, str, str | None], ...] = (
+    ("sia.queue.length", "queue_length", "{job}",
+     "Jobs waiting for GPUs (profiled, queued, holding none)", None),
+    ("sia.queue.max_wait", "queue_max_wait", "s",
+     "Longest wait of a job not yet started (PROFILING or QUEUED since submission)", None),
+    ("sia.events.pending", "events_pending", "{event}",
+     "Controller events not yet handled; growth means it is falling behind", None),
+    ("sia.jobs", "jobs_by_state", "{job}", "Jobs by state (the CLI's names)", "state"),
+    ("sia.nodes", "nodes_by_state", "{node}", "Nodes by state (READY, DRAINING, LOST)",
+     "state"),
+    ("sia.gpus.allocated", "gpus_allocated", "{gpu}", "GPUs held by jobs, by type",
+     "gpu_type"),
+    ("sia.gpus.capacity", "gpus_capacity", "{gpu}",
+     "GPUs on ready nodes (connected, not draining), by type", "gpu_type"),
+    ("sia.agents.connected", "agents_connected", "{agent}", "Connected node agents", None),
+    ("sia.solve.timeout", "solve_timeout", "s",
+     "The solve_timeout setting: a slower solve keeps the previous allocation", None),
+)
+_GAUGE_KEYS = frozenset(key for _, key, _, _, _ in _GAUGES)
 
 
 def _exporter_names(env: Mapping[str, str], key: str) -> list[str]:
@@ -231,7 +263,9 @@ class Telemetry:
     """One controller's tracer and meter, with the round span and the `sia.*` metrics.
 
     Made by `setup_telemetry`. `tracer` and `meter` are public for extra spans or
-    instruments. Call `shutdown()` when the controller stops (also run at exit).
+    instruments. `prometheus_registry` is this Telemetry's own prometheus_client registry
+    when it was made with `prometheus=True` (serve it with `MetricsServer`), else None.
+    Call `shutdown()` when the controller stops (also run at exit).
     """
 
     def __init__(
@@ -243,8 +277,10 @@ class Telemetry:
         enabled: bool = True,
         traces_exporter: str = "none",
         metrics_exporter: str = "none",
+        prometheus_registry: CollectorRegistry | None = None,
     ) -> None:
         self.service_name = service_name
+        self.prometheus_registry = prometheus_registry
         self.enabled = enabled
         # What the exporters are, in words ("otlp", "console", "custom", "none", "disabled"),
         # for the controller's startup log line.
@@ -278,41 +314,26 @@ class Telemetry:
             "sia.rounds", unit="{round}", description="Scheduling rounds, by trigger and outcome")
 
         self._callbacks: dict[str, Callable[[], Any]] = {}
-        for name, key, unit, description, attr in (
-            ("sia.queue.length", "queue_length", "{job}",
-             "Jobs waiting for GPUs (profiled, queued, holding none)", None),
-            ("sia.events.pending", "events_pending", "{event}",
-             "Controller events not yet handled; growth means it is falling behind", None),
-            ("sia.jobs", "jobs_by_state", "{job}", "Jobs by state", "state"),
-            ("sia.gpus.allocated", "gpus_allocated", "{gpu}", "Allocated GPUs by type",
-             "gpu_type"),
-            ("sia.agents.connected", "agents_connected", "{agent}", "Connected node agents",
-             None),
-        ):
+        for name, key, unit, description, attr in _GAUGES:
             self.meter.create_observable_gauge(
                 name, callbacks=[self._gauge_callback(name, key, attr)], unit=unit,
                 description=description)
 
     # ------------------------------------------------------------------ metrics
 
-    def observe(
-        self,
-        *,
-        queue_length: CountFn | None = None,
-        events_pending: CountFn | None = None,
-        jobs_by_state: CountsFn | None = None,
-        gpus_allocated: CountsFn | None = None,
-        agents_connected: CountFn | None = None,
-    ) -> None:
-        """Register the callables behind the gauges; each given one replaces the last.
+    def observe(self, **fns: Callable[[], Any] | None) -> None:
+        """Register the callables behind the gauges (keywords: the keys in `_GAUGES`, e.g.
+        `queue_length=`, `jobs_by_state=`); each given one replaces the last.
 
-        They run on the metric reader's thread at each export (or on `collect` in tests),
-        so they should return a cheap snapshot (mapping keys: job state, GPU type).
+        They run on the metric reader's thread at each export or scrape (or on `collect`
+        in tests), so they should return a cheap snapshot: a number, or for a gauge with
+        an attribute a mapping from its value (job state, GPU type) to a number.
         """
-        given = {"queue_length": queue_length, "events_pending": events_pending,
-                 "jobs_by_state": jobs_by_state,
-                 "gpus_allocated": gpus_allocated, "agents_connected": agents_connected}
-        self._callbacks.update({k: fn for k, fn in given.items() if fn is not None})
+        unknown = sorted(set(fns) - _GAUGE_KEYS)
+        if unknown:
+            raise TypeError(f"observe: unknown gauge {unknown[0]!r} "
+                            f"({', '.join(sorted(_GAUGE_KEYS))})")
+        self._callbacks.update({k: fn for k, fn in fns.items() if fn is not None})
 
     def _gauge_callback(
         self, name: str, key: str, attr: str | None
@@ -440,6 +461,7 @@ def setup_telemetry(
     span_exporter: SpanExporter | None = None,
     metric_reader: MetricReader | None = None,
     env: Mapping[str, str] = os.environ,
+    prometheus: bool = False,
 ) -> Telemetry:
     """A `Telemetry` configured from the standard OTEL_* settings in `env`.
 
@@ -448,10 +470,15 @@ def setup_telemetry(
     or "none" (the default: spans are still recorded, just not exported). An explicit
     `span_exporter` / `metric_reader` replaces the setting. `OTEL_SERVICE_NAME` overrides
     `service_name`. `OTEL_SDK_DISABLED=true` gives a no-op Telemetry whatever else is given.
-    Raises ValueError for an unknown exporter name.
+    `prometheus=True` adds a reader that the Telemetry's own `prometheus_registry` (never
+    prometheus_client's global one) collects from at each scrape, besides any exporter.
+    Raises ValueError for an unknown exporter name, or for `prometheus` with the SDK disabled.
     """
     name = env.get("OTEL_SERVICE_NAME") or service_name
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        if prometheus:  # an endpoint that never has a metric would hide the mistake
+            raise ValueError("OTEL_SDK_DISABLED=true turns off the metrics that metrics_listen "
+                             "would serve: unset one of them")
         return Telemetry(name, enabled=False, traces_exporter="disabled",
                          metrics_exporter="disabled")
     # Both settings validated before any exporter (and its channel) is made.
@@ -467,5 +494,80 @@ def setup_telemetry(
         metrics_ = "custom"
     else:
         readers = _metric_readers(env)
+    registry = None
+    if prometheus:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        registry = CollectorRegistry()
+        # No otel_scope_* labels: one scope (sia_grpc) makes them noise on every series.
+        readers.append(PrometheusMetricReader(registry=registry, scope_info_enabled=False))
     return Telemetry(name, span_exporters=span_exporters, metric_readers=readers,
-                     traces_exporter=traces, metrics_exporter=metrics_)
+                     traces_exporter=traces, metrics_exporter=metrics_,
+                     prometheus_registry=registry)
+
+
+# --------------------------------------------------------------------------- /metrics
+
+_INDEX = (b'<!doctype html><title>sia-controller</title>'
+          b'<p>sia-controller: <a href="/metrics">/metrics</a> (Prometheus)</p>\n')
+
+
+def _metrics_routes(metrics_app: Callable) -> Callable:
+    """A WSGI app: `metrics_app` at /metrics, a link to it at /, 404 elsewhere (whereas
+    prometheus_client's app answers metrics on every path)."""
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [_INDEX]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found: the metrics are at /metrics\n"]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 30  # seconds: a client that connects and stalls loses its thread after this
+
+    def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
+        pass
+
+
+class _MetricsHTTPServer(ThreadingWSGIServer):  # a thread per request, daemon threads
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that hung up or stalled: not worth socketserver's traceback on stderr.
+        log.debug("metrics request failed", client=str(client_address), exc_info=True)
+
+
+class MetricsServer:
+    """`GET /metrics` of `registry` in the Prometheus text format (prometheus_client's
+    encoder; gzip when asked) over plain HTTP on `address`, "HOST:PORT" (port 0: a free
+    one, then `port` says which), from a background thread until `close()`.
+
+    Raises OSError when the address cannot be bound or resolved.
+    """
+
+    def __init__(self, registry: CollectorRegistry, address: str) -> None:
+        host, _, port_s = address.rpartition(":")
+        host = host.strip("[]")  # "[::1]:9464", as gRPC writes IPv6 addresses
+        family = socket.getaddrinfo(host or None, int(port_s), type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsHTTPServer", (_MetricsHTTPServer,),
+                            {"address_family": family})
+        self._httpd = make_server(host, int(port_s), _metrics_routes(make_wsgi_app(registry)),
+                                  server_class, handler_class=_QuietHandler)
+        self.port: int = self._httpd.server_port
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="sia-metrics-http", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving (blocks up to half a second: serve_forever's poll) and close the
+        socket. Safe twice."""
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+            self._thread.join()
+        self._httpd.server_close()

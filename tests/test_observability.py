@@ -194,6 +194,9 @@ def test_round_metrics_and_gauges() -> None:
         telemetry.observe(queue_length=lambda: 3,
                           jobs_by_state=lambda: {"running": 5, "pending": 3},
                           gpus_allocated=lambda: {"a100": 8, "t4": 2},
+                          gpus_capacity=lambda: {"a100": 16, "t4": 2},
+                          nodes_by_state=lambda: {"READY": 3, "LOST": 1},
+                          queue_max_wait=lambda: 12.5, solve_timeout=lambda: 45.0,
                           agents_connected=lambda: 4)
         t0 = time.time_ns()
         telemetry.record_round(1, trigger="timer", start_ns=t0, phases=_phases(t0),
@@ -220,6 +223,38 @@ def test_round_metrics_and_gauges() -> None:
     assert gauge("sia.jobs", "state") == {"running": 5, "pending": 3}
     assert gauge("sia.gpus.allocated", "gpu_type") == {"a100": 8, "t4": 2}
     assert gauge("sia.agents.connected") == {None: 4}
+    assert gauge("sia.gpus.capacity", "gpu_type") == {"a100": 16, "t4": 2}
+    assert gauge("sia.nodes", "state") == {"READY": 3, "LOST": 1}
+    assert gauge("sia.queue.max_wait") == {None: 12.5}
+    assert gauge("sia.solve.timeout") == {None: 45.0}
+    with pytest.raises(TypeError, match="unknown gauge 'queue_lenght'"):
+        telemetry.observe(queue_lenght=lambda: 1)
+
+
+def test_prometheus_registries_are_per_telemetry_and_never_global() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    first = setup_telemetry(env={}, prometheus=True)
+    second = setup_telemetry(env={}, prometheus=True)
+    try:
+        assert setup_telemetry(env={}).prometheus_registry is None  # only when asked
+        assert first.prometheus_registry is not second.prometheus_registry
+        first.observe(agents_connected=lambda: 1)
+        second.observe(agents_connected=lambda: 2)
+        t0 = time.time_ns()
+        first.record_round(1, trigger="timer", start_ns=t0, phases=_phases(t0), attributes={})
+        text = {t: generate_latest(t.prometheus_registry).decode() for t in (first, second)}
+    finally:
+        first.shutdown()
+        second.shutdown()
+    families = {t: {f.name: f for f in text_string_to_metric_families(body)}
+                for t, body in text.items()}
+    assert [s.value for s in families[first]["sia_agents_connected"].samples] == [1]
+    assert [s.value for s in families[second]["sia_agents_connected"].samples] == [2]
+    assert "sia_rounds" in families[first] and "sia_rounds" not in families[second]
+    assert "otel_scope_name" not in text[first]  # one scope: its labels would be noise
+    assert b"sia_" not in generate_latest(REGISTRY)
 
 
 def test_a_failing_gauge_callback_does_not_hide_the_others() -> None:

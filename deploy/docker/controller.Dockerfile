@@ -59,8 +59,9 @@ USER 10001:10001
 WORKDIR /var/lib/sia
 VOLUME ["/var/lib/sia"]
 # 50051: clients (TLS + bearer tokens); 50052: node agents (mutual TLS; the
-# controller's agent_listen, by default listen's port + 1).
-EXPOSE 50051 50052
+# controller's agent_listen, by default listen's port + 1); 9464: Prometheus
+# /metrics, plain HTTP, only when metrics_listen is set (SIA_METRICS_LISTEN=0.0.0.0:9464).
+EXPOSE 50051 50052 9464
 # For docker/podman only; Kubernetes ignores it and runs the same command as its
 # exec probe (deploy/k8s). Give SIA_CA=/path/to/ca.crt when the controller serves TLS.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \

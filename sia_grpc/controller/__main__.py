@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     sec.add_argument("--allow-insecure", action="store_true", default=None,
                      help="allow plaintext and/or no tokens on a non-loopback address "
                           "(e.g. behind a TLS-terminating mesh); never on an open network")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (plain HTTP, "
+                        "unauthenticated: a private address; default off)")
     p.add_argument("--log-format", choices=("json", "console"), help="default: console on a TTY")
     return p
 
@@ -66,13 +69,14 @@ def main(argv: list[str] | None = None) -> int:
                              policy=args.policy, round_duration=args.round_duration,
                              tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,
-                             tokens_file=args.tokens_file, allow_insecure=args.allow_insecure)
-    except ConfigError as err:
+                             tokens_file=args.tokens_file, allow_insecure=args.allow_insecure,
+                             metrics_listen=args.metrics_listen)
+        telemetry = setup_telemetry("sia-controller", prometheus=bool(config.metrics_listen))
+    except (ConfigError, ValueError) as err:  # ValueError: an OTEL_* setting
         print(f"sia-controller: {err}", file=sys.stderr)
         return 2
     configure_logging(fmt=args.log_format)  # after the config: its errors are plain lines
     log = structlog.get_logger("sia.controller")
-    telemetry = setup_telemetry("sia-controller")
     log.info("telemetry", traces=telemetry.traces_exporter, metrics=telemetry.metrics_exporter)
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:

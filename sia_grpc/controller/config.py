@@ -43,6 +43,9 @@ class ControllerConfig:
     agent_listen: str = ""  # the mutual-TLS port for agents; "" = listen's port + 1
     tokens_file: str = ""  # TOML of SHA-256 token hashes → tenants; "" = anonymous admin
     allow_insecure: bool = False  # plaintext / no tokens on a non-loopback address
+    # Prometheus: GET /metrics over plain HTTP, unauthenticated (counts only; bind it to
+    # a private address). "" = off; port 0 = any free port (Controller.metrics_port).
+    metrics_listen: str = ""
 
     @property
     def tls(self) -> bool:
@@ -74,7 +77,7 @@ class ControllerConfig:
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError("heartbeat_timeout: must exceed heartbeat_interval")
         object.__setattr__(self, "solve_timeout", min(self.solve_timeout, self.round_duration))
-        for name in ("listen", "agent_listen"):
+        for name in ("listen", "agent_listen", "metrics_listen"):
             value = getattr(self, name)
             if (value or name == "listen") and not _host_port(value):
                 raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sia_grpc import api
-from sia_grpc.api import pb, state_name
+from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.limits import TenantLimits
@@ -42,12 +42,16 @@ from sia_grpc.errors import (
     permission_denied,
     unavailable,
 )
+from sia_grpc.observability import MetricsServer, setup_telemetry
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
 
 log = structlog.get_logger("sia.controller")
 VERSION = "0.1.0"
+# The state names the sia_jobs / sia_nodes gauges always report (the CLI's names).
+_JOB_STATES = tuple(state_name(v) for v in pb.JobState.values() if v)
+_NODE_STATES = tuple(node_state_name(v) for v in pb.NodeState.values() if v)
 
 
 def loop_factory():
@@ -127,12 +131,19 @@ class _Agent:
 
 
 class Controller:
-    """`async with Controller(config) as c:` serves until closed; `c.port` is the bound port."""
+    """`async with Controller(config) as c:` serves until closed; `c.port` is the bound port
+    (`c.metrics_port` the Prometheus one, with `metrics_listen`).
+
+    `telemetry` (observability.Telemetry) records rounds and gauges; with `metrics_listen`
+    it must have been made with `prometheus=True`, and when none is given the controller
+    makes one that feeds only /metrics."""
 
     def __init__(self, config: ControllerConfig | None = None, *,
                  clock: Clock | None = None, telemetry=None) -> None:
         self.config = config = config or ControllerConfig()
         self.clock = clock or Clock()
+        if telemetry is None and config.metrics_listen:
+            telemetry = setup_telemetry(env={}, prometheus=True)
         self.telemetry = telemetry
         self.status = Status.CREATED
         self.state = sm.ControllerState(sm.ControllerSettings(
@@ -143,6 +154,8 @@ class Controller:
         self._pending_creates: collections.Counter[str] = collections.Counter()
         self.port = 0
         self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
+        self.metrics_port = 0  # where /metrics is served (0: metrics_listen is off)
+        self._metrics: MetricsServer | None = None
         self.tokens: TokenStore | None = None
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
         self._events: asyncio.Queue = asyncio.Queue()
@@ -174,7 +187,16 @@ class Controller:
     async def start(self) -> None:
         if self.status is not Status.CREATED:
             return
-        self._auth = interceptor = self._security()  # first: a bad file is a ConfigError
+        self._auth = self._security()  # first: a bad file is a ConfigError
+        self._serve_metrics()  # next: a port in use fails before anything else is open
+        try:
+            await self._start()
+        except BaseException:
+            if self._metrics is not None:  # (what else start opened is not undone yet)
+                self._metrics.close()
+            raise
+
+    async def _start(self) -> None:
         self._store = await self._in_store(JobStore, self.config.db_path,
                                            synchronous=self.config.store_synchronous)
         now = self.clock.time()
@@ -189,7 +211,7 @@ class Controller:
                 # default (one ping per 5 min without data) would GOAWAY them.
                 ("grpc.http2.min_ping_interval_without_data_ms", 1000),
                 ("grpc.keepalive_permit_without_calls", 1)]
-        server = grpc.aio.server(options=opts, interceptors=[interceptor])
+        server = grpc.aio.server(options=opts, interceptors=[self._auth])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
         api.add_AgentServiceServicer_to_server(AgentService(self), server)
@@ -204,20 +226,51 @@ class Controller:
         self._server = server
         for name in ("", *api.SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if self.telemetry is not None:
-            self.telemetry.observe(
-                queue_length=lambda: self.state.jobs_by_state().get("QUEUED", 0),
-                events_pending=self._events.qsize, jobs_by_state=self.state.jobs_by_state,
-                gpus_allocated=self.state.gpus_allocated,
-                agents_connected=lambda: len(self._agents))
         self.status = Status.RUNNING
         await self._warm()  # ready only once the solver process can take a round
         self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
         log.info("controller started", listen=self.config.listen, port=self.port,
-                 agent_port=self.agent_port or None, tls=self.config.tls,
-                 jobs=len(self.state.jobs), policy=self.config.policy)
+                 agent_port=self.agent_port or None, metrics_port=self.metrics_port or None,
+                 tls=self.config.tls, jobs=len(self.state.jobs), policy=self.config.policy)
+
+    # ------------------------------------------------------------ metrics
+
+    def _observe(self) -> None:
+        """The gauges' callables. They run on the metric reader's thread (a scrape, an
+        OTLP export), so each reads a snapshot (the state's views copy what they scan)."""
+        state = self.state
+        self.telemetry.observe(
+            queue_length=lambda: state.jobs_by_state().get("QUEUED", 0),
+            queue_max_wait=lambda: state.queue_max_wait(self.clock.time()),
+            events_pending=self._events.qsize,
+            # Every state, 0 included: a series that vanished would hide from alerts.
+            jobs_by_state=lambda: dict.fromkeys(_JOB_STATES, 0) | state.jobs_by_state(),
+            nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | state.nodes_by_state(),
+            gpus_allocated=state.gpus_allocated, gpus_capacity=state.gpus_capacity,
+            agents_connected=lambda: len(self._agents),
+            solve_timeout=lambda: self.config.solve_timeout)
+
+    def _serve_metrics(self) -> None:
+        """Register the gauges and, with metrics_listen, bind and serve /metrics."""
+        if self.telemetry is None:
+            return
+        self._observe()
+        address = self.config.metrics_listen
+        if not address:
+            return
+        registry = getattr(self.telemetry, "prometheus_registry", None)
+        if registry is None:
+            raise ConfigError("metrics_listen: the controller's telemetry has no Prometheus "
+                              "reader; make it with setup_telemetry(prometheus=True)")
+        try:
+            self._metrics = MetricsServer(registry, address)
+        except OSError as err:
+            raise OSError(f"metrics_listen: cannot bind {address}: {err}") from None
+        self.metrics_port = self._metrics.port
+        log.info("serving Prometheus metrics over plain HTTP, unauthenticated",
+                 metrics_listen=address, metrics_port=self.metrics_port)
 
     # ------------------------------------------------------------ security
 
@@ -303,6 +356,8 @@ class Controller:
         if self._store is not None:
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
+        if self._metrics is not None:  # before the telemetry: scrapes end cleanly
+            await asyncio.to_thread(self._metrics.close)
         if self.telemetry is not None:
             self.telemetry.shutdown()
         self.status = Status.CLOSED
@@ -483,9 +538,14 @@ class Controller:
                  total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
         if self.telemetry is not None:
             # estimate, solve and place ran in the solver process: laid end to end from
-            # the tick; the rest of the solve wait is queueing and transfer.
+            # the tick; the rest of the solve wait is queueing and transfer. A solve that
+            # timed out or failed reported no timings: its phase is the whole wait (else
+            # the solve histogram would count the slowest solves as 0 s).
+            solve_ms = rnd.solve_ms
+            if rnd.note and not (rnd.estimate_ms or solve_ms or rnd.place_ms):
+                solve_ms = (solved - tick) / 1e6
             phases, t = [], tick
-            for name, ms in (("estimate", rnd.estimate_ms), ("solve", rnd.solve_ms),
+            for name, ms in (("estimate", rnd.estimate_ms), ("solve", solve_ms),
                              ("place", rnd.place_ms)):
                 phases.append((name, t, t + int(ms * 1e6)))
                 t += int(ms * 1e6)

@@ -47,6 +47,7 @@ REASONS: dict[int, tuple[str, ...]] = {
     pb.JOB_STATE_FAILED: ("failed: ",),
     pb.JOB_STATE_CANCELLED: ("cancelled",),
 }
+_WAITING = frozenset({pb.JOB_STATE_PROFILING, pb.JOB_STATE_QUEUED})  # for a first start
 # Until a job reports gradient statistics: no statistical gain from a larger
 # batch (gain = 1), so the policy keeps it near its initial batch size.
 NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
@@ -1340,11 +1341,11 @@ class ControllerState:
         return rec.job if rec is not None else None
 
     def jobs_by_state(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for rec in list(self.jobs.values()):  # also read from the metrics thread
-            name = state_name(rec.state)
-            out[name] = out.get(name, 0) + 1
-        return out
+        # Counted by number, then named once per state: naming each job's state made a
+        # scrape of 10,000 jobs 2-4x slower.
+        counts = collections.Counter(  # also read from the metrics thread
+            rec.job.status.state for rec in list(self.jobs.values()))
+        return {state_name(state): n for state, n in counts.items()}
 
     def gpus_allocated(self) -> dict[str, int]:
         nodes = list(self.nodes.values())  # also read from the metrics thread
@@ -1352,6 +1353,34 @@ class ControllerState:
         for n in nodes:
             out[n.gpu_type] += len(n.holder)
         return out
+
+    def gpus_capacity(self) -> dict[str, int]:
+        """GPUs on READY nodes (the pool rounds place on, as `sia cluster` counts them),
+        by type; a type whose nodes are all lost or draining stays, at 0."""
+        out: dict[str, int] = {}
+        for n in list(self.nodes.values()):  # also read from the metrics thread
+            if n.gpu_type:  # (restored, its agent not back yet)
+                ready = n.state == pb.NODE_STATE_READY
+                out[n.gpu_type] = out.get(n.gpu_type, 0) + (n.num_gpus if ready else 0)
+        return out
+
+    def nodes_by_state(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n in list(self.nodes.values()):  # also read from the metrics thread
+            name = node_state_name(n.state)
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    def queue_max_wait(self, now: float) -> float:
+        """Seconds since submission of the longest-waiting job that has never run
+        (PROFILING or QUEUED, no start_time); 0 when there is none."""
+        oldest = now
+        for rec in list(self.jobs.values()):  # also read from the metrics thread
+            status = rec.job.status
+            if status.state in _WAITING and not status.HasField("start_time"):
+                created = status.create_time  # (its fields: ToNanoseconds is slower)
+                oldest = min(oldest, created.seconds + created.nanos / 1e9)
+        return max(now - oldest, 0.0)
 
     def node_pb(self, name: str, tenant: str | None = None) -> pb.Node:
         """A node as `GetCluster` shows it; for `tenant` (a caller who is not an

@@ -24,6 +24,8 @@ def test_layers_override_in_order(tmp_path):
     ({"round_duration": 0.0}, {}, "round_duration: must be positive"),
     ({"heartbeat_timeout": 1.0}, {}, "heartbeat_timeout: must exceed heartbeat_interval"),
     ({"listen": "nowhere"}, {}, "listen: expected HOST:PORT"),
+    ({"metrics_listen": "9464"}, {}, "metrics_listen: expected HOST:PORT, got '9464'"),
+    ({}, {"SIA_METRICS_LISTEN": "localhost:http"}, "metrics_listen: expected HOST:PORT"),
 ])
 def test_bad_settings_name_the_setting(kwargs, env, message):
     with pytest.raises(ConfigError, match=message):
@@ -39,3 +41,17 @@ def test_unknown_key_in_file_is_an_error(tmp_path):
 
 def test_solve_timeout_never_exceeds_a_round():
     assert ControllerConfig(round_duration=10.0, solve_timeout=45.0).solve_timeout == 10.0
+
+
+def test_metrics_listen_is_off_by_default_and_set_by_each_layer(tmp_path):
+    from sia_grpc.controller.__main__ import parser
+
+    assert ControllerConfig().metrics_listen == ""
+    path = tmp_path / "c.toml"
+    path.write_text('[controller]\nmetrics_listen = "10.0.0.5:9464"\n')
+    assert load_config(path, env={}).metrics_listen == "10.0.0.5:9464"
+    env = {"SIA_METRICS_LISTEN": "[::1]:0"}
+    assert load_config(path, env=env).metrics_listen == "[::1]:0"
+    args = parser().parse_args(["--metrics-listen", "127.0.0.1:9464"])
+    assert load_config(path, env=env,
+                       metrics_listen=args.metrics_listen).metrics_listen == "127.0.0.1:9464"

@@ -642,3 +642,32 @@ def test_a_failed_solve_keeps_the_previous_allocation_and_says_so():
     h.tick()
     h.deliver()
     assert h.state_of("j2") == pb.JOB_STATE_RUNNING
+
+
+def test_metric_views_count_nodes_capacity_and_the_longest_wait():
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4), "aws-0": ("aws", 2)},
+                policy="fifo")
+    rigid = dict(adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=512)
+    h.submit("first", **rigid)
+    assert h.state.queue_max_wait(h.now + 7.0) == pytest.approx(7.0)  # profiling, never run
+    h.now += 10.0
+    h.submit("second", **rigid)
+    h.deliver()
+    h.tick()  # both run, on the two rtx nodes
+    h.deliver()
+    assert h.state.queue_max_wait(h.now) == 0.0  # started jobs are not waiting
+    h.now += 5.0
+    h.submit("third", **rigid)
+    h.deliver()
+    assert h.state_of("third") == pb.JOB_STATE_QUEUED
+    assert h.state.queue_max_wait(h.now + 3.0) == pytest.approx(3.0)
+    assert h.state.gpus_capacity() == {"rtx": 8, "aws": 2}
+    assert h.state.gpus_allocated() == {"rtx": 8, "aws": 0}
+    assert h.state.nodes_by_state() == {"READY": 3}
+
+    h.feed(NodeDrainChanged(h.now, "aws-0", "maintenance"))
+    h.agents["rtx-1"].up = False
+    h.tick(31.0)  # rtx-1 misses its heartbeats
+    assert h.state.nodes_by_state() == {"READY": 1, "DRAINING": 1, "LOST": 1}
+    # Only ready nodes are capacity; a type with none left stays, at 0.
+    assert h.state.gpus_capacity() == {"rtx": 4, "aws": 0}

@@ -64,9 +64,9 @@ def test_controller_image_has_no_torch_and_agent_image_has_train_extra() -> None
     assert any(d.startswith("torch") for d in extras["train"])
 
 
-def test_controller_image_exposes_both_ports_and_keeps_the_store_in_a_volume() -> None:
+def test_controller_image_exposes_its_ports_and_keeps_the_store_in_a_volume() -> None:
     ops = instructions("controller")
-    assert ("EXPOSE", "50051 50052") in ops
+    assert ("EXPOSE", "50051 50052 9464") in ops  # clients, agents, /metrics
     assert ("VOLUME", '["/var/lib/sia"]') in ops
     env = " ".join(rest for op, rest in ops if op == "ENV")
     assert "SIA_DB_PATH=/var/lib/sia/sia.db" in env

@@ -489,3 +489,20 @@ def test_security_flag_names_are_the_agreed_ones() -> None:
     """The manifests use exactly the flag names of docs/security.md."""
     used = {f for f in ALL_FLAGS if f.startswith("--tls") or f == "--tokens"}
     assert used <= SECURITY_FLAGS
+
+
+def test_the_metrics_port_is_the_one_the_controller_serves_and_prometheus_scrapes() -> None:
+    from sia_grpc.controller.config import ControllerConfig
+
+    listen = _controller_toml()["metrics_listen"]
+    ControllerConfig(metrics_listen=listen)  # a valid setting
+    port = int(listen.rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in _controller()["ports"]}
+    assert ports["metrics"] == port
+    service = one(BASE_DOCS, "Service", "sia-controller")
+    svc = {p["name"]: p for p in service["spec"]["ports"]}
+    assert svc["metrics"]["targetPort"] == "metrics" and svc["metrics"]["port"] == port
+    deploy = one(BASE_DOCS, "Deployment", "sia-controller")
+    notes = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                     "prometheus.io/path": "/metrics"}
