@@ -42,6 +42,8 @@ from sia_grpc.errors import (
     permission_denied,
     unavailable,
 )
+from sia_grpc.policy import params as policy_params
+from sia_grpc.policy.types import Policy
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
@@ -149,7 +151,8 @@ class Controller:
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
-        self._pool = SolverPool(inline=config.inline_solver)
+        self._pool = SolverPool(config.policy_spec, inline=config.inline_solver)
+        self.policy: Policy | None = None  # as the solver process built it (start-up)
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -396,9 +399,12 @@ class Controller:
     async def _warm(self) -> None:
         """Start the solver process now, not in the first round (spawn + imports)."""
         try:
-            await self._pool.warm()
+            policy = await self._pool.warm()
         except Exception:
             log.exception("solver pool failed to start; rounds will retry it")
+        else:
+            self.policy = policy
+            log.info("policy", name=policy.name, settings=policy_params.current(policy))
 
     async def _in_store(self, fn, *args, **kw):
         return await asyncio.get_running_loop().run_in_executor(
@@ -435,8 +441,8 @@ class Controller:
     async def _solve(self, action: sm.Solve) -> None:
         structlog.contextvars.bind_contextvars(round=action.round_no)
         try:
-            result = await self._pool.solve(self.config.policy, action.cluster, action.jobs,
-                                            action.previous, timeout=self.config.solve_timeout)
+            result = await self._pool.solve(action.cluster, action.jobs, action.previous,
+                                            timeout=self.config.solve_timeout)
             error = ""
         except TimeoutError:
             result, error = None, (f"solver timed out after {self.config.solve_timeout:g} s: "
