@@ -50,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
                      help="simulations to run in parallel processes (default 2)")
     sim.add_argument("--json", metavar="OUT", help="write per-run metrics as JSON")
     sim.add_argument("--plots", metavar="DIR", help="write PNG plots to DIR")
+    sim.add_argument("--policy-config", metavar="FILE.toml",
+                     help="policy settings: [policy.<name>] tables, as in the controller's "
+                          "TOML (tables of policies not run are ignored)")
+    sim.add_argument("--set", dest="sets", action="append", default=[],
+                     metavar="POLICY.SETTING=VALUE[,VALUE...]",
+                     help="a policy setting over --policy-config, e.g. sia.p=-1 (repeatable); "
+                          "several values run one variant each, labelled sia(p=-1), ...; "
+                          "`sia policy-settings` lists the settings")
+    sim.add_argument("--round-duration", type=float, metavar="SECONDS",
+                     help="the rounds' length for every policy (default: each policy's "
+                          "own: 60 s, Gavel 360 s)")
+
+    sub.add_parser("policy-settings", help="each policy's settings, defaults and help "
+                                           "([policy.<name>], --set, --policy-set)")
 
     rep = sub.add_parser("report", help="simulate --json output as markdown beside the paper")
     rep.add_argument("json_path", metavar="RESULTS.json")
@@ -153,10 +167,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--scale and --jobs must be >= 1")
         try:
             return run_sim(args.workloads, [p.strip() for p in args.policy.split(",")],
-                           args.cluster, args.scale, args.jobs, args.json, args.plots)
+                           args.cluster, args.scale, args.jobs, args.json, args.plots,
+                           policy_config=args.policy_config, sets=args.sets,
+                           round_duration=args.round_duration)
         except ValueError as exc:
             print(f"sia simulate: {exc}", file=sys.stderr)
             return 2
+    if args.command == "policy-settings":
+        from sia_grpc.policy import params
+
+        print(params.settings_table())
+        return 0
     if args.command == "report":
         from sia_grpc.sim.report import write
 

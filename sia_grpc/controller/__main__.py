@@ -16,12 +16,17 @@ from sia_grpc.observability import configure_logging, setup_telemetry
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sia-controller",
-                                description="Sia scheduler controller (gRPC)")
+                                description="Sia scheduler controller (gRPC)",
+                                epilog="`sia policy-settings` lists the policy settings.")
     p.add_argument("--config", help="TOML file ([controller] table); SIA_* env overrides it")
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
     p.add_argument("--db", dest="db_path", help="SQLite store path (default sia-controller.db)")
     p.add_argument("--policy", help="sia, pollux, gavel or fifo (default sia)")
-    p.add_argument("--round-duration", type=float, help="seconds between rounds (default 60)")
+    p.add_argument("--policy-set", action="append", default=[], metavar="POLICY.SETTING=VALUE",
+                   help="a policy setting, e.g. sia.p=-1 (repeatable; over [policy.<name>] "
+                        "in --config and SIA_POLICY_<NAME>_<SETTING>)")
+    p.add_argument("--round-duration", type=float,
+                   help="seconds between rounds, and the policy's round (default 60)")
     sec = p.add_argument_group("security (docs/security.md)")
     sec.add_argument("--tls-cert", help="the controller's TLS certificate (PEM); with --tls-key "
                                         "every port serves TLS")
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                              tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,
                              tokens_file=args.tokens_file, allow_insecure=args.allow_insecure,
-                             metrics_listen=args.metrics_listen)
+                             metrics_listen=args.metrics_listen, policy_set=args.policy_set)
         telemetry = setup_telemetry("sia-controller", prometheus=bool(config.metrics_listen))
     except (ConfigError, ValueError) as err:  # ValueError: an OTEL_* setting
         print(f"sia-controller: {err}", file=sys.stderr)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from sia_grpc.policy import POLICIES
+from sia_grpc.policy import POLICIES, SettingError
+from sia_grpc.policy import params as policy_params
 
 
 class ConfigError(ValueError):
@@ -22,7 +23,10 @@ class ControllerConfig:
     listen: str = "127.0.0.1:50051"
     db_path: str = "sia-controller.db"  # ":memory:" keeps nothing across restarts
     policy: str = "sia"
-    round_duration: float = 60.0  # seconds between scheduling rounds
+    # Settings of each policy, {name: {setting: value}} ([policy.<name>] tables,
+    # SIA_POLICY_<NAME>_<SETTING>, --policy-set); only those of `policy` are used.
+    policy_params: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    round_duration: float = 60.0  # seconds between scheduling rounds; the policy's too
     early_round_delay: float = 2.0  # debounce before an arrival-triggered round
     solve_timeout: float = 45.0  # a slower solve keeps the previous allocation (≤ a round)
     heartbeat_interval: float = 5.0  # agents send one every this many seconds
@@ -63,10 +67,22 @@ class ControllerConfig:
         host, _, port = self.listen.rpartition(":")
         return f"{host}:{int(port) + 1 if int(port) else 0}"
 
+    @property
+    def policy_spec(self) -> policy_params.PolicySpec:
+        """The policy the rounds run: its name, its settings, and this round length."""
+        chosen = self.policy_params.get(self.policy, {})
+        return policy_params.PolicySpec(self.policy, tuple(sorted(chosen.items())),
+                                        self.round_duration)
+
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy: unknown {self.policy!r}; choose one of "
                               f"{', '.join(POLICIES)}")
+        try:
+            normalized = policy_params.from_toml(self.policy_params)
+        except SettingError as err:
+            raise ConfigError(str(err)) from None
+        object.__setattr__(self, "policy_params", normalized)
         for name in ("round_duration", "early_round_delay", "solve_timeout",
                      "heartbeat_interval", "heartbeat_timeout"):
             if not getattr(self, name) > 0:
@@ -115,30 +131,96 @@ def _host_port(address: str) -> bool:
 
 
 def load_config(path: str | Path | None = None, *, env: Mapping[str, str] = os.environ,
-                **overrides) -> ControllerConfig:
-    """Defaults ← TOML file (`[controller]` table or top level) ← `SIA_<FIELD>`
-    environment variables ← `overrides` (command-line flags; None = not given)."""
+                policy_set: Sequence[str] = (), **overrides) -> ControllerConfig:
+    """Defaults ← TOML file (`[controller]` table or top level, and `[policy.<name>]`
+    tables) ← `SIA_<FIELD>` and `SIA_POLICY_<NAME>_<SETTING>` environment variables ←
+    `overrides` and `policy_set` (command-line flags; None = not given)."""
     values: dict[str, object] = {}
+    settings: dict[str, dict[str, object]] = {}  # policy -> setting -> value, merged
     fields = {f.name: f for f in dataclasses.fields(ControllerConfig)}
     if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        data = data.get("controller", data)
-        for key, value in data.items():
-            if key not in fields:
-                raise ConfigError(f"{path}: unknown setting {key!r}")
-            values[key] = value
+        values, from_file = _read_toml(path, fields)
+        _merge(settings, from_file)
     for name, f in fields.items():
         raw = env.get(f"SIA_{name.upper()}")
-        if raw is not None:
+        if raw is not None and name != "policy_params":
             values[name] = _parse(name, raw, f.type)
+    _merge(settings, _env_settings(env))
+    _merge(settings, _flag_settings(policy_set))
     values.update({k: v for k, v in overrides.items() if v is not None})
+    values["policy_params"] = settings
     try:
         return ControllerConfig(**values)
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _read_toml(path: str | Path, fields: Mapping[str, object]) -> tuple[dict, dict]:
+    """The file's controller settings, and its policy settings (normalized). The
+    `policy` key is a name (`policy = "sia"`) or a table (`[policy] name = "sia"`,
+    `[policy.sia] p = -1`); beside a `[controller]` table it may be top level."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    section = dict(data.get("controller", data))
+    given = [section.pop("policy", None), data.get("policy") if "controller" in data else None]
+    tables = [dict(g) for g in given if isinstance(g, Mapping)]
+    if len(tables) > 1:
+        raise ConfigError(f"{path}: policy: a table both in [controller] and at the top "
+                          "level; give one")
+    table = tables[0] if tables else {}
+    names = [g for g in (*given, table.pop("name", None)) if g is not None and
+             not isinstance(g, Mapping)]
+    if len(names) > 1:
+        raise ConfigError(f"{path}: policy: named twice ({', '.join(map(repr, names))}); "
+                          "name it once")
+    values: dict[str, object] = {"policy": names[0]} if names else {}
+    for key, value in section.items():
+        if key not in fields or key == "policy_params":
+            raise ConfigError(f"{path}: unknown setting {key!r}")
+        values[key] = value
+    try:
+        return values, policy_params.from_toml(table)
+    except SettingError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def _env_settings(env: Mapping[str, str]) -> dict[str, dict[str, object]]:
+    """`SIA_POLICY_SIA_P=-1` → {"sia": {"p": -1.0}}; any other SIA_POLICY_* is an error
+    (`SIA_POLICY` itself names the policy)."""
+    out: dict[str, dict[str, object]] = {}
+    for var in sorted(env):
+        rest = var.removeprefix("SIA_POLICY_")
+        if rest == var:
+            continue
+        name = next((p for p in POLICIES if rest.startswith(p.upper() + "_")), None)
+        if name is None:
+            raise ConfigError(f"{var}: expected SIA_POLICY_<POLICY>_<SETTING> with POLICY "
+                              f"one of {', '.join(p.upper() for p in POLICIES)}")
+        setting = rest[len(name) + 1:].lower()
+        try:
+            _merge(out, {name: policy_params.normalize(name, {setting: env[var]})})
+        except SettingError as err:
+            raise ConfigError(f"{var}: {err.problem}") from None
+    return out
+
+
+def _flag_settings(items: Sequence[str]) -> dict[str, dict[str, object]]:
+    """`--policy-set sia.p=-1` (repeatable; the last of a setting wins)."""
+    out: dict[str, dict[str, object]] = {}
+    for text in items:
+        try:
+            name, setting, raw = policy_params.assignment(text)
+            _merge(out, {name: policy_params.normalize(name, {setting: raw})})
+        except SettingError as err:
+            raise ConfigError(f"--policy-set {err}") from None
+    return out
+
+
+def _merge(into: dict[str, dict[str, object]], more: Mapping[str, Mapping[str, object]]) -> None:
+    for name, values in more.items():
+        into.setdefault(name, {}).update(values)
 
 
 def _parse(name: str, raw: str, kind) -> object:

@@ -30,10 +30,12 @@ from sia_grpc.convert import (
     round_to_pb,
 )
 from sia_grpc.errors import ApiError, invalid
-from sia_grpc.policy import POLICIES
+from sia_grpc.policy import POLICIES, SettingError
+from sia_grpc.policy.params import make_policy
 from sia_grpc.policy.types import JobAllocation, Policy
 
-__all__ = ["DEFAULT_POLICY", "DEFAULT_TIMEOUT_S", "PolicyService", "optimize_request"]
+__all__ = ["DEFAULT_POLICY", "DEFAULT_TIMEOUT_S", "PolicyService", "optimize_request",
+           "request_policy"]
 
 DEFAULT_POLICY = "sia"
 DEFAULT_TIMEOUT_S = 30.0
@@ -42,15 +44,15 @@ PolicyFactory = Callable[[], Policy]
 
 
 def optimize_request(request: pb.OptimizeRequest,
-                     factory: PolicyFactory | None = None) -> pb.OptimizeResponse:
+                     policy: Policy | None = None) -> pb.OptimizeResponse:
     """The whole call, synchronously: validate and convert `request`, run the
-    policy (`factory`, else the one `request.policy` names), convert the result.
+    policy (`policy`, else the one `request` describes), convert the result.
 
     Raises `ApiError` (INVALID_ARGUMENT naming the field) for a malformed request.
     """
     t0 = time.perf_counter()
-    if factory is None:
-        factory = _factory(request.policy, POLICIES)
+    if policy is None:
+        policy = request_policy(request)
     cluster = cluster_from_pb(request.nodes, "nodes")
     jobs, first = [], {}
     for i, j in enumerate(request.jobs):
@@ -76,7 +78,6 @@ def optimize_request(request: pb.OptimizeRequest,
                               f"GPU {g} is also held by job {owner[g]!r}")
             owner[g] = p.job_id
         previous[p.job_id] = alloc
-    policy = factory()
     converted = time.perf_counter()
     result = policy.optimize(cluster, jobs, previous)
     t1 = time.perf_counter()
@@ -87,21 +88,28 @@ def optimize_request(request: pb.OptimizeRequest,
                                timings_ms=timings)
 
 
-def _factory(name: str, policies: Mapping[str, PolicyFactory]) -> PolicyFactory:
-    name = name or DEFAULT_POLICY
+def request_policy(request: pb.OptimizeRequest,
+                   policies: Mapping[str, PolicyFactory] = POLICIES) -> Policy:
+    """The policy `request.policy` names with `request.params` over its defaults, on
+    rounds of `request.round_duration_s` (0: its default), checked by the same
+    layer as the controller's settings; INVALID_ARGUMENT on the field at fault."""
     try:
-        return policies[name]
-    except KeyError:
-        raise invalid("policy", f"unknown {name!r}; choose one of "
-                                f"{', '.join(policies)}") from None
+        return make_policy(request.policy or DEFAULT_POLICY, dict(request.params),
+                           round_duration=request.round_duration_s or None,
+                           policies=policies)
+    except SettingError as err:
+        if err.policy:  # a key of params
+            raise invalid(f"params[{err.setting}]", err.problem) from None
+        field = "round_duration_s" if err.setting == "round_duration" else err.setting
+        raise invalid(field, err.problem) from None
 
 
-def _in_worker(request: pb.OptimizeRequest, factory: PolicyFactory) -> tuple:
+def _in_worker(request: pb.OptimizeRequest, policy: Policy) -> tuple:
     """`optimize_request` for an executor: ("ok", response) or ("error", ApiError
     fields). ApiError itself does not survive pickling (a process pool); other
     exceptions do, with their remote traceback."""
     try:
-        return "ok", optimize_request(request, factory)
+        return "ok", optimize_request(request, policy)
     except ApiError as e:
         return "error", (e.code, e.message, e.field, e.reason, dict(e.metadata))
 
@@ -115,7 +123,8 @@ class PolicyService(PolicyServiceServicer):
     because the same request would time out again and must not be retried blindly.
     A thread cannot be stopped: the abandoned round finishes in the background
     (the ILP solver has its own time limit) and its result is discarded.
-    `policies`: name -> factory of the policies offered ("" means "sia").
+    `policies`: name -> the policy classes offered ("" means "sia"); each is built
+    from the request's params and round length (`request_policy`).
     """
 
     def __init__(self, *, executor: Executor | None = None,
@@ -143,8 +152,8 @@ class PolicyService(PolicyServiceServicer):
         raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
 
     async def _optimize(self, request: pb.OptimizeRequest) -> pb.OptimizeResponse:
-        factory = _factory(request.policy, self._policies)
-        call = functools.partial(_in_worker, request, factory)
+        policy = request_policy(request, self._policies)
+        call = functools.partial(_in_worker, request, policy)
         work = (asyncio.to_thread(call) if self._executor is None
                 else asyncio.get_running_loop().run_in_executor(self._executor, call))
         try:

@@ -43,6 +43,8 @@ from sia_grpc.errors import (
     unavailable,
 )
 from sia_grpc.observability import MetricsServer, setup_telemetry
+from sia_grpc.policy import params as policy_params
+from sia_grpc.policy.types import Policy
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
@@ -159,10 +161,12 @@ class Controller:
         self.tokens: TokenStore | None = None
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
         self._events: asyncio.Queue = asyncio.Queue()
+        self._unpersisted: set[str] = set()  # jobs whose last write failed
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
-        self._pool = SolverPool(inline=config.inline_solver)
+        self._pool = SolverPool(config.policy_spec, inline=config.inline_solver)
+        self.policy: Policy | None = None  # as the solver process built it (start-up)
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -402,10 +406,15 @@ class Controller:
                     except Exception:  # one failed action must not stop the controller
                         log.exception("action failed", action=type(action).__name__)
             error: Exception | None = None
+            touched.update(dict.fromkeys(self._unpersisted))
             try:
                 await self._persist(tuple(touched))
+                self._unpersisted.clear()
             except Exception as exc:
-                log.exception("persist failed", jobs=len(touched))
+                # Written with the next batch: the store must not stay behind the
+                # live state for a job nothing else touches again.
+                log.exception("persist failed; retried with the next batch", jobs=len(touched))
+                self._unpersisted.update(touched)
                 error = exc
             for k, (_, done) in enumerate(batch):
                 if done is not None and not done.done():
@@ -459,9 +468,12 @@ class Controller:
     async def _warm(self) -> None:
         """Start the solver process now, not in the first round (spawn + imports)."""
         try:
-            await self._pool.warm()
+            policy = await self._pool.warm()
         except Exception:
             log.exception("solver pool failed to start; rounds will retry it")
+        else:
+            self.policy = policy
+            log.info("policy", name=policy.name, settings=policy_params.current(policy))
 
     async def _in_store(self, fn, *args, **kw):
         return await asyncio.get_running_loop().run_in_executor(
@@ -498,8 +510,8 @@ class Controller:
     async def _solve(self, action: sm.Solve) -> None:
         structlog.contextvars.bind_contextvars(round=action.round_no)
         try:
-            result = await self._pool.solve(self.config.policy, action.cluster, action.jobs,
-                                            action.previous, timeout=self.config.solve_timeout)
+            result = await self._pool.solve(action.cluster, action.jobs, action.previous,
+                                            timeout=self.config.solve_timeout)
             error = ""
         except TimeoutError:
             result, error = None, (f"solver timed out after {self.config.solve_timeout:g} s: "

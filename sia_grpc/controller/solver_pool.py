@@ -11,29 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import multiprocessing
 from collections.abc import Mapping, Sequence
 
-from sia_grpc.policy import make_policy
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
+from sia_grpc.policy.params import PolicySpec
+from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult
 
 
-def solve_round(policy: str, cluster: Cluster, jobs: Sequence[PolicyJob],
+@functools.lru_cache(maxsize=4)
+def built(spec: PolicySpec) -> Policy:
+    """The policy `spec` describes, built once per worker process."""
+    return spec.build()
+
+
+def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
                 previous: Mapping[str, JobAllocation]) -> RoundResult:
-    """One round of the named policy (runs in the worker process)."""
-    return make_policy(policy).optimize(cluster, list(jobs), dict(previous))
-
-
-def _warm() -> bool:
-    """Import the policy stack in the worker before the first round needs it."""
-    make_policy("sia")
-    return True
+    """One round of the policy (runs in the worker process)."""
+    return built(spec).optimize(cluster, list(jobs), dict(previous))
 
 
 class SolverPool:
-    def __init__(self, *, inline: bool = False) -> None:
-        """`inline=True` solves on a thread of this process (tests, tiny setups)."""
+    def __init__(self, spec: PolicySpec, *, inline: bool = False) -> None:
+        """Rounds of the policy `spec` describes (built in the worker, from name,
+        settings and round length). `inline=True` solves on a thread of this
+        process (tests, tiny setups)."""
+        self.spec = spec
         self._inline = inline
         self._pool: concurrent.futures.Executor | None = None
 
@@ -46,14 +50,17 @@ class SolverPool:
                     1, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
-    async def warm(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor(), _warm)
+    async def warm(self) -> Policy:
+        """Start the worker and build the policy there, before the first round needs
+        it; returns that policy (a copy), the very object the rounds run."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), built,
+                                                                self.spec)
 
-    async def solve(self, policy: str, cluster: Cluster, jobs: Sequence[PolicyJob],
+    async def solve(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                     previous: Mapping[str, JobAllocation], *, timeout: float) -> RoundResult:
         """The round's result; raises TimeoutError (pool replaced) or the solve's error."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor(), solve_round, policy, cluster, jobs,
+        fut = loop.run_in_executor(self._executor(), solve_round, self.spec, cluster, jobs,
                                    previous)
         try:
             return await asyncio.wait_for(fut, timeout)

@@ -15,6 +15,7 @@ from sia_grpc.policy.cluster import (
     paper_hetero_cluster,
     paper_homo_cluster,
 )
+from sia_grpc.policy.params import POLICIES, make_policy
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.types import (
     Adaptivity,
@@ -22,21 +23,11 @@ from sia_grpc.policy.types import (
     Policy,
     PolicyJob,
     RoundResult,
+    SettingError,
 )
-
-POLICIES = {"sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy, "fifo": FifoPolicy}
-
-
-def make_policy(name: str) -> Policy:
-    """A policy with its default configuration, by name."""
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"policy: unknown {name!r}; choose one of {', '.join(POLICIES)}") from None
-
 
 __all__ = [
     "POLICIES", "Adaptivity", "Cluster", "Config", "FifoPolicy", "GavelPolicy", "GpuId",
-    "JobAllocation", "Node", "Policy", "PolicyJob", "PolluxPolicy", "RoundResult", "SiaConfig",
-    "SiaPolicy", "make_policy", "paper_hetero_cluster", "paper_homo_cluster",
+    "JobAllocation", "Node", "Policy", "PolicyJob", "PolluxPolicy", "RoundResult", "SettingError",
+    "SiaConfig", "SiaPolicy", "make_policy", "paper_hetero_cluster", "paper_homo_cluster",
 ]

@@ -51,7 +51,14 @@ from sia_grpc.policy.cluster import Cluster, Config, GpuId
 from sia_grpc.policy.rounds import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.solvers import lp_interior
-from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
+from sia_grpc.policy.types import (
+    Adaptivity,
+    JobAllocation,
+    PolicyJob,
+    RoundFromConfig,
+    RoundResult,
+    positive,
+)
 
 # Pollux's power mean scores a job with speedup s as (s + ε)^p, ε = 1e-3: a job
 # left out (s = 0) costs ε^p = 1/ε at p = −1.
@@ -72,7 +79,12 @@ class PolluxPolicy(SiaPolicy):
 
 @dataclass(frozen=True)
 class GavelConfig:
+    """No settings; the round length is the caller's (Gavel's own default: 360 s)."""
+
     round_duration: float = 360.0
+
+    def __post_init__(self) -> None:
+        positive(self, "round_duration")
 
 
 def rigid_view(cluster: Cluster, job: PolicyJob) -> PolicyJob:
@@ -204,7 +216,12 @@ def _shape(gpu_type: str, gpus: Sequence[GpuId]) -> Config:
 
 @dataclass(frozen=True)
 class FifoConfig:
+    """No settings; the round length is the caller's."""
+
     round_duration: float = 60.0
+
+    def __post_init__(self) -> None:
+        positive(self, "round_duration")
 
 
 @dataclass(frozen=True)

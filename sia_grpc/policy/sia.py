@@ -31,34 +31,53 @@ import numpy as np
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.rounds import SOLVERS, ilp_round
-from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundFromConfig, RoundResult
+from sia_grpc.policy.types import (
+    Adaptivity,
+    JobAllocation,
+    PolicyJob,
+    RoundFromConfig,
+    RoundResult,
+    SettingError,
+    positive,
+    setting,
+)
 
 
 @dataclass(frozen=True)
 class SiaConfig:
-    p: float = -0.5  # fairness exponent; the paper found −0.5 best
-    lambda_: float = 1.1  # no-allocation penalty λ
-    goodput_clip: float = 3000.0  # cap on normalised goodput
+    """Sia's knobs. Users set them by name (`sia_grpc.policy.params`): `[policy.sia]`
+    in the controller's TOML, `sia simulate --set sia.p=-1`, `OptimizeRequest.params`."""
+
+    # The paper found p = −0.5 best for average JCT, makespan and fairness (§5.5).
+    p: float = setting(-0.5, "fairness exponent of the objective (non-zero; below 0 favours "
+                             "fairness, 1 maximises total goodput)")
+    lambda_: float = setting(1.1, "no-allocation penalty λ (> 0; alias: lambda)")
+    goodput_clip: float = setting(3000.0, "cap on a job's normalised goodput")
+    # Not a setting: the rounds' length, given by whoever runs the rounds (the
+    # controller's round_duration, the simulator's --round-duration).
     round_duration: float = 60.0
-    max_scale_up: float = 2.0  # at most 2× a job's GPUs per round
-    solver_time_limit: float = 30.0
-    rel_gap: float = 1e-4
-    solver: str = "highs"  # or a reference path: "glpk_mi", "cvxpy-highs"
+    max_scale_up: float = setting(2.0, "at most this many times a job's GPUs per round")
+    solver_time_limit: float = setting(30.0, "seconds the ILP solver may take per round")
+    rel_gap: float = setting(1e-4, "relative MIP gap at which the solver stops")
+    solver: str = setting("highs", "ILP solver: " + ", ".join(SOLVERS)
+                          + " (the last two are reference paths through CVXPY)")
     # Keep the allocation of a job still restoring from its last restart
     # (`PolicyJob.restoring`), as the authors' simulator does for Sia
     # (`preserve_ckpt_allocs`): moving it again would throw the restore away.
-    hold_restoring: bool = True
+    hold_restoring: bool = setting(True, "keep the GPUs of a job still restoring from its "
+                                         "last restart")
 
     def __post_init__(self) -> None:
         if self.p == 0 or not np.isfinite(self.p):
-            raise ValueError(f"p: must be a non-zero finite number, got {self.p}")
-        if self.lambda_ <= 0:
-            raise ValueError(f"lambda_: must be positive, got {self.lambda_}")
-        if self.goodput_clip <= 0 or self.max_scale_up < 1 or self.solver_time_limit <= 0:
-            raise ValueError("goodput_clip, max_scale_up, solver_time_limit: out of range")
+            raise SettingError("p", f"must be a non-zero finite number, got {self.p:g}")
+        positive(self, "lambda_", "goodput_clip", "round_duration", "solver_time_limit")
+        if not self.max_scale_up >= 1:
+            raise SettingError("max_scale_up", f"must be at least 1, got {self.max_scale_up:g}")
+        if not 0 <= self.rel_gap < 1:
+            raise SettingError("rel_gap", f"must be in [0, 1), got {self.rel_gap:g}")
         if self.solver not in SOLVERS:
-            raise ValueError(f"solver: unknown {self.solver!r}; choose one of "
-                             + ", ".join(SOLVERS))
+            raise SettingError("solver", f"unknown {self.solver!r}; choose one of "
+                               + ", ".join(SOLVERS))
 
 
 def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:

@@ -120,6 +120,33 @@ class RoundResult:
     reasons: Mapping[str, str] = field(default_factory=dict)  # per job, human-readable
 
 
+class SettingError(ValueError):
+    """A policy setting is unknown or has a bad value. `key` names it: the config
+    field (`p`), qualified by the policy once known (`sia.p`)."""
+
+    def __init__(self, setting: str, problem: str, policy: str = "") -> None:
+        self.setting, self.problem, self.policy = setting, problem, policy
+        super().__init__(f"{self.key}: {problem}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.policy}.{self.setting}" if self.policy else self.setting
+
+
+def setting(default: Any, help: str) -> Any:
+    """A field of a policy's frozen config, with the help text that
+    `sia_grpc.policy.params.settings` lists (docs, `--help`)."""
+    return field(default=default, metadata={"help": help})
+
+
+def positive(config: Any, *names: str) -> None:
+    """SettingError naming the first of `names` whose value is not > 0 (NaN included)."""
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise SettingError(name, f"must be positive, got {value:g}")
+
+
 class RoundFromConfig:
     """Mixin for policies whose frozen `config` carries their round length."""
 

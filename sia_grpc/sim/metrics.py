@@ -216,6 +216,8 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
     out: dict[str, Any] = {
         "workload": result.workload,
         "policy": result.policy,
+        "params": dict(result.params),
+        "settings": dict(result.settings),
         "cluster": result.cluster,
         "capacity": {str(k): int(v) for k, v in result.capacity.items()},
         "wall_seconds": _num(result.wall_seconds),
@@ -291,4 +293,6 @@ def from_json(data: Mapping[str, Any]) -> SimResult:
         rounds=rounds,
         wall_seconds=float(data.get("wall_seconds") or 0.0),
         cpu_seconds=float(data.get("cpu_seconds") or 0.0),
+        params=dict(data.get("params") or {}),
+        settings=dict(data.get("settings") or {}),
     )

@@ -46,3 +46,7 @@ class SimResult:
     rounds: tuple[RoundRecord, ...]
     wall_seconds: float = 0.0  # wall time of the whole run
     cpu_seconds: float = 0.0  # CPU time of the process running it
+    # The policy's settings as given (`--set`, `--policy-config`; they label the run:
+    # `policy` reads "sia(p=-1)"), and all of them as run, round length included.
+    params: Mapping[str, object] = field(default_factory=dict)
+    settings: Mapping[str, object] = field(default_factory=dict)

@@ -41,6 +41,14 @@ def collect(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
+def _order(label: str) -> int:
+    """sia, pollux, gavel, fifo, then anything else; a policy's labelled variants
+    (`sia(p=-1)`, from `--set`) with it, in the order they were run."""
+    base = label.partition("(")[0]
+    known = ("sia", "pollux", "gavel", "fifo")
+    return known.index(base) if base in known else len(known)
+
+
 def _ms(values: list[float], digits: int = 2) -> str:
     if not values:
         return "—"
@@ -65,9 +73,7 @@ def markdown(runs: Sequence[Mapping[str, Any]], command: str = "") -> str:
                   "restarts/job | contention mean | max | worst FTF | unfair | "
                   "policy ms p50 | p95 | CPU s/run |",
                   "|" + "---|" * 14]
-        for policy in ("sia", "pollux", "gavel", "fifo"):
-            if policy not in policies:
-                continue
+        for policy in sorted(policies, key=_order):
             c = policies[policy]
             paper = PAPER_AVG_JCT_H.get(group, {}).get(policy)
             lines.append(

@@ -3,15 +3,19 @@ progress on stderr and a table (and optional JSON and plots) at the end."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import multiprocessing
 import sys
-from collections.abc import Sequence
+import tomllib
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sia_grpc.policy import make_policy
+from sia_grpc.policy import SettingError, make_policy
+from sia_grpc.policy import params as policy_params
 from sia_grpc.sim.clusters import load_cluster
 from sia_grpc.sim.engine import SimConfig, simulate
 from sia_grpc.sim.records import SimResult
@@ -42,26 +46,109 @@ def resolve_workloads(items: Sequence[str]) -> list[str]:
     return out
 
 
-def run_one(workload: str, policy: str, cluster: str, scale: int) -> SimResult:
+@dataclass(frozen=True)
+class Variant:
+    """One policy with one set of settings: what a run uses, and its label."""
+
+    policy: str
+    params: Mapping[str, object]  # normalized: config field -> value
+
+    @property
+    def label(self) -> str:
+        return policy_params.label(self.policy, self.params)
+
+
+def read_policy_config(path: str | None) -> dict[str, dict[str, object]]:
+    """`--policy-config FILE`: `[policy.<name>]` tables, as in the controller's TOML."""
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    for key in data:
+        if key != "policy":
+            raise ValueError(f"{path}: {key}: unknown table; this file holds "
+                             "[policy.<name>] tables only")
+    table = data.get("policy", {})
+    if isinstance(table, Mapping) and "name" in table:
+        raise ValueError(f"{path}: policy.name: sia simulate runs the policies --policy "
+                         "names")
+    try:
+        return policy_params.from_toml(table)
+    except SettingError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def variants(policies: Sequence[str], file_params: Mapping[str, Mapping[str, object]],
+             sets: Sequence[str]) -> list[Variant]:
+    """Each policy with the file's settings, then each `--set POLICY.SETTING=VALUE`
+    over them; `VALUE1,VALUE2,...` runs one variant per value (several such: every
+    combination). A `--set` for a policy not in `policies` is an error."""
+    fixed = {p: dict(file_params.get(p, {})) for p in policies}
+    swept: dict[str, dict[str, list[object]]] = {p: {} for p in policies}
+    for text in sets:
+        try:
+            name, setting, raw = policy_params.assignment(text)
+            if name not in fixed:
+                raise SettingError(setting, f"{name} is not among --policy "
+                                            f"({', '.join(policies)})", name)
+            choices = [policy_params.normalize(name, {setting: v}) for v in raw.split(",")]
+        except SettingError as err:
+            raise ValueError(f"--set {err}") from None
+        field = next(iter(choices[0]))
+        values = list(dict.fromkeys(c[field] for c in choices))
+        fixed[name].pop(field, None)
+        swept[name].pop(field, None)
+        if len(values) == 1:
+            fixed[name][field] = values[0]
+        else:
+            swept[name][field] = values
+    out: dict[str, Variant] = {}
+    for p in policies:
+        for combo in itertools.product(*swept[p].values()):
+            v = Variant(p, {**fixed[p], **dict(zip(swept[p], combo, strict=True))})
+            out.setdefault(v.label, v)
+    return list(out.values())
+
+
+def run_one(workload: str, variant: Variant, cluster: str, scale: int,
+            round_duration: float | None = None) -> SimResult:
+    """One simulation; `round_duration` None: the policy's own round length."""
+    policy = make_policy(variant.policy, variant.params, round_duration=round_duration)
     trace = load_workload(workload)
-    return simulate(trace, load_cluster(cluster, scale=scale), make_policy(policy),
-                    workload_name=workload, cluster_name=f"{cluster}x{scale}",
-                    config=SimConfig())
+    result = simulate(trace, load_cluster(cluster, scale=scale), policy,
+                      workload_name=workload, cluster_name=f"{cluster}x{scale}",
+                      config=SimConfig())
+    return dataclasses.replace(result, policy=variant.label, params=dict(variant.params),
+                               settings=policy_params.current(policy))
 
 
 def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: int,
-        processes: int, json_out: str | None, plots: str | None) -> int:
+        processes: int, json_out: str | None, plots: str | None, *,
+        policy_config: str | None = None, sets: Sequence[str] = (),
+        round_duration: float | None = None) -> int:
     from sia_grpc.sim import metrics
 
     refs = resolve_workloads(workloads)
     for p in policies:
-        make_policy(p)  # fail fast on a bad name
+        policy_params.policy_class(p)  # "policy: unknown 'x'; choose one of ..."
+    runs = variants(policies, read_policy_config(policy_config), sets)
+    for v in runs:  # fail fast on a bad round length or combination
+        try:
+            make_policy(v.policy, v.params, round_duration=round_duration)
+        except SettingError as err:
+            if err.setting == "round_duration" and not err.policy:
+                raise ValueError(f"--round-duration: {err.problem}") from None
+            raise ValueError(f"--set {err}") from None
     load_cluster(cluster, scale=scale)
-    tasks = [(w, p) for p in policies for w in refs]
+    labels = [v.label for v in runs]
+    tasks = [(w, v) for v in runs for w in refs]
     results: dict[tuple[str, str], SimResult] = {}
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
-        futures = {pool.submit(run_one, w, p, cluster, scale): (w, p) for w, p in tasks}
+        futures = {pool.submit(run_one, w, v, cluster, scale, round_duration): (w, v.label)
+                   for w, v in tasks}
         for done, fut in enumerate(as_completed(futures), start=1):
             w, p = futures[fut]
             results[(w, p)] = fut.result()
@@ -69,8 +156,8 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
             print(f"[{done}/{len(tasks)}] {p} on {w}: {len(r.rounds)} rounds, "
                   f"{r.cpu_seconds:.1f} CPU-s", file=sys.stderr, flush=True)
     table_rows: dict[str, object] = {}
-    per_policy: dict[str, list] = {p: [] for p in policies}
-    for p in policies:
+    per_policy: dict[str, list] = {p: [] for p in labels}
+    for p in labels:
         for w in refs:
             m = metrics.compute(results[(w, p)])
             per_policy[p].append(m)
@@ -79,12 +166,13 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
             table_rows[f"{p} (mean ± std)"] = metrics.summarize(per_policy[p])
     print(metrics.format_table(table_rows))
     if json_out:
-        payload = [metrics.to_json(results[t], metrics.compute(results[t])) for t in tasks]
+        payload = [metrics.to_json(results[(w, v.label)], metrics.compute(results[(w, v.label)]))
+                   for w, v in tasks]
         Path(json_out).write_text(json.dumps(payload, indent=2, default=_plain))
     if plots:
         from sia_grpc.sim import plots as plotting
 
-        by_policy = {p: [results[(w, p)] for w in refs] for p in policies}
+        by_policy = {p: [results[(w, p)] for w in refs] for p in labels}
         for path in plotting.write_all(by_policy, plots):
             print(f"wrote {path}", file=sys.stderr)
     return 0
@@ -108,7 +196,7 @@ def bench(workloads: Sequence[str], policy: str, cluster: str) -> int:
     rows = []
     for w in resolve_workloads(workloads):
         print(f"simulating {w} with {policy} ...", file=sys.stderr, flush=True)
-        r = run_one(w, policy, cluster, 1)
+        r = run_one(w, Variant(policy, {}), cluster, 1)
         group = w.split("/")[0]
         ref = PAPER_SIM_CPU_S.get(group)
         rows.append((w, len(r.jobs), len(r.rounds), r.cpu_seconds, r.wall_seconds, ref))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from sia_grpc.api import PolicyServiceStub, add_PolicyServiceServicer_to_server, pb
-from sia_grpc.controller.policy_service import PolicyService
+from sia_grpc.controller.policy_service import PolicyService, request_policy
 from sia_grpc.errors import ApiError
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import (
@@ -27,6 +27,7 @@ from sia_grpc.policy import (
     Adaptivity,
     PolicyJob,
     RoundResult,
+    SiaConfig,
     SiaPolicy,
     paper_hetero_cluster,
 )
@@ -283,6 +284,16 @@ MALFORMED = {
                                     "previous[0].allocation"),
     "bad sample": (lambda r: setattr(r.jobs[0].samples[2], "sync_time_s", 9.0),
                    "jobs[0].samples[2].sync_time_s"),
+    "unknown param": (lambda r: r.params.update(lamda="2"), "params[lamda]"),
+    "bad param": (lambda r: r.params.update(p="0"), "params[p]"),
+    "param of a policy without settings": (
+        lambda r: (setattr(r, "policy", "gavel"), r.params.update(p="1")), "params[p]"),
+    "round duration as a param": (lambda r: r.params.update(round_duration="30"),
+                                  "params[round_duration]"),
+    "negative round duration": (lambda r: setattr(r, "round_duration_s", -5.0),
+                                "round_duration_s"),
+    "NaN round duration": (lambda r: setattr(r, "round_duration_s", float("nan")),
+                           "round_duration_s"),
 }
 
 
@@ -298,6 +309,10 @@ async def test_malformed_request_is_invalid_argument_on_its_field(stub, case):
     assert err.field == field, err.message
     if case == "unknown policy":
         assert "choose one of sia, pollux, gavel, fifo" in err.message
+    if case == "unknown param":
+        assert err.message == "params[lamda]: unknown setting; did you mean lambda_?"
+    if case == "bad param":
+        assert err.message == "params[p]: must be a non-zero finite number, got 0"
     # The server carries on.
     ok = await stub.Optimize(small_request())
     assert all(d.HasField("allocation") for d in ok.decisions)
@@ -310,6 +325,36 @@ async def test_every_policy_is_served(stub, policy):
     response = await stub.Optimize(request)
     check_valid(response, request)
     assert all(d.HasField("allocation") for d in response.decisions)
+
+
+async def test_params_change_the_policy_used(stub):
+    """A λ of 0.5 (below a 1-GPU job's value for p < 0) leaves the jobs that can only
+    start small out: the reply is the decision of the policy built with that
+    setting, not the default's."""
+    request = pb.OptimizeRequest(nodes=nodes_pb(), jobs=[s.to_pb() for s in SPECS])
+    default = await stub.Optimize(request)
+    assert all(d.HasField("allocation") for d in default.decisions)
+    request.params["lambda"] = "0.5"
+    response = await stub.Optimize(request)
+    want = SiaPolicy(SiaConfig(lambda_=0.5)).optimize(CLUSTER, [s.direct() for s in SPECS], {})
+    assert 0 < len(want.allocations) < len(SPECS)
+    got = {d.job_id: as_tuple(d.allocation) for d in response.decisions
+           if d.HasField("allocation")}
+    assert set(got) == set(want.allocations)
+    assert response.objective == pytest.approx(want.objective)
+
+
+def test_request_policy_takes_params_and_round_duration():
+    request = pb.OptimizeRequest(policy="pollux", params={"p": "-2", "hold_restoring": "true"},
+                                 round_duration_s=90.0)
+    policy = request_policy(request)
+    assert policy.name == "pollux"
+    assert (policy.config.p, policy.config.hold_restoring, policy.config.lambda_) == \
+        (-2.0, True, 1000.0)
+    assert policy.round_duration == 90.0
+    assert request_policy(pb.OptimizeRequest(policy="gavel")).round_duration == 360.0
+    assert request_policy(pb.OptimizeRequest(policy="gavel",
+                                             round_duration_s=60)).round_duration == 60.0
 
 
 async def test_job_without_samples_waits_with_a_reason(stub):

@@ -89,3 +89,88 @@ def test_bad_counts(trace, capsys):
         main(["simulate", str(trace), "--jobs", "0"])
     assert exc.value.code == 2
     assert "--scale and --jobs must be >= 1" in capsys.readouterr().err
+
+
+# -- policy settings: --policy-config, --set, --round-duration ------------------------
+
+
+def rows_of(out: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+
+
+def test_set_sweeps_values_and_labels_each_run(trace, tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    rc = main(["simulate", str(trace), "--policy", "sia,fifo", "--jobs", "1",
+               "--set", "sia.p=-1,0.5", "--set", "sia.hold_restoring=false",
+               "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    labels = ["sia(hold_restoring=false,p=-1)", "sia(hold_restoring=false,p=0.5)", "fifo"]
+    assert set(rows_of(captured.out)) == set(labels)
+    runs = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert set(runs) == set(labels)
+    first = runs[labels[0]]
+    assert first["params"] == {"hold_restoring": False, "p": -1.0}
+    assert first["settings"]["p"] == -1.0 and first["settings"]["lambda_"] == 1.1
+    assert first["settings"]["round_duration"] == 60.0
+    assert runs[labels[1]]["settings"]["p"] == 0.5
+    assert runs["fifo"]["params"] == {} and runs["fifo"]["settings"] == {"round_duration": 60.0}
+    # `sia report` shows every variant as its own row.
+    report = tmp_path / "report.md"
+    assert main(["report", str(out), "--out", str(report)]) == 0
+    text = report.read_text()
+    assert all(f"| {label} |" in text for label in labels)
+
+
+def test_policy_config_file_under_set_and_round_duration(trace, tmp_path, capsys):
+    config = tmp_path / "policy.toml"
+    config.write_text("[policy.sia]\np = -1\nlambda = 2.0\n\n[policy.pollux]\np = -2\n")
+    out = tmp_path / "runs.json"
+    rc = main(["simulate", str(trace), "--policy", "sia", "--jobs", "1",
+               "--policy-config", str(config), "--set", "sia.p=1",
+               "--round-duration", "120", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    (run,) = json.loads(out.read_text())  # pollux's table: not run, ignored
+    assert run["policy"] == "sia(lambda_=2,p=1)"  # --set beats the file
+    assert run["settings"]["round_duration"] == 120.0
+    assert [r["time"] for r in run["rounds"]][:3] == [0.0, 120.0, 240.0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "sia.lamda=1"], "--set sia.lamda: unknown setting; did you mean lambda_?"),
+    (["--set", "sia.p=-1,0"], "--set sia.p: must be a non-zero finite number, got 0"),
+    (["--set", "pollux.p=1"], "--set pollux.p: pollux is not among --policy (sia)"),
+    (["--set", "sia.p"], "--set sia.p: expected POLICY.SETTING=VALUE, e.g. sia.p=-1"),
+    (["--set", "sia.round_duration=30"], "--set sia.round_duration: not a policy setting"),
+    (["--round-duration", "0"], "--round-duration: must be positive, got 0"),
+])
+def test_bad_setting_is_one_line_naming_it(trace, capsys, args, message):
+    rc = main(["simulate", str(trace), "--policy", "sia", "--jobs", "1", *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(f"sia simulate: {message}"), err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[policy.sia]\nlamda = 1\n", "policy.sia.lamda: unknown setting; did you mean lambda_?"),
+    ("[controller]\npolicy = 'sia'\n", "controller: unknown table"),
+    ("[policy]\nname = 'sia'\n", "policy.name: sia simulate runs the policies --policy names"),
+    ("[policy.sia\n", ""),
+])
+def test_bad_policy_config_file(trace, tmp_path, capsys, text, message):
+    config = tmp_path / "policy.toml"
+    config.write_text(text)
+    rc = main(["simulate", str(trace), "--policy", "sia", "--jobs", "1",
+               "--policy-config", str(config)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(f"sia simulate: {config}: {message}"), err
+
+
+def test_policy_settings_command(capsys):
+    from sia_grpc.policy.params import settings_table
+
+    assert main(["policy-settings"]) == 0
+    assert capsys.readouterr().out == settings_table() + "\n"

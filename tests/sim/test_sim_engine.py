@@ -458,12 +458,11 @@ def test_restore_longer_than_a_round():
     app = load_app("cifar10")
     cluster = Cluster.uniform({"dgx-ext": (1, 2)})
     work = work_seconds(app, "dgx-ext")
-    cfg = SimConfig(round_duration=20.0)
     still = simulate([one_job("cifar10")], cluster,
-                     Scripted("j", "dgx-ext", "dgx-ext-0", 128, [0]), config=cfg)
+                     Scripted("j", "dgx-ext", "dgx-ext-0", 128, [0], round_duration=20.0))
     assert still.jobs[0].finish_time == pytest.approx(app.restart_delay + work, rel=REL)
     moved = simulate([one_job("cifar10")], cluster,
-                     Scripted("j", "dgx-ext", "dgx-ext-0", 128, [0, 1]), config=cfg)
+                     Scripted("j", "dgx-ext", "dgx-ext-0", 128, [0, 1], round_duration=20.0))
     assert moved.jobs[0].finish_time == pytest.approx(20.0 + app.restart_delay + work,
                                                       rel=REL)
     assert moved.jobs[0].restarts == 1
@@ -516,7 +515,7 @@ def test_idle_jump_admits_the_next_arrival():
     signal.setitimer(signal.ITIMER_VIRTUAL, 2.0)  # CPU seconds: a hang burns CPU
     try:
         result = simulate([one_job("ncf", time=10989.0)], Cluster.uniform({"aws": (1, 1)}),
-                          make_policy("fifo"), config=SimConfig(round_duration=33.3))
+                          make_policy("fifo", round_duration=33.3))
     except _Hang:
         pytest.fail("simulate did not return within 2 CPU-seconds")
     finally:

@@ -63,16 +63,27 @@ class PreviousAllocation(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., allocation: _Optional[_Union[_job_pb2.Allocation, _Mapping]] = ...) -> None: ...
 
 class OptimizeRequest(_message.Message):
-    __slots__ = ("nodes", "jobs", "previous", "policy")
+    __slots__ = ("nodes", "jobs", "previous", "policy", "params", "round_duration_s")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NODES_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_DURATION_S_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     jobs: _containers.RepeatedCompositeFieldContainer[PolicyJob]
     previous: _containers.RepeatedCompositeFieldContainer[PreviousAllocation]
     policy: str
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[PolicyJob, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[PreviousAllocation, _Mapping]]] = ..., policy: _Optional[str] = ...) -> None: ...
+    params: _containers.ScalarMap[str, str]
+    round_duration_s: float
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[PolicyJob, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[PreviousAllocation, _Mapping]]] = ..., policy: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., round_duration_s: _Optional[float] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "allocation", "restart", "reason")

@@ -1,0 +1,64 @@
+"""The controller's solver process builds its policy from the controller's policy
+settings and round length, and its rounds run that policy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.server import Controller
+from sia_grpc.controller.solver_pool import SolverPool
+from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.policy import Cluster, PolicyJob, SiaPolicy, make_policy
+from sia_grpc.policy.params import PolicySpec
+from sia_grpc.sim.truth import load_app
+
+CLUSTER = Cluster.uniform({"aws": (1, 4), "rtx": (1, 8)})
+
+
+def job(job_id: str, app_name: str) -> PolicyJob:
+    """A job with Sia's 1-GPU profiles of every type, as after profiling."""
+    app = load_app(app_name)
+    est = ThroughputEstimator()
+    for t in app.gpu_types:
+        lo, hi = app.local_bsz_limits(t)
+        for b in np.unique(np.geomspace(lo, hi, 6).round()):
+            est.add_profile(t, int(b), *app.step_time(t, 1, 1, int(b)))
+    model = JobGoodputModel(estimator=est, grad=app.grad_params(0.0),
+                            init_batch_size=app.init_batch_size,
+                            max_batch_size=app.max_batch_size,
+                            local_bsz_limits={t: app.local_bsz_limits(t) for t in app.gpu_types})
+    return PolicyJob(job_id=job_id, model=model, age=600.0, restart_cost=app.restart_delay)
+
+
+JOBS = [job(f"j{i}", a) for i, a in enumerate(["cifar10", "ncf", "bert", "yolov3"])]
+
+
+async def test_controller_solver_process_builds_the_configured_policy():
+    config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=30.0,
+                              policy_params={"sia": {"p": "1", "hold_restoring": "false"},
+                                             "pollux": {"p": -3}})
+    assert not config.inline_solver  # a spawned process, as in production
+    async with Controller(config) as c:
+        policy = c.policy  # built in the solver process at start-up, sent back
+    assert isinstance(policy, SiaPolicy)
+    assert (policy.config.p, policy.config.hold_restoring) == (1.0, False)
+    assert policy.round_duration == 30.0  # the controller's round, not a second setting
+    async with Controller(ControllerConfig(listen="127.0.0.1:0", db_path=":memory:",
+                                           inline_solver=True)) as c:
+        assert c.policy == make_policy("sia", round_duration=60.0)
+
+
+async def test_rounds_in_the_solver_process_use_the_setting():
+    """λ below every job's value for p < 0 makes leaving jobs out the better choice:
+    the same round with and without it decides differently, and exactly as the
+    policy built here does."""
+    default = make_policy("sia").optimize(CLUSTER, JOBS, {})
+    assert len(default.allocations) == len(JOBS)
+    pool = SolverPool(PolicySpec("sia", (("lambda_", 0.5),)))
+    try:
+        result = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+    finally:
+        pool.close()
+    want = make_policy("sia", {"lambda": 0.5}).optimize(CLUSTER, JOBS, {})
+    assert dict(result.allocations) == dict(want.allocations) == {}
