@@ -307,6 +307,7 @@ class ControllerState:
         # outlives the agent's stream, and is restored before the agent returns.
         self.drained: dict[str, str] = {}
         self._last_skip = ""  # why the last round did not run ("" once one ran)
+        self._early_after_solve = ""  # an early round that came while a solve ran
 
     # ------------------------------------------------------------ loading
 
@@ -769,7 +770,9 @@ class ControllerState:
     def _tick(self, ev: Tick, out: list[Action]) -> None:
         self._check_liveness(ev.at, out)
         if self.solving is not None:
-            if not ev.early:  # a solve longer than a round: worth saying
+            if ev.early:  # run it once the solve in flight is done, not a round later
+                self._early_after_solve = ev.trigger
+            else:  # a solve longer than a round: worth saying
                 self._skip(ev, f"round {self.solving} is still being solved", out)
             return
         # (a node restored from the store without its type waits for its agent)
@@ -863,6 +866,9 @@ class ControllerState:
         if ev.round_no != self.solving:
             return
         self.solving = None
+        if self._early_after_solve:
+            out.append(WantRound(self._early_after_solve))
+            self._early_after_solve = ""
         self._round_acks.setdefault(ev.round_no, set())
         rnd = pb.Round(round=ev.round_no, trigger=self._round_trigger, note=ev.error)
         rnd.start_time.CopyFrom(_ts(self._round_started))
@@ -934,6 +940,7 @@ class ControllerState:
             pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
             age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
             restart_cost=rec.restart_s(), submit_time=created, attained=dict(rec.attained),
+            progress=rec.job.status.progress,
             # Still paying its restore (as far as the controller knows): Sia keeps it in
             # place rather than make it start the restore over (the artifact's rule).
             restoring=rec.alloc is not None and not rec.moving

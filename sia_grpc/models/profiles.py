@@ -145,6 +145,13 @@ def available_types(model: str) -> tuple[str, ...]:
 
 
 @functools.cache
+def profiled_gpu_types() -> tuple[str, ...]:
+    """Every GPU type some shipped application has a profile for."""
+    models = (p.name for p in _root().joinpath("profiles").iterdir() if p.is_dir())
+    return tuple(sorted({t for m in models for t in available_types(m)}))
+
+
+@functools.cache
 def validation_batch_sizes(model: str) -> tuple[int, ...]:
     names = (p.name for p in _root().joinpath("profiles", model).iterdir())
     return tuple(sorted(int(n[len("validation-"):-len(".csv")]) for n in names

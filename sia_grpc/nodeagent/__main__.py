@@ -25,7 +25,12 @@ from typing import Any
 import structlog
 
 from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
-from sia_grpc.nodeagent.gpus import NodeGpus, parse_gpu_spec, resolve_inventory
+from sia_grpc.nodeagent.gpus import (
+    NodeGpus,
+    parse_gpu_spec,
+    resolve_inventory,
+    unknown_type_warning,
+)
 
 
 def _gpus(text: str) -> tuple[str, int]:
@@ -148,6 +153,8 @@ async def _serve(configs: list[AgentConfig], backend: Any = None,
     elif inventory is not None:
         log.info("GPUs", gpu_type=inventory.gpu_type, count=inventory.count,
                  source=inventory.source, names=list(inventory.names))
+    if inventory is not None and (warning := unknown_type_warning(inventory.gpu_type)):
+        log.warning(warning, gpu_type=inventory.gpu_type)
     if backend is not None:
         try:
             await backend.open()  # fail fast: the workdir and its lock, the socket
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu_type, num_gpus = inventory.gpu_type, inventory.count
         else:
             gpu_type, num_gpus = args.gpus
+            inventory = NodeGpus(gpu_type, num_gpus, "declared")
         names = ([args.node_id] if args.count == 1
                  else [f"{args.node_id}-{i}" for i in range(args.count)])
         configs = [AgentConfig(node_id=name, controller=args.controller, gpu_type=gpu_type,
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                            ("--tls-key", args.tls_key)):
             if path and not Path(path).is_file():
                 raise ValueError(f"{flag}: cannot read {path}")
-        backend = None if inventory is None else _torch_backend(args, inventory)
+        backend = _torch_backend(args, inventory) if args.backend == "torch" else None
     except ValueError as exc:
         print(f"sia nodeagent: {exc}", file=sys.stderr)
         return 2

@@ -60,7 +60,9 @@ class NodeGpus:
 
 
 def parse_gpu_spec(text: str) -> tuple[str, int]:
-    """`TYPE:COUNT` -> (type, count); ValueError with a message for a user."""
+    """`TYPE:COUNT` -> (type, count); ValueError with a message for a user. The type
+    is named as NVML discovery would name it (`a100:4` is 4 dgx-ext GPUs), so a
+    declared node and a discovered one of the same model are one type."""
     if "," in text:
         raise ValueError(
             f"one agent is one node with one GPU type, got {text!r}: run one agent per "
@@ -68,7 +70,7 @@ def parse_gpu_spec(text: str) -> tuple[str, int]:
     gpu_type, sep, count = text.rpartition(":")
     if not sep or not gpu_type or not count.isdigit() or int(count) < 1:
         raise ValueError(f"expected TYPE:COUNT such as rtx:8, got {text!r}")
-    return gpu_type, int(count)
+    return gpu_type_for(gpu_type), int(count)
 
 
 def gpu_type_for(device_name: str) -> str:
@@ -82,6 +84,20 @@ def gpu_type_for(device_name: str) -> str:
     name = re.sub(r"^(nvidia|tesla)\s+", "", device_name.strip(), flags=re.IGNORECASE)
     name = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return name or "gpu"
+
+
+def unknown_type_warning(gpu_type: str) -> str | None:
+    """What to tell the operator of a node whose type no shipped profile knows, or
+    None: its GPUs can run only jobs that give batch limits for it (the shipped
+    applications' jobs never go there)."""
+    from sia_grpc.models.profiles import profiled_gpu_types
+
+    known = profiled_gpu_types()
+    if gpu_type in known:
+        return None
+    return (f"GPU type {gpu_type!r} has no shipped profile (known: {', '.join(known)}): "
+            f"only jobs whose type_batch_limits name {gpu_type!r} can run here; if these are "
+            f"one of the known models, name them so (e.g. --gpus dgx-ext:N for A100s)")
 
 
 def _visible(env: Mapping[str, str]) -> list[str] | None:

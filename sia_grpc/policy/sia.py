@@ -66,6 +66,12 @@ class SiaConfig:
     # (`preserve_ckpt_allocs`): moving it again would throw the restore away.
     hold_restoring: bool = setting(True, "keep the GPUs of a job still restoring from its "
                                          "last restart")
+    # What the restart factor weighs a restart against: the job's life so far (the
+    # paper: "age"), or its expected whole life, the life so far plus the running
+    # it still needs at its rate of progress ("lifetime"; the age where unknown).
+    restart_horizon: str = setting("age", "the life a restart is weighed against: age "
+                                          "(the paper) or lifetime (age + expected "
+                                          "remaining run time)")
 
     def __post_init__(self) -> None:
         if self.p == 0 or not np.isfinite(self.p):
@@ -75,9 +81,15 @@ class SiaConfig:
             raise SettingError("max_scale_up", f"must be at least 1, got {self.max_scale_up:g}")
         if not 0 <= self.rel_gap < 1:
             raise SettingError("rel_gap", f"must be in [0, 1), got {self.rel_gap:g}")
+        if self.restart_horizon not in RESTART_HORIZONS:
+            raise SettingError("restart_horizon", f"unknown {self.restart_horizon!r}; choose "
+                               "one of " + ", ".join(RESTART_HORIZONS))
         if self.solver not in SOLVERS:
             raise SettingError("solver", f"unknown {self.solver!r}; choose one of "
                                + ", ".join(SOLVERS))
+
+
+RESTART_HORIZONS = ("age", "lifetime")
 
 
 def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:
@@ -86,6 +98,16 @@ def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:
     if restart_cost <= 0:
         return 1.0
     return max(age - num_restarts * restart_cost, 0.0) / (age + restart_cost)
+
+
+def restart_life(job: PolicyJob, horizon: str) -> float:
+    """T_i of the restart factor: the job's age, or with the "lifetime" horizon its
+    age plus the run time it is expected to need still. With T the age only, a young
+    job is held back even on an idle cluster (a 1-minute-old job weighs a 50 s
+    restart as most of its life), though it may run for hours."""
+    if horizon == "lifetime":
+        return job.age + (job.remaining_run_time() or 0.0)
+    return job.age
 
 
 def normalised_goodput(table: CandidateTable, n_min: np.ndarray, clip: float) -> np.ndarray:
@@ -143,7 +165,8 @@ class SiaPolicy(RoundFromConfig):
         g = normalised_goodput(table, n_min, cfg.goodput_clip)
         job = table.job
         restart = (current[job] >= 0) & (table.config != current[job])
-        r = np.array([restart_factor(j.age, j.num_restarts, j.restart_cost) for j in jobs])
+        r = np.array([restart_factor(restart_life(j, cfg.restart_horizon), j.num_restarts,
+                                     j.restart_cost) for j in jobs])
         val = objective_values(g, restart, r[job], cfg)
         # For p < 0 an entry at or below the no-allocation value never helps.
         return np.where(np.isfinite(val) & (val > -cfg.lambda_), val, np.nan)

@@ -42,6 +42,9 @@ class PolicyJob:
 
     `age` and `num_restarts` feed Sia's restart factor; `restart_cost` is the
     job's measured (or hinted) checkpoint-restart time S_i in seconds.
+    `progress` (0..1 of its target) and `run_time` (seconds it has held GPUs) are
+    what a scheduler knows of how far the job has got; `remaining_run_time` turns
+    them into its expected remaining run time (Sia's lifetime restart horizon).
     `attained` is the time (seconds) the job has held GPUs of each type, for
     time-sharing policies (Gavel); the caller keeps it, so policies stay stateless.
     `restoring` is set while the job is still paying its checkpoint-restore delay
@@ -65,9 +68,21 @@ class PolicyJob:
     restart_cost: float = 30.0
     submit_time: float = 0.0  # for FIFO ordering
     attained: Mapping[str, float] = field(default_factory=dict)
+    progress: float = 0.0
     restoring: bool = False
     pinned: bool = False
     required: bool = False  # must get GPUs if any configuration fits (a profiling slot)
+
+    @property
+    def run_time(self) -> float:
+        return sum(self.attained.values())
+
+    def remaining_run_time(self) -> float | None:
+        """Seconds of running it is expected to need still, at the rate it has made
+        progress so far (None before it has made any)."""
+        if not 0 < self.progress < 1 or self.run_time <= 0:
+            return None
+        return self.run_time * (1 - self.progress) / self.progress
 
     def __post_init__(self) -> None:
         if not self.job_id:

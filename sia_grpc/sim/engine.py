@@ -87,6 +87,7 @@ class _Job:
             adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
             batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
             restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained),
+            progress=self.progress / app.max_progress,
             restoring=self.alloc is not None and self.delay > 0)
 
 

@@ -267,6 +267,22 @@ def test_an_agent_that_missed_the_end_of_its_drain_is_told_when_it_registers():
     assert sends(actions, "drain") == []
 
 
+def test_an_early_round_asked_for_during_a_solve_runs_after_it():
+    """Regression (defect: a new job waited a whole round with GPUs idle): an early
+    round that came while the timer round was being solved was dropped."""
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.submit("j1")
+    h.deliver()
+    h.now += 60
+    h.heartbeat()
+    (solve,) = [a for a in h.state.handle(Tick(h.now, "timer")) if isinstance(a, Solve)]
+    assert not [a for a in h.state.handle(Tick(h.now + 2, "arrival", early=True))
+                if isinstance(a, Solve)]  # one solve at a time...
+    result = h.policy.optimize(solve.cluster, list(solve.jobs), dict(solve.previous))
+    actions = h.feed(SolveFinished(h.now + 3, solve.round_no, result))
+    assert WantRound("arrival") in actions  # ...and the early round comes right after
+
+
 def test_the_invariant_check_names_a_leaked_gpu():
     h = Harness({"rtx-0": ("rtx", 4)})
     h.state.nodes["rtx-0"].holder[2] = "ghost"

@@ -16,6 +16,7 @@ from sia_grpc.nodeagent.gpus import (
     gpu_type_for,
     parse_gpu_spec,
     resolve_inventory,
+    unknown_type_warning,
 )
 from sia_grpc.nodeagent.torchbackend import safe_name
 from sia_grpc.nodeagent.workers import describe_exit
@@ -37,6 +38,23 @@ def test_parse_gpu_spec_wants_one_type():
         parse_gpu_spec("rtx:2,a100:2")
     with pytest.raises(ValueError, match="expected TYPE:COUNT"):
         parse_gpu_spec("rtx:0")
+
+
+@pytest.mark.parametrize(("declared", "gpu_type"), [
+    ("a100:4", "dgx-ext"), ("A100:4", "dgx-ext"), ("v100:2", "azure"), ("t4:1", "aws"),
+    ("rtx:8", "rtx"), ("dgx-ext:8", "dgx-ext"), ("H100:8", "h100"),
+])
+def test_declared_types_are_named_as_discovery_names_them(declared, gpu_type):
+    """Regression (defect: `--gpus a100:4` registered 'a100' GPUs no job could use,
+    while NVML discovery of the same A100s gave 'dgx-ext')."""
+    assert parse_gpu_spec(declared)[0] == gpu_type
+
+
+def test_a_type_no_profile_knows_is_warned_about():
+    assert unknown_type_warning("dgx-ext") is None and unknown_type_warning("rtx") is None
+    warning = unknown_type_warning("h100")
+    assert warning.startswith("GPU type 'h100' has no shipped profile (known: aws, azure,")
+    assert "type_batch_limits" in warning
 
 
 def test_pace_is_relative_to_the_fastest_type():
