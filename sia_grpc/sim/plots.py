@@ -180,7 +180,7 @@ def jct_cdf_figure(results_by_policy: Mapping[str, Sequence[SimResult]]) -> Any:
     series = {p: [max(j, _MIN_JCT_H) for r in results for j in finished_jcts_h(r)]
               for p, results in results_by_policy.items()}
     return _cdf_figure(series, xlabel="job completion time (hours, log scale)",
-                       title=f"JCT CDF: {_runs_label(_pooled(results_by_policy))}",
+                       title=f"JCT CDF\n{_runs_label(_pooled(results_by_policy))}",
                        empty="no finished jobs")
 
 
@@ -192,7 +192,7 @@ def ftf_cdf_figure(results_by_policy: Mapping[str, Sequence[SimResult]]) -> Any:
               for p, results in results_by_policy.items()}
     return _cdf_figure(
         series, xlabel="finish-time fairness ρ = JCT / isolated JCT (ratio, log scale)",
-        title=f"Finish-time fairness CDF: {_runs_label(_pooled(results_by_policy))}",
+        title=f"Finish-time fairness CDF\n{_runs_label(_pooled(results_by_policy))}",
         empty="no jobs with a finish-time fairness", include=(0.5, 2.0), line_at=1.0,
         line_label="ρ = 1 (fair share)")
 

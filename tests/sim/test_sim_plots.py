@@ -78,14 +78,14 @@ def test_cdf_figures_name_workloads_cluster_and_units():
     one = {"sia": [run("sia", rounds=10, round_s=60)],
            "gavel": [run("gavel", rounds=4, round_s=360)]}
     (ax,) = plots.jct_cdf_figure(one).axes
-    assert ax.get_title() == "JCT CDF: saturn/w1, cluster het-24"
+    assert ax.get_title() == "JCT CDF\nsaturn/w1, cluster het-24"
     assert "hours" in ax.get_xlabel() and ax.get_ylabel() == "fraction of jobs"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "sia (2 jobs)", "gavel (2 jobs)"]
     pooled = {"sia": [run("sia", rounds=10, round_s=60, workload=w)
                       for w in ("saturn/w1", "saturn/w2", "philly/w1")]}
     (ax,) = plots.ftf_cdf_figure(pooled).axes
-    assert ax.get_title() == ("Finish-time fairness CDF: saturn, philly (3 workloads pooled), "
+    assert ax.get_title() == ("Finish-time fairness CDF\nsaturn, philly (3 workloads pooled), "
                               "cluster het-24")
     assert "ratio" in ax.get_xlabel()
 
