@@ -142,6 +142,8 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
                 raise ValueError(f"--round-duration: {err.problem}") from None
             raise ValueError(f"--set {err}") from None
     load_cluster(cluster, scale=scale)
+    if json_out and not Path(json_out).parent.is_dir():  # said now, not after hours
+        raise ValueError(f"--json {json_out}: no directory {str(Path(json_out).parent)!r}")
     labels = [v.label for v in runs]
     tasks = [(w, v) for v in runs for w in refs]
     results: dict[tuple[str, str], SimResult] = {}

@@ -174,3 +174,11 @@ def test_policy_settings_command(capsys):
 
     assert main(["policy-settings"]) == 0
     assert capsys.readouterr().out == settings_table() + "\n"
+
+
+def test_json_into_a_missing_directory_is_refused_before_simulating(trace, tmp_path, capsys):
+    """Regression: a traceback (FileNotFoundError) after the whole simulation."""
+    out = tmp_path / "no-such-dir" / "r.json"
+    assert main(["simulate", str(trace), "--json", str(out)]) == 2
+    assert capsys.readouterr().err == (f"sia simulate: --json {out}: no directory "
+                                       f"'{out.parent}'\n")
