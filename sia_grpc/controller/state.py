@@ -939,7 +939,7 @@ class ControllerState:
             max_gpus=res.max_gpus, allowed_types=frozenset(types),
             pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
             age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
-            restart_cost=rec.restart_s(), submit_time=created, attained=dict(rec.attained),
+            restart_cost=rec.restart_s(), submit_time=created, attained=self._attained(rec, at),
             progress=rec.job.status.progress,
             # Still paying its restore (as far as the controller knows): Sia keeps it in
             # place rather than make it start the restore over (the artifact's rule).
@@ -1266,6 +1266,15 @@ class ControllerState:
         msg = pb.ControllerMessage(directive=d)
         self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
         return Send(node, msg)
+
+    @staticmethod
+    def _attained(rec: _JobRec, at: float) -> dict[str, float]:
+        """Time held per GPU type up to `at`, the current stint included."""
+        out = dict(rec.attained)
+        if rec.alloc is not None and rec.run_since is not None:
+            t = rec.alloc.config.gpu_type
+            out[t] = out.get(t, 0.0) + max(at - rec.run_since, 0.0)
+        return out
 
     def _account(self, rec: _JobRec, at: float) -> None:
         """Credit the time it held its allocation (Gavel's time shares)."""

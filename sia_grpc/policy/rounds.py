@@ -77,14 +77,22 @@ def hold_current(table: CandidateTable, values: np.ndarray, none_value: np.ndarr
     return out, none
 
 
+# A second stage after the ILP, for GPUs it leaves idle: `grow(current, chosen)`
+# gives each candidate's stage-2 value (NaN: not an option) from the chosen rows
+# (-1: none), or None when there is nothing to grow into.
+Grow = Callable[[np.ndarray, np.ndarray], np.ndarray | None]
+
+
 def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
               previous: Mapping[str, JobAllocation],
               values: Callable[[np.ndarray], np.ndarray], none_value: float,
               timings: dict[str, float], *, time_limit: float, rel_gap: float,
-              solver: str, hold: np.ndarray | None = None) -> RoundResult:
+              solver: str, hold: np.ndarray | None = None,
+              grow: Grow | None = None) -> RoundResult:
     """The rest of a round for an ILP policy: `values(current)` gives every
     candidate's value from each job's current configuration index (-1: none).
-    Jobs where `hold` is true keep their current configuration (`hold_current`)."""
+    Jobs where `hold` is true keep their current configuration (`hold_current`).
+    With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`)."""
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
     vals = values(current)
@@ -93,15 +101,20 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         vals, none = hold_current(table, vals, none, current, np.asarray(hold, dtype=bool))
     problem, rows, start = assemble(table, vals, none, current)
     timings["build"] = time.perf_counter() - t0
-    return solve_and_finish(table, jobs, problem, rows, start, previous, timings,
-                            time_limit=time_limit, rel_gap=rel_gap, solver=solver)
+    kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
+    chosen, objective, stats = choose(problem, rows, start, timings, **kw)
+    if grow is not None:
+        chosen = grow_into_idle(table, current, chosen, grow, timings, **kw)
+    by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
+    return finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
+                        solver_stats=stats)
 
 
-def solve_and_finish(table: CandidateTable, jobs: Sequence[PolicyJob],
-                     problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
-                     previous: Mapping[str, JobAllocation], timings: dict[str, float], *,
-                     time_limit: float, rel_gap: float, solver: str = "highs") -> RoundResult:
-    """Solve the problem, place the winners, and explain each job's outcome.
+def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
+           timings: dict[str, float], *, time_limit: float, rel_gap: float,
+           solver: str = "highs") -> tuple[np.ndarray, float, dict[str, float]]:
+    """Solve the problem: each job's chosen row of the table (-1: none), the
+    objective and the solver's statistics.
 
     `solver` is "highs" (the production path) or a reference path, "glpk_mi" or
     "cvxpy-highs" (the same ILP through CVXPY), for comparison and benchmarks.
@@ -113,11 +126,38 @@ def solve_and_finish(table: CandidateTable, jobs: Sequence[PolicyJob],
         sol = solve_reference(problem, solver=REFERENCE_SOLVERS[solver], time_limit=time_limit)
     else:
         raise ValueError(f"solver: unknown {solver!r}; choose one of {', '.join(SOLVERS)}")
-    timings["solve"] = time.perf_counter() - t0
-    chosen = {jobs[i].job_id: int(rows[sol.choice[i]])
-              for i in np.flatnonzero(sol.choice >= 0)}
-    return finish_round(table, jobs, chosen, previous, objective=sol.objective, timings=timings,
-                        solver_stats={**sol.stats, "gap": sol.gap})
+    timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
+    chosen = np.full(len(sol.choice), -1, dtype=np.int64)
+    picked = sol.choice >= 0
+    chosen[picked] = rows[sol.choice[picked]]
+    return chosen, float(sol.objective), {**sol.stats, "gap": sol.gap}
+
+
+def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarray,
+                   grow: Grow, timings: dict[str, float], **solve_kw) -> np.ndarray:
+    """Stage 2: every job keeps its stage-1 row or takes one of the larger rows of
+    the same type `grow` allows; the capacity is the cluster's, so what jobs take
+    is what stage 1 left idle. Nothing to grow into: stage 1's answer."""
+    t0 = time.perf_counter()
+    vals = grow(current, chosen)
+    if vals is None:
+        return chosen
+    keep = np.zeros(len(table), dtype=bool)
+    keep[chosen[chosen >= 0]] = True
+    finite = np.isfinite(vals)
+    # Leaving a job out (or below its stage-1 row) costs more than anything gains.
+    scale = float(np.max(np.abs(vals[finite]))) + 1.0 if np.any(finite) else 1.0
+    none = np.full(table.num_jobs, -(table.num_jobs + 1) * scale)
+    none[chosen < 0] = 0.0  # (not an option to them: they have no rows)
+    problem, rows, start = assemble(table, np.where(finite, vals, np.nan), none, current)
+    start = np.full(table.num_jobs, -1, dtype=np.int64)
+    at = {int(r): k for k, r in enumerate(rows)}
+    for i in np.flatnonzero(chosen >= 0):
+        start[i] = at.get(int(chosen[i]), -1)
+    timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
+    grown, _, _ = choose(problem, rows, start, timings, **solve_kw)
+    # A job whose stage-1 row was not an option to stage 2 keeps it.
+    return np.where(keep[np.maximum(chosen, 0)] & (grown < 0), chosen, grown)
 
 
 def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mapping[str, int],

@@ -72,6 +72,13 @@ class SiaConfig:
     restart_horizon: str = setting("age", "the life a restart is weighed against: age "
                                           "(the paper) or lifetime (age + expected "
                                           "remaining run time)")
+    # GPUs the ILP leaves idle go to running jobs that gain by growing onto them
+    # (same type, at most max_scale_up×), each restart weighed against the job's
+    # expected whole life: a lone young job on an idle cluster grows in a few
+    # rounds instead of waiting until it is old enough for Sia's restart factor.
+    grow_into_idle: bool = setting(False, "let running jobs grow onto GPUs the ILP leaves "
+                                          "idle, weighing the restart against the job's "
+                                          "expected remaining run time")
 
     def __post_init__(self) -> None:
         if self.p == 0 or not np.isfinite(self.p):
@@ -148,9 +155,11 @@ class SiaPolicy(RoundFromConfig):
         timings["estimate"] = time.perf_counter() - t0
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
                                         and j.job_id in previous) for j in jobs], dtype=bool)
+        grow = (lambda cur, chosen: self.growth_values(table, jobs, cur, chosen, hold)) \
+            if cfg.grow_into_idle else None
         return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
                          -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
-                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold)
+                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:
@@ -158,15 +167,47 @@ class SiaPolicy(RoundFromConfig):
         return None
 
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
-               current: np.ndarray) -> np.ndarray:
+               current: np.ndarray, horizon: str | None = None) -> np.ndarray:
         """The ILP value of every candidate (NaN where it can never help)."""
         cfg = self.config
         n_min = np.array([min_count(j) for j in jobs], dtype=float)
         g = normalised_goodput(table, n_min, cfg.goodput_clip)
         job = table.job
         restart = (current[job] >= 0) & (table.config != current[job])
-        r = np.array([restart_factor(restart_life(j, cfg.restart_horizon), j.num_restarts,
-                                     j.restart_cost) for j in jobs])
+        r = np.array([restart_factor(restart_life(j, horizon or cfg.restart_horizon),
+                                     j.num_restarts, j.restart_cost) for j in jobs])
         val = objective_values(g, restart, r[job], cfg)
         # For p < 0 an entry at or below the no-allocation value never helps.
         return np.where(np.isfinite(val) & (val > -cfg.lambda_), val, np.nan)
+
+    def growth_values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+                      current: np.ndarray, chosen: np.ndarray,
+                      hold: np.ndarray) -> np.ndarray | None:
+        """Stage 2 (`grow_into_idle`): each running job's chosen row, and its larger
+        rows of the same type that fit in what the ILP left idle of that type and
+        pay for their restart, valued with the lifetime restart horizon; None when
+        no job can grow."""
+        cluster = table.cluster
+        gpus, types = table.gpus(), table.types()
+        job = table.job
+        idle = np.array([cluster.capacity[t] for t in cluster.gpu_types], dtype=np.int64)
+        mine = chosen[job]  # each row's job's chosen row (-1: none)
+        has = mine >= 0
+        np.subtract.at(idle, types[chosen[chosen >= 0]], gpus[chosen[chosen >= 0]])
+        base = np.where(has, mine, 0)
+        larger = (has & ~hold[job] & (current[job] >= 0) & (types == types[base])
+                  & (gpus > gpus[base]) & (gpus - gpus[base] <= idle[types]))
+        # ... and only where it pays: the running time the faster shape saves over
+        # the job's expected remaining run (its age again, if it has not said)
+        # exceeds the restart it costs.
+        left = np.array([j.remaining_run_time() or j.age for j in jobs])
+        cost = np.array([j.restart_cost for j in jobs])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            speedup = table.goodput / table.goodput[base]
+            saved = left[job] * (1 - 1 / speedup)
+        larger &= saved > cost[job]
+        if not np.any(larger):
+            return None
+        vals = self.values(table, jobs, current, horizon="lifetime")
+        options = larger | (has & (np.arange(len(table)) == mine))
+        return np.where(options, vals, np.nan)

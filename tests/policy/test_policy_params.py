@@ -61,7 +61,8 @@ def test_lambda_is_an_alias_of_lambda_():
     ({"lamda": 1}, "sia.lamda: unknown setting; did you mean lambda_?"),
     ({"solver_time": 1}, "sia.solver_time: unknown setting; did you mean solver_time_limit?"),
     ({"zzz": 1}, "sia.zzz: unknown setting; sia's settings are p, lambda_, goodput_clip, "
-                 "max_scale_up, solver_time_limit, rel_gap, solver, hold_restoring"),
+                 "max_scale_up, solver_time_limit, rel_gap, solver, hold_restoring, "
+                 "restart_horizon, grow_into_idle"),
 ])
 def test_bad_setting_names_the_key(params, message):
     err = error("sia", params)
@@ -96,7 +97,8 @@ def test_unknown_policy():
 def test_settings_list_each_policys_defaults_and_help():
     sia = {s.name: s for s in P.settings("sia")}
     assert set(sia) == {"p", "lambda_", "goodput_clip", "max_scale_up", "solver_time_limit",
-                        "rel_gap", "solver", "hold_restoring"}
+                        "rel_gap", "solver", "hold_restoring", "restart_horizon",
+                        "grow_into_idle"}
     assert (sia["p"].kind, sia["p"].default) == ("float", -0.5)
     assert all(s.help for s in sia.values())
     pollux = {s.name: s.default for s in P.settings("pollux")}

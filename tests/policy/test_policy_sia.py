@@ -135,6 +135,54 @@ def test_restart_factor_keeps_a_young_job_in_place():
     assert SiaPolicy().optimize(cl, [old], prev).allocations["a"].config.gpu_type == "fast"
 
 
+def rounds_alone(policy, cluster, j, rounds: int = 5) -> list[int]:
+    """A lone job's GPUs round after round, a minute apart (0.2% of its work done
+    each minute, as a long job's would be)."""
+    prev, counts, restarts = {}, [], 0
+    for r in range(rounds):
+        age = 60.0 * (r + 1)
+        cur = dataclasses.replace(j, age=age, num_restarts=restarts, progress=0.002 * (r + 1),
+                                  attained={"rtx": age})
+        a = policy.optimize(cluster, [cur], prev).allocations["a"]
+        restarts += int(bool(prev) and a.gpus != prev["a"].gpus)
+        counts.append(a.config.num_gpus)
+        prev = {"a": a}
+    return counts
+
+
+def test_a_lone_job_grows_onto_an_idle_cluster_in_consecutive_rounds():
+    """Regression (defect: an adaptive job alone on 10 idle GPUs stayed on 1-2 of them
+    for ~20 minutes). The cause is Sia's restart factor: a young job weighs a restart
+    against its short life so far. `grow_into_idle` lets a running job grow onto GPUs
+    the ILP leaves idle when the restart is small against its expected whole life."""
+    from sia_grpc.models.profiles import job_model_from_artifact
+
+    cl = Cluster.uniform({"rtx": (2, 8)})
+    lone = PolicyJob(job_id="a", model=job_model_from_artifact("cifar10", gpu_types=("rtx",)),
+                     max_gpus=16, restart_cost=50.0)
+    assert rounds_alone(SiaPolicy(), cl, lone) == [1, 1, 2, 2, 2]  # the paper's Sia
+    grow = SiaPolicy(SiaConfig(grow_into_idle=True))
+    assert rounds_alone(grow, cl, lone)[:4] == [1, 2, 4, 8]  # doubling, every round
+    # A (short) job near its end saves less than the restart costs: it stays.
+    prev = {"a": grow.optimize(cl, [lone], {}).allocations["a"]}
+    near_end = dataclasses.replace(lone, age=120.0, progress=0.99, attained={"rtx": 120.0})
+    assert grow.optimize(cl, [near_end], prev).allocations["a"].config.num_gpus == 1
+
+
+def test_growing_into_idle_gpus_takes_none_from_other_jobs():
+    cl = Cluster.uniform({"fast": (1, 4)})
+    jobs = [job(k, {"fast": 1.0}, exponent=0.9, restart_cost=50.0, age=60.0, progress=0.01,
+                attained={"fast": 60.0}) for k in "ab"]
+    prev = {j.job_id: a for j, a in zip(
+        jobs, SiaPolicy().optimize(cl, jobs, {}).allocations.values(), strict=True)}
+    plain = SiaPolicy().optimize(cl, jobs, prev)
+    grown = SiaPolicy(SiaConfig(grow_into_idle=True)).optimize(cl, jobs, prev)
+    total = sum(a.config.num_gpus for a in grown.allocations.values())
+    assert total <= 4 and set(grown.allocations) == set(plain.allocations)
+    for k in "ab":
+        assert grown.allocations[k].config.num_gpus >= plain.allocations[k].config.num_gpus
+
+
 def test_rigid_job_never_changes_count_and_strong_scaling_keeps_batch():
     cl = paper_hetero_cluster()
     rigid = job("r", {"aws": 1, "rtx": 2, "dgx-ext": 3}, adaptivity=Adaptivity.RIGID,
