@@ -27,6 +27,7 @@ from sia_grpc import api
 from sia_grpc.api import pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
+from sia_grpc.controller.exclusive import StoreLock, check_bindable
 from sia_grpc.controller.limits import TenantLimits
 from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import Store as JobStore
@@ -149,6 +150,7 @@ class Controller:
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
+        self._lock: StoreLock | None = None  # on the store file, for the controller's life
         self._pool = SolverPool(inline=config.inline_solver)
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
@@ -174,7 +176,15 @@ class Controller:
     async def start(self) -> None:
         if self.status is not Status.CREATED:
             return
+        try:
+            await self._start()
+        except BaseException:
+            await self.close(grace=0)  # what the start took (the store lock first) goes back
+            raise
+
+    async def _start(self) -> None:
         self._auth = interceptor = self._security()  # first: a bad file is a ConfigError
+        self._claim()  # a second controller on this store or address stops here
         self._store = await self._in_store(JobStore, self.config.db_path,
                                            synchronous=self.config.store_synchronous)
         now = self.clock.time()
@@ -188,7 +198,10 @@ class Controller:
                 # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
                 # default (one ping per 5 min without data) would GOAWAY them.
                 ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-                ("grpc.keepalive_permit_without_calls", 1)]
+                ("grpc.keepalive_permit_without_calls", 1),
+                # gRPC sets SO_REUSEPORT by default: a second controller on this port
+                # would then serve beside this one, clients alternating between them.
+                ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=opts, interceptors=[interceptor])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
@@ -200,6 +213,8 @@ class Controller:
             (*api.SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
         self._bind(server)
+        if self._lock is not None:  # the port bound, for whoever the lock refuses next
+            self._lock.describe(f"listen {self.config.listen.rpartition(':')[0]}:{self.port}")
         await server.start()
         self._server = server
         for name in ("", *api.SERVICE_NAMES):
@@ -250,30 +265,32 @@ class Controller:
             log.warning("TLS without tls_client_ca: node agents cannot register")
         return auth.AuthInterceptor(self.tokens, tls=cfg.tls, agent_hint=cfg.agent_address)
 
+    def _claim(self) -> None:
+        """Lock the store file and check that the ports are free, so a second
+        controller refuses to start with one line naming the other holder."""
+        cfg = self.config
+        if cfg.db_path != ":memory:":
+            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
+        check_bindable(cfg.listen, "listen")
+        if cfg.agent_address:
+            check_bindable(cfg.agent_address, "agent_listen")
+
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config
         try:
-            if cfg.tls:  # the files are re-read when they change: rotation needs no restart
-                certs = ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
-                self.port = server.add_secure_port(cfg.listen, certs.credentials())
-            else:
-                self.port = server.add_insecure_port(cfg.listen)
-            if self.port == 0:
-                raise OSError(f"listen: cannot bind {cfg.listen}")
+            # the files are re-read when they change: rotation needs no restart
+            certs = (ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+                     if cfg.tls else None)
+            self.port = _add_port(server, "listen", cfg.listen,
+                                  certs and certs.credentials())
             agent_listen = cfg.agent_address
             if not agent_listen:
                 return
-            if cfg.tls:  # every connection here presents a certificate from tls_client_ca
-                creds = certs.credentials(require_client_cert=True)
-                self.agent_port = server.add_secure_port(agent_listen, creds)
-            else:
-                self.agent_port = server.add_insecure_port(agent_listen)
+            # every connection here presents a certificate from tls_client_ca
+            self.agent_port = _add_port(server, "agent_listen", agent_listen,
+                                        certs and certs.credentials(require_client_cert=True))
         except ValueError as err:  # an unreadable or malformed PEM file
             raise ConfigError(str(err)) from None
-        except RuntimeError as err:  # grpc: a malformed certificate or key
-            raise ConfigError(f"tls_cert/tls_key: {err}") from None
-        if self.agent_port == 0:
-            raise OSError(f"agent_listen: cannot bind {agent_listen}")
         self._auth.agent_hint = f"{agent_listen.rpartition(':')[0]}:{self.agent_port}"
 
     def reload_tokens(self) -> bool:
@@ -285,8 +302,9 @@ class Controller:
         agent streams drained, server stopped, pool and store closed. Safe twice."""
         if self.status in (Status.CLOSING, Status.CLOSED):
             return
-        if self.status is Status.CREATED:
+        if self.status is Status.CREATED:  # never started, or a start that failed
             self.status = Status.CLOSED
+            await self._release(grace)
             return
         self.status = Status.CLOSING
         self._notify_watchers()  # open WatchJobs streams see CLOSING and end
@@ -297,16 +315,22 @@ class Controller:
         await asyncio.gather(*[t for t in self._tasks if t], return_exceptions=True)
         for agent in self._agents.values():
             agent.outbox.put_nowait(None)
+        await self._release(grace)
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+        self.status = Status.CLOSED
+        log.info("controller stopped")
+
+    async def _release(self, grace: float) -> None:
+        """Stop serving, then let go of the solver, the store and, last, its lock."""
         if self._server is not None:
             await self._server.stop(grace)
         self._pool.close()
         if self._store is not None:
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
-        if self.telemetry is not None:
-            self.telemetry.shutdown()
-        self.status = Status.CLOSED
-        log.info("controller stopped")
+        if self._lock is not None:
+            self._lock.release()
 
     # ------------------------------------------------------------ events
 
@@ -693,6 +717,22 @@ class Controller:
                 del self._agents[node]
                 self.post(sm.AgentDisconnected(self.clock.time(), node))
                 log.info("agent disconnected", node_id=node)
+
+
+def _add_port(server: grpc.aio.Server, what: str, address: str,
+              creds: grpc.ServerCredentials | None) -> int:
+    """Bind `address` (TLS with `creds`); the bound port, or OSError naming it."""
+    try:
+        port = (server.add_secure_port(address, creds) if creds is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as err:
+        if "bind" not in str(err):  # grpc: a malformed certificate or key
+            raise ConfigError(f"tls_cert/tls_key: {err}") from None
+        port = 0  # taken since check_bindable looked: the same answer
+    if port == 0:
+        check_bindable(address, what)  # says why, when it can
+        raise OSError(f"{what} {address}: cannot bind")
+    return port
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:
