@@ -125,6 +125,8 @@ class _Agent:
     node_id: str
     outbox: asyncio.Queue
     context: grpc.aio.ServicerContext
+    instance_id: str = ""  # Register.instance_id: the same agent reconnecting
+    heard: float = 0.0  # controller clock: its last message (Register included)
 
 
 class Controller:
@@ -657,6 +659,30 @@ class Controller:
 
     # ------------------------------------------------------------ agents
 
+    def _check_takeover(self, old: _Agent, instance_id: str,
+                        context: grpc.aio.ServicerContext) -> None:
+        """May a new stream for `old.node_id` replace `old`? Yes for the same agent
+        (its reconnect) and for a stream that ended or fell silent past the heartbeat
+        timeout (a crashed agent must not lock its node out); otherwise this is a
+        second agent with the node's id: ALREADY_EXISTS, and `old` is untouched."""
+        if (instance_id and instance_id == old.instance_id) or old.context.done():
+            return  # its own reconnect, or a stream that is over already
+        silent = self.clock.time() - old.heard
+        node, peer = old.node_id, _peer(old.context)
+        if silent > self.config.heartbeat_timeout:
+            log.warning("agent stream silent: replaced by a new one", node_id=node,
+                        silent_s=round(silent, 1), old_peer=peer, peer=_peer(context))
+            return
+        log.warning("second agent for a connected node refused", node_id=node,
+                    connected=peer, refused=_peer(context))
+        raise ApiError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"node {node!r} is already connected from {peer} (heard {silent:.0f} s ago): "
+            f"a second agent with this node id is refused while that one is alive (give "
+            f"this one another --node-id, or stop the other; it is replaced once silent for "
+            f"{self.config.heartbeat_timeout:g} s)",
+            reason="NODE_CONNECTED", metadata={"node": node, "peer": peer})
+
     async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
         first = await anext(aiter(requests), None)
         if first is None:
@@ -674,9 +700,10 @@ class Controller:
         check_job_id(reg.gpus[0].gpu_type, "register.gpus[0].gpu_type")
         node = reg.node_id
         old = self._agents.get(node)
-        if old is not None:  # a second stream for one node replaces the first
-            old.outbox.put_nowait(None)
-        agent = _Agent(node, asyncio.Queue(), context)
+        if old is not None:
+            self._check_takeover(old, reg.instance_id, context)
+            old.outbox.put_nowait(None)  # its own older stream, or a silent one: replaced
+        agent = _Agent(node, asyncio.Queue(), context, reg.instance_id, self.clock.time())
         self._agents[node] = agent
         log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
                  gpus=reg.gpus[0].count)
@@ -691,6 +718,7 @@ class Controller:
         async def read() -> None:
             try:
                 async for msg in requests:
+                    agent.heard = self.clock.time()
                     if msg.WhichOneof("kind") is None:
                         continue
                     self.post(sm.AgentMessage(self.clock.time(), node, msg))
@@ -733,6 +761,14 @@ def _add_port(server: grpc.aio.Server, what: str, address: str,
         check_bindable(address, what)  # says why, when it can
         raise OSError(f"{what} {address}: cannot bind")
     return port
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    """Where a stream comes from, e.g. "ipv4:10.0.0.3:51234" ("unknown" if gRPC cannot say)."""
+    try:
+        return context.peer() or "unknown"
+    except Exception:  # a context without a transport (never expected on a live call)
+        return "unknown"
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:

@@ -24,6 +24,7 @@ import functools
 import importlib.metadata
 import math
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,6 +210,11 @@ class NodeAgent:
         self.status = AgentStatus.INIT
         self.drain_reason: str | None = None  # set by Drain: no new RUNs
         self.registrations = 0  # streams that got as far as Registered
+        # Sent in every Register: the controller tells this agent's reconnects from a
+        # second agent with the same node id (which it refuses while this one lives).
+        self.instance_id = uuid.uuid4().hex
+        self.conflicts = 0  # registrations refused: another agent holds the node id
+        self._told: set[str] = set()  # errors logged in this streak of failures
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log = structlog.get_logger().bind(node_id=config.node_id)
         self._outbox = _Outbox()
@@ -318,7 +324,7 @@ class NodeAgent:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self._log.warning("stream failed", code=exc.code().name, details=exc.details())
+                self._stream_failed(exc)
             except (_ProtocolError, TimeoutError) as exc:
                 self._log.warning("stream failed", error=str(exc) or type(exc).__name__)
             except asyncio.InvalidStateError:  # written after the half-close
@@ -331,11 +337,30 @@ class NodeAgent:
                 return
             if self.registrations > before:
                 attempt = 0  # the controller was there: start the backoff afresh
+                self._told.clear()
             delay = self._backoff(attempt)
             attempt += 1
             self._set_status(AgentStatus.BACKOFF)
             self._log.info("reconnecting", attempt=attempt, delay_s=round(delay, 3))
             await self.clock.sleep(delay)
+
+    def _stream_failed(self, exc: grpc.aio.AioRpcError) -> None:
+        """Log a failed stream. ALREADY_EXISTS (another agent holds this node id) is
+        retried with the growing backoff, so this one takes over once the other is
+        gone."""
+        code = exc.code()
+        if code == grpc.StatusCode.ALREADY_EXISTS:
+            self.conflicts += 1
+            self._tell("conflict", "registration refused: another agent is connected with "
+                       "this node id; retrying until it is gone", details=exc.details())
+            return
+        self._log.warning("stream failed", code=code.name, details=exc.details())
+
+    def _tell(self, what: str, event: str, **kw: Any) -> None:
+        """Log `event` as an error the first time in a streak of failures, then as info."""
+        log = self._log.info if what in self._told else self._log.error
+        self._told.add(what)
+        log(event, **kw)
 
     async def _session(self) -> None:
         """One stream, from Register until it fails or ends."""
@@ -350,7 +375,8 @@ class NodeAgent:
                     node_id=self.config.node_id,
                     gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type,
                                           count=self.config.num_gpus)],
-                    agent_version=self.config.agent_version, running=running)))
+                    agent_version=self.config.agent_version, running=running,
+                    instance_id=self.instance_id)))
                 async with asyncio.timeout(self.config.register_timeout_s):
                     first = await call.read()
                 if first is grpc.aio.EOF:

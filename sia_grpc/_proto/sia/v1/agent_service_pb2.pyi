@@ -42,16 +42,18 @@ class RunningJob(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "gpus", "agent_version", "running")
+    __slots__ = ("node_id", "gpus", "agent_version", "running", "instance_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInventory]
     agent_version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
