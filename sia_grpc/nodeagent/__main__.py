@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
+from sia_grpc.nodeagent.agent import AgentConfig, AgentConfigError, NodeAgent
 from sia_grpc.nodeagent.gpus import NodeGpus, parse_gpu_spec, resolve_inventory
 from sia_grpc.observability import add_logging_arguments, configure_logging
 
@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         except _StartupError as exc:  # e.g. the workdir is another agent's
             print(f"sia nodeagent: {exc}", file=sys.stderr)
             return 1
+        except AgentConfigError as exc:  # e.g. a client certificate the controller refuses
+            print(f"sia nodeagent: {exc}", file=sys.stderr)
+            return 2  # a configuration error: systemd does not restart it (deploy/systemd)
     return 0
 
 
