@@ -141,7 +141,7 @@ def port_holder(port: int) -> str | None:
         if proc.name.isdigit() and inodes & _sockets(proc):
             with contextlib.suppress(OSError):
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-                return f"pid {proc.name}: {cmd.decode(errors='replace').strip()[:120]}"
+                return f"pid {proc.name}: {cmd.decode(errors='replace').strip()[:200]}"
             return f"pid {proc.name}"
     return None
 

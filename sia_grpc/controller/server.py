@@ -271,11 +271,11 @@ class Controller:
         """Lock the store file and check that the ports are free, so a second
         controller refuses to start with one line naming the other holder."""
         cfg = self.config
-        if cfg.db_path != ":memory:":
-            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
-        check_bindable(cfg.listen, "listen")
+        check_bindable(cfg.listen, "listen")  # first: a refused start leaves no lock file
         if cfg.agent_address:
             check_bindable(cfg.agent_address, "agent_listen")
+        if cfg.db_path != ":memory:":
+            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
 
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config
