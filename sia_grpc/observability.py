@@ -21,6 +21,7 @@ instrumentation, so OTLP and Prometheus never disagree.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import numbers
 import os
@@ -51,10 +52,13 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 __all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "ROUND_SPAN",
     "SOLVE_PHASE",
     "MetricsServer",
     "Telemetry",
+    "add_logging_arguments",
     "configure_logging",
     "setup_telemetry",
 ]
@@ -64,6 +68,39 @@ log = structlog.get_logger(__name__)
 # --------------------------------------------------------------------------- logging
 
 _FORMATS = ("json", "console")
+LOG_FORMATS = ("auto", *_FORMATS)  # auto: console on a terminal, JSON otherwise
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def add_logging_arguments(parser: Any) -> None:
+    """`--log-format` and `--log-level` on an argparse parser: one definition for
+    every daemon (sia-controller, the node agent), passed to `configure_logging`."""
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=None,
+                        help="json (one object a line), console, or auto: console on a "
+                             "terminal, JSON otherwise (default: env SIA_LOG_FORMAT, else "
+                             "auto)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None,
+                        help="the least severe level written (default: env SIA_LOG_LEVEL, "
+                             "else info)")
+
+
+class _Unfailing:
+    """A log stream whose writes never raise. A reader that went away (a closed
+    pipe: BrokenPipeError) must not turn every log call into an exception; above
+    all not in a signal handler that logs before it acts, which then never acts."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            return 0
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
 
 
 class _ForwardToStructlog(logging.Handler):
@@ -98,16 +135,17 @@ def configure_logging(
 ) -> None:
     """Configure structlog (and stdlib logging at WARNING+) to write to `stream`.
 
-    `fmt` is "json" or "console"; unset, env `SIA_LOG_FORMAT` decides, else console on a
-    TTY and JSON otherwise. `level` defaults to env `SIA_LOG_LEVEL`, else "info". `stream`
-    defaults to `sys.stderr` at call time. Calling again replaces the previous setup.
+    `fmt` is "json", "console" or "auto"; unset, env `SIA_LOG_FORMAT` decides; auto (the
+    default) is console on a TTY and JSON otherwise. `level` defaults to env
+    `SIA_LOG_LEVEL`, else "info". `stream` defaults to `sys.stderr` at call time; writes
+    to it never raise (`_Unfailing`). Calling again replaces the previous setup.
     """
     out = sys.stderr if stream is None else stream
-    chosen = (fmt or os.environ.get("SIA_LOG_FORMAT") or "").strip().lower()
-    if not chosen:
+    chosen = (fmt or os.environ.get("SIA_LOG_FORMAT") or "auto").strip().lower()
+    if chosen == "auto":
         chosen = "console" if _isatty(out) else "json"
     if chosen not in _FORMATS:
-        raise ValueError(f"unknown log format {chosen!r} (json or console)")
+        raise ValueError(f"unknown log format {chosen!r} (json, console or auto)")
     min_level = _level_number(level or os.environ.get("SIA_LOG_LEVEL") or "info")
 
     processors: list[Any] = [
@@ -126,7 +164,7 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=structlog.WriteLoggerFactory(file=_Unfailing(out)),
         # Not cached: module-level loggers must follow a later reconfiguration.
         cache_logger_on_first_use=False,
     )

@@ -352,3 +352,44 @@ def test_level_from_environment(restore_logging: None, monkeypatch: pytest.Monke
     assert [line["event"] for line in _json_lines(out)] == ["kept"]
     with pytest.raises(ValueError, match="log level"):
         configure_logging(level="loud", stream=out)
+
+
+def test_sia_controller_and_the_agent_take_the_same_log_flags() -> None:
+    from sia_grpc.controller.__main__ import parser as controller_parser
+    from sia_grpc.nodeagent.__main__ import _parser as agent_parser
+    from sia_grpc.observability import LOG_FORMATS, LOG_LEVELS
+
+    def flags(p) -> dict:
+        return {a.dest: (tuple(a.choices), a.default) for a in p._actions
+                if a.dest in ("log_format", "log_level")}
+
+    assert flags(controller_parser()) == flags(agent_parser()) == {
+        "log_format": (("auto", "json", "console"), None), "log_level": (LOG_LEVELS, None)}
+    assert LOG_FORMATS == ("auto", "json", "console")
+    args = ["--log-format", "auto", "--log-level", "warning"]
+    assert controller_parser().parse_args(args).log_level == "warning"
+    assert agent_parser().parse_args(["--controller", "c:1", *args]).log_format == "auto"
+
+
+def test_auto_format_follows_the_terminal(restore_logging: None) -> None:
+    tty, pipe = _Tty(), io.StringIO()
+    configure_logging(fmt="auto", stream=tty)
+    structlog.get_logger().info("on a terminal")
+    configure_logging(fmt="auto", stream=pipe)
+    structlog.get_logger().info("in a pipe")
+    assert "on a terminal" in tty.getvalue() and not tty.getvalue().startswith("{")
+    assert [line["event"] for line in _json_lines(pipe)] == ["in a pipe"]
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_logging_into_a_closed_pipe_never_raises(restore_logging: None) -> None:
+    configure_logging(fmt="json", stream=_ClosedPipe())
+    structlog.get_logger().info("nobody reads this")  # no BrokenPipeError
+    logging.getLogger("grpc").warning("nor this")

@@ -26,6 +26,7 @@ from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.client.sdk import DEFAULT_TARGET, SiaClient
 from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
 from sia_grpc.errors import ApiError
+from sia_grpc.security.tls import probe_tls
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase screen: a redraw in place
 
@@ -142,7 +143,10 @@ def job_to_mapping(job: pb.Job) -> dict[str, Any]:
             "spec": spec_to_mapping(job.spec), "status": status}
 
 
-def error_line(err: ApiError, target: str) -> str:
+def error_line(err: ApiError, target: str, hint: str | None = None) -> str:
+    """`hint`: what a failed connection's cause is, when known (`_transport_hint`)."""
+    if hint:
+        return f"error: {hint}"
     # Connection failures come from the client library with no ErrorInfo reason;
     # an UNAVAILABLE the controller chose to send has one and is shown as sent.
     if not err.reason and err.code == grpc.StatusCode.UNAVAILABLE:
@@ -174,10 +178,15 @@ def _token(args: argparse.Namespace) -> str | None:
     return os.environ.get("SIA_TOKEN", "").strip() or None
 
 
+def _files(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """The TLS files (CA, client certificate, key): flags, else environment."""
+    return (args.ca or os.environ.get("SIA_CA") or None,
+            args.cert or os.environ.get("SIA_CERT") or None,
+            args.key or os.environ.get("SIA_KEY") or None)
+
+
 def _client(args: argparse.Namespace) -> SiaClient:
-    ca = args.ca or os.environ.get("SIA_CA") or None
-    cert = args.cert or os.environ.get("SIA_CERT") or None
-    key = args.key or os.environ.get("SIA_KEY") or None
+    ca, cert, key = _files(args)
     try:
         return SiaClient(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
     except ValueError as err:  # an unreadable PEM file, a cert without its key
@@ -291,6 +300,20 @@ def _undrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
+    """For a connection that failed below gRPC (UNAVAILABLE, no reason): a TLS
+    mismatch found by a handshake of our own, said with the flags that fix it."""
+    if err.reason or err.code != grpc.StatusCode.UNAVAILABLE:
+        return None
+    ca, cert, key = _files(args)
+    problem = probe_tls(args.controller, ca, cert, key)
+    if problem is None:
+        return None
+    return problem.hint(ca=ca, cert=cert, ca_flag="--ca FILE (or SIA_CA)",
+                        cert_flags="--cert FILE --key FILE (or SIA_CERT, SIA_KEY)",
+                        issue="sia certs issue DIR --admin NAME")
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`func` with failures turned into one stderr line and an exit code."""
     def run(args: argparse.Namespace) -> int:
@@ -300,7 +323,8 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
             print(f"error: {err}", file=sys.stderr)
             return 2
         except ApiError as err:
-            print(error_line(err, args.controller), file=sys.stderr)
+            print(error_line(err, args.controller, _transport_hint(err, args)),
+                  file=sys.stderr)
             return 1
         except TimeoutError as err:
             print(f"error: {err}", file=sys.stderr)

@@ -11,7 +11,8 @@ import structlog
 
 from sia_grpc.controller.config import ConfigError, load_config
 from sia_grpc.controller.server import Controller, loop_factory
-from sia_grpc.observability import configure_logging, setup_telemetry
+from sia_grpc.controller.store import StoreError
+from sia_grpc.observability import add_logging_arguments, configure_logging, setup_telemetry
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (plain HTTP, "
                         "unauthenticated: a private address; default off)")
-    p.add_argument("--log-format", choices=("json", "console"), help="default: console on a TTY")
+    add_logging_arguments(p)
     return p
 
 
@@ -80,18 +81,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:  # ValueError: an OTEL_* setting
         print(f"sia-controller: {err}", file=sys.stderr)
         return 2
-    configure_logging(fmt=args.log_format)  # after the config: its errors are plain lines
+    # after the config: its errors are plain lines
+    configure_logging(fmt=args.log_format, level=args.log_level)
     log = structlog.get_logger("sia.controller")
     log.info("telemetry", traces=telemetry.traces_exporter, metrics=telemetry.metrics_exporter)
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(serve(Controller(config, telemetry=telemetry)))
-    except ConfigError as err:  # e.g. an unreadable certificate or tokens file
+    except ConfigError as err:  # e.g. an unreadable certificate, a store path that is a dir
         print(f"sia-controller: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
+    except (OSError, StoreError) as err:  # e.g. the port or the store is another's
         print(f"sia-controller: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were in place
+        return 130
     return 0
 
 

@@ -27,6 +27,7 @@ from sia_grpc import api
 from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
+from sia_grpc.controller.exclusive import StoreLock, check_bindable
 from sia_grpc.controller.limits import TenantLimits
 from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import Store as JobStore
@@ -130,6 +131,8 @@ class _Agent:
     node_id: str
     outbox: asyncio.Queue
     context: grpc.aio.ServicerContext
+    instance_id: str = ""  # Register.instance_id: the same agent reconnecting
+    heard: float = 0.0  # controller clock: its last message (Register included)
 
 
 class Controller:
@@ -162,9 +165,11 @@ class Controller:
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
         self._events: asyncio.Queue = asyncio.Queue()
         self._unpersisted: set[str] = set()  # jobs whose last write failed
+        self._persist_retry_at = 0.0  # (monotonic) when to write them again
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
+        self._lock: StoreLock | None = None  # on the store file, for the controller's life
         self._pool = SolverPool(config.policy_spec, inline=config.inline_solver)
         self.policy: Policy | None = None  # as the solver process built it (start-up)
         self._tasks: list[asyncio.Task] = []
@@ -191,16 +196,16 @@ class Controller:
     async def start(self) -> None:
         if self.status is not Status.CREATED:
             return
-        self._auth = self._security()  # first: a bad file is a ConfigError
-        self._serve_metrics()  # next: a port in use fails before anything else is open
         try:
             await self._start()
         except BaseException:
-            if self._metrics is not None:  # (what else start opened is not undone yet)
-                self._metrics.close()
+            await self.close(grace=0)  # what the start took (the store lock first) goes back
             raise
 
     async def _start(self) -> None:
+        self._auth = self._security()  # first: a bad file is a ConfigError
+        self._claim()  # a second controller on this store or address stops here
+        self._serve_metrics()  # next: a port in use fails before anything else is open
         self._store = await self._in_store(JobStore, self.config.db_path,
                                            synchronous=self.config.store_synchronous)
         now = self.clock.time()
@@ -214,7 +219,10 @@ class Controller:
                 # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
                 # default (one ping per 5 min without data) would GOAWAY them.
                 ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-                ("grpc.keepalive_permit_without_calls", 1)]
+                ("grpc.keepalive_permit_without_calls", 1),
+                # gRPC sets SO_REUSEPORT by default: a second controller on this port
+                # would then serve beside this one, clients alternating between them.
+                ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=opts, interceptors=[self._auth])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
@@ -226,6 +234,8 @@ class Controller:
             (*api.SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
         self._bind(server)
+        if self._lock is not None:  # the port bound, for whoever the lock refuses next
+            self._lock.describe(f"listen {self.config.listen.rpartition(':')[0]}:{self.port}")
         await server.start()
         self._server = server
         for name in ("", *api.SERVICE_NAMES):
@@ -307,30 +317,34 @@ class Controller:
             log.warning("TLS without tls_client_ca: node agents cannot register")
         return auth.AuthInterceptor(self.tokens, tls=cfg.tls, agent_hint=cfg.agent_address)
 
+    def _claim(self) -> None:
+        """Lock the store file and check that the ports are free, so a second
+        controller refuses to start with one line naming the other holder."""
+        cfg = self.config
+        check_bindable(cfg.listen, "listen")  # first: a refused start leaves no lock file
+        for name, address in (("agent_listen", cfg.agent_address),
+                              ("metrics_listen", cfg.metrics_listen)):
+            if address:
+                check_bindable(address, name)
+        if cfg.db_path != ":memory:":
+            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
+
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config
         try:
-            if cfg.tls:  # the files are re-read when they change: rotation needs no restart
-                certs = ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
-                self.port = server.add_secure_port(cfg.listen, certs.credentials())
-            else:
-                self.port = server.add_insecure_port(cfg.listen)
-            if self.port == 0:
-                raise OSError(f"listen: cannot bind {cfg.listen}")
+            # the files are re-read when they change: rotation needs no restart
+            certs = (ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+                     if cfg.tls else None)
+            self.port = _add_port(server, "listen", cfg.listen,
+                                  certs and certs.credentials())
             agent_listen = cfg.agent_address
             if not agent_listen:
                 return
-            if cfg.tls:  # every connection here presents a certificate from tls_client_ca
-                creds = certs.credentials(require_client_cert=True)
-                self.agent_port = server.add_secure_port(agent_listen, creds)
-            else:
-                self.agent_port = server.add_insecure_port(agent_listen)
+            # every connection here presents a certificate from tls_client_ca
+            self.agent_port = _add_port(server, "agent_listen", agent_listen,
+                                        certs and certs.credentials(require_client_cert=True))
         except ValueError as err:  # an unreadable or malformed PEM file
             raise ConfigError(str(err)) from None
-        except RuntimeError as err:  # grpc: a malformed certificate or key
-            raise ConfigError(f"tls_cert/tls_key: {err}") from None
-        if self.agent_port == 0:
-            raise OSError(f"agent_listen: cannot bind {agent_listen}")
         self._auth.agent_hint = f"{agent_listen.rpartition(':')[0]}:{self.agent_port}"
 
     def reload_tokens(self) -> bool:
@@ -342,8 +356,9 @@ class Controller:
         agent streams drained, server stopped, pool and store closed. Safe twice."""
         if self.status in (Status.CLOSING, Status.CLOSED):
             return
-        if self.status is Status.CREATED:
+        if self.status is Status.CREATED:  # never started, or a start that failed
             self.status = Status.CLOSED
+            await self._release(grace)
             return
         self.status = Status.CLOSING
         self._notify_watchers()  # open WatchJobs streams see CLOSING and end
@@ -354,18 +369,24 @@ class Controller:
         await asyncio.gather(*[t for t in self._tasks if t], return_exceptions=True)
         for agent in self._agents.values():
             agent.outbox.put_nowait(None)
+        await self._release(grace)
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+        self.status = Status.CLOSED
+        log.info("controller stopped")
+
+    async def _release(self, grace: float) -> None:
+        """Stop serving, then let go of the solver, the store and, last, its lock."""
+        if self._metrics is not None:  # before the telemetry: scrapes end cleanly
+            await asyncio.to_thread(self._metrics.close)
         if self._server is not None:
             await self._server.stop(grace)
         self._pool.close()
         if self._store is not None:
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
-        if self._metrics is not None:  # before the telemetry: scrapes end cleanly
-            await asyncio.to_thread(self._metrics.close)
-        if self.telemetry is not None:
-            self.telemetry.shutdown()
-        self.status = Status.CLOSED
-        log.info("controller stopped")
+        if self._lock is not None:
+            self._lock.release()
 
     # ------------------------------------------------------------ events
 
@@ -406,15 +427,20 @@ class Controller:
                     except Exception:  # one failed action must not stop the controller
                         log.exception("action failed", action=type(action).__name__)
             error: Exception | None = None
-            touched.update(dict.fromkeys(self._unpersisted))
+            retry = self._unpersisted and time.monotonic() >= self._persist_retry_at
+            if retry:
+                touched.update(dict.fromkeys(self._unpersisted))
             try:
                 await self._persist(tuple(touched))
-                self._unpersisted.clear()
+                if retry:
+                    self._unpersisted.clear()
             except Exception as exc:
-                # Written with the next batch: the store must not stay behind the
-                # live state for a job nothing else touches again.
-                log.exception("persist failed; retried with the next batch", jobs=len(touched))
+                # Written again later (a second on, with a batch): the store must not
+                # stay behind the live state for a job nothing else touches again;
+                # not at once, or a locked store would hold every write up.
+                log.exception("persist failed; retried later", jobs=len(touched))
                 self._unpersisted.update(touched)
+                self._persist_retry_at = time.monotonic() + 1.0
                 error = exc
             for k, (_, done) in enumerate(batch):
                 if done is not None and not done.done():
@@ -719,6 +745,30 @@ class Controller:
 
     # ------------------------------------------------------------ agents
 
+    def _check_takeover(self, old: _Agent, instance_id: str,
+                        context: grpc.aio.ServicerContext) -> None:
+        """May a new stream for `old.node_id` replace `old`? Yes for the same agent
+        (its reconnect) and for a stream that ended or fell silent past the heartbeat
+        timeout (a crashed agent must not lock its node out); otherwise this is a
+        second agent with the node's id: ALREADY_EXISTS, and `old` is untouched."""
+        if (instance_id and instance_id == old.instance_id) or old.context.done():
+            return  # its own reconnect, or a stream that is over already
+        silent = self.clock.time() - old.heard
+        node, peer = old.node_id, _peer(old.context)
+        if silent > self.config.heartbeat_timeout:
+            log.warning("agent stream silent: replaced by a new one", node_id=node,
+                        silent_s=round(silent, 1), old_peer=peer, peer=_peer(context))
+            return
+        log.warning("second agent for a connected node refused", node_id=node,
+                    connected=peer, refused=_peer(context))
+        raise ApiError(
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"node {node!r} is already connected from {peer} (heard {silent:.0f} s ago): "
+            f"a second agent with this node id is refused while that one is alive (give "
+            f"this one another --node-id, or stop the other; it is replaced once silent for "
+            f"{self.config.heartbeat_timeout:g} s)",
+            reason="NODE_CONNECTED", metadata={"node": node, "peer": peer})
+
     async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
         first = await anext(aiter(requests), None)
         if first is None:
@@ -736,9 +786,10 @@ class Controller:
         check_job_id(reg.gpus[0].gpu_type, "register.gpus[0].gpu_type")
         node = reg.node_id
         old = self._agents.get(node)
-        if old is not None:  # a second stream for one node replaces the first
-            old.outbox.put_nowait(None)
-        agent = _Agent(node, asyncio.Queue(), context)
+        if old is not None:
+            self._check_takeover(old, reg.instance_id, context)
+            old.outbox.put_nowait(None)  # its own older stream, or a silent one: replaced
+        agent = _Agent(node, asyncio.Queue(), context, reg.instance_id, self.clock.time())
         self._agents[node] = agent
         log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
                  gpus=reg.gpus[0].count)
@@ -754,6 +805,7 @@ class Controller:
         async def read() -> None:
             try:
                 async for msg in requests:
+                    agent.heard = self.clock.time()
                     if msg.WhichOneof("kind") is None:
                         continue
                     self.post(sm.AgentMessage(self.clock.time(), node, msg))
@@ -780,6 +832,30 @@ class Controller:
                 del self._agents[node]
                 self.post(sm.AgentDisconnected(self.clock.time(), node))
                 log.info("agent disconnected", node_id=node)
+
+
+def _add_port(server: grpc.aio.Server, what: str, address: str,
+              creds: grpc.ServerCredentials | None) -> int:
+    """Bind `address` (TLS with `creds`); the bound port, or OSError naming it."""
+    try:
+        port = (server.add_secure_port(address, creds) if creds is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as err:
+        if "bind" not in str(err):  # grpc: a malformed certificate or key
+            raise ConfigError(f"tls_cert/tls_key: {err}") from None
+        port = 0  # taken since check_bindable looked: the same answer
+    if port == 0:
+        check_bindable(address, what)  # says why, when it can
+        raise OSError(f"{what} {address}: cannot bind")
+    return port
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    """Where a stream comes from, e.g. "ipv4:10.0.0.3:51234" ("unknown" if gRPC cannot say)."""
+    try:
+        return context.peer() or "unknown"
+    except Exception:  # a context without a transport (never expected on a live call)
+        return "unknown"
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:

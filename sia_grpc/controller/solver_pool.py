@@ -5,15 +5,23 @@ Spawn, not fork: gRPC and OpenTelemetry hold threads and locks that a forked
 child would inherit half-taken. A solve that overruns its deadline cannot be
 cancelled inside the worker, so the pool is torn down (its process killed) and
 replaced; the caller keeps the previous allocation for that round.
+
+The worker ignores SIGINT and SIGTERM: Ctrl-C in a terminal (or systemd's stop)
+signals the whole process group, and the controller, not the signal, ends its
+solver. Ignored from its first instruction on: the signals are blocked in the
+thread that spawns it (a child inherits the mask), and the worker's initializer
+sets them to SIG_IGN before unblocking them, so none is seen during its imports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import multiprocessing
-from collections.abc import Mapping, Sequence
+import signal
+from collections.abc import Iterator, Mapping, Sequence
 
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.params import PolicySpec
@@ -32,6 +40,27 @@ def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
     return built(spec).optimize(cluster, list(jobs), dict(previous))
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _ignore_stop_signals() -> None:
+    """The worker's initializer: the parent shuts it down, signals do not."""
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block SIGINT/SIGTERM in this thread while a worker may be spawned from it; one
+    that arrives meanwhile stays pending and is delivered when unblocked."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class SolverPool:
     def __init__(self, spec: PolicySpec, *, inline: bool = False) -> None:
         """Rounds of the policy `spec` describes (built in the worker, from name,
@@ -47,21 +76,24 @@ class SolverPool:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, "sia-solve")
             else:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    1, mp_context=multiprocessing.get_context("spawn"))
+                    1, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_ignore_stop_signals)
         return self._pool
+
+    def _submit(self, fn, *args) -> asyncio.Future:
+        # A process pool spawns its worker inside submit, so from this thread.
+        with _stop_signals_blocked():
+            return asyncio.get_running_loop().run_in_executor(self._executor(), fn, *args)
 
     async def warm(self) -> Policy:
         """Start the worker and build the policy there, before the first round needs
         it; returns that policy (a copy), the very object the rounds run."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor(), built,
-                                                                self.spec)
+        return await self._submit(built, self.spec)
 
     async def solve(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                     previous: Mapping[str, JobAllocation], *, timeout: float) -> RoundResult:
         """The round's result; raises TimeoutError (pool replaced) or the solve's error."""
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._executor(), solve_round, self.spec, cluster, jobs,
-                                   previous)
+        fut = self._submit(solve_round, self.spec, cluster, jobs, previous)
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
@@ -75,13 +107,27 @@ class SolverPool:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        if isinstance(pool, concurrent.futures.ProcessPoolExecutor):
-            # No public way to stop a running task: end the worker process itself.
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
+        # No public way to stop a running task: end the worker process itself.
+        for proc in _workers(pool):
+            proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 2.0) -> None:
+        """Shut the worker down; one still solving after `timeout` s is killed (it
+        ignores the signals that would otherwise have ended it)."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is None:
+            return
+        procs = _workers(pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.join(timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        pool.shutdown(wait=True)  # its manager thread, now that the worker is gone
+
+
+def _workers(pool: concurrent.futures.Executor) -> list:
+    """A process pool's worker processes (none for a thread pool)."""
+    return list((getattr(pool, "_processes", None) or {}).values())

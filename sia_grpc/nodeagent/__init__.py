@@ -15,6 +15,7 @@ Command line: `python -m sia_grpc.nodeagent --controller HOST:PORT --gpus rtx:8`
 from sia_grpc.nodeagent.agent import (
     ACK_MEMORY,
     AgentConfig,
+    AgentConfigError,
     AgentStatus,
     NodeAgent,
     full_jitter_backoff,
@@ -25,7 +26,7 @@ from sia_grpc.nodeagent.modeled import PROFILE_STEPS, ModeledBackend, Trajectory
 from sia_grpc.nodeagent.torchbackend import TorchBackend
 
 __all__ = [
-    "ACK_MEMORY", "AgentConfig", "AgentStatus", "Clock", "ExitCallback", "Launch",
-    "ManualClock", "ModeledBackend", "MonotonicClock", "NodeAgent", "PROFILE_STEPS",
+    "ACK_MEMORY", "AgentConfig", "AgentConfigError", "AgentStatus", "Clock", "ExitCallback",
+    "Launch", "ManualClock", "ModeledBackend", "MonotonicClock", "NodeAgent", "PROFILE_STEPS",
     "TorchBackend", "Trajectory", "WorkerBackend", "full_jitter_backoff",
 ]

@@ -24,13 +24,14 @@ from typing import Any
 
 import structlog
 
-from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
+from sia_grpc.nodeagent.agent import AgentConfig, AgentConfigError, NodeAgent
 from sia_grpc.nodeagent.gpus import (
     NodeGpus,
     parse_gpu_spec,
     resolve_inventory,
     unknown_type_warning,
 )
+from sia_grpc.observability import add_logging_arguments, configure_logging
 
 
 def _gpus(text: str) -> tuple[str, int]:
@@ -91,22 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", metavar="FILE",
                    help="this node's client certificate (PEM; CN or SAN = --node-id)")
     p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
-    p.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
-                   help="auto: console on a terminal, JSON otherwise")
+    add_logging_arguments(p)
     return p
-
-
-def _configure_logging(fmt: str) -> None:
-    """The process's logging: only the entry point configures structlog."""
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
-    renderer = (structlog.dev.ConsoleRenderer() if fmt == "console"
-                else structlog.processors.JSONRenderer())
-    structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.format_exc_info, renderer],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
 class _StartupError(Exception):
@@ -167,10 +154,11 @@ async def _serve(configs: list[AgentConfig], backend: Any = None,
         await asyncio.gather(*(a.close() for a in agents))
 
     def on_signal(sig: signal.Signals) -> None:
-        structlog.get_logger().info("signal: closing", signal=sig.name)
+        # Act first, then log: the log line is the part that can go wrong.
         for s in (signal.SIGTERM, signal.SIGINT):  # a second one takes the default action
             loop.remove_signal_handler(s)
         closing.append(asyncio.create_task(close_all()))
+        structlog.get_logger().info("signal: closing", signal=sig.name)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):  # not on Windows
@@ -193,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             gpu_type, num_gpus = args.gpus
             inventory = NodeGpus(gpu_type, num_gpus, "declared")
+        for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
+                           ("--tls-key", args.tls_key)):
+            if path and not Path(path).is_file():
+                raise ValueError(f"{flag}: cannot read {path}")
         names = ([args.node_id] if args.count == 1
                  else [f"{args.node_id}-{i}" for i in range(args.count)])
         configs = [AgentConfig(node_id=name, controller=args.controller, gpu_type=gpu_type,
@@ -201,15 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                                keepalive_s=args.keepalive, tls_ca=args.tls_ca,
                                tls_cert=args.tls_cert, tls_key=args.tls_key)
                    for name in names]
-        for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert),
-                           ("--tls-key", args.tls_key)):
-            if path and not Path(path).is_file():
-                raise ValueError(f"{flag}: cannot read {path}")
         backend = _torch_backend(args, inventory) if args.backend == "torch" else None
     except ValueError as exc:
         print(f"sia nodeagent: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(args.log_format)
+    configure_logging(fmt=args.log_format, level=args.log_level)
     try:
         import uvloop
     except ImportError:
@@ -222,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         except _StartupError as exc:  # e.g. the workdir is another agent's
             print(f"sia nodeagent: {exc}", file=sys.stderr)
             return 1
+        except AgentConfigError as exc:  # e.g. a client certificate the controller refuses
+            print(f"sia nodeagent: {exc}", file=sys.stderr)
+            return 2  # a configuration error: systemd does not restart it (deploy/systemd)
     return 0
 
 

@@ -24,6 +24,7 @@ import functools
 import importlib.metadata
 import math
 import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,10 @@ import structlog
 from sia_grpc.api import AgentServiceStub, pb
 from sia_grpc.nodeagent.backend import Launch, WorkerBackend
 from sia_grpc.nodeagent.clock import Clock, MonotonicClock
+from sia_grpc.security.tls import probe_tls
 
-__all__ = ["ACK_MEMORY", "AgentConfig", "AgentStatus", "NodeAgent", "full_jitter_backoff"]
+__all__ = ["ACK_MEMORY", "AgentConfig", "AgentConfigError", "AgentStatus", "NodeAgent",
+           "full_jitter_backoff"]
 
 ACK_MEMORY = 1000  # directive ids whose acks are remembered for re-delivery
 
@@ -45,6 +48,15 @@ def _agent_version() -> str:
         return importlib.metadata.version("sia-grpc")
     except importlib.metadata.PackageNotFoundError:
         return "dev"
+
+
+def _issue_command(node_id: str) -> str:
+    return f"sia certs issue DIR --agent {node_id}"
+
+
+class AgentConfigError(Exception):
+    """The agent cannot work as configured (e.g. its certificate is refused); the
+    message names the fix. `NodeAgent.run()` raises it once the agent has closed."""
 
 
 def _positive(name: str, value: float) -> None:
@@ -100,6 +112,12 @@ class AgentConfig:
             raise ValueError("tls_cert, tls_key: give both (the client certificate and its key)")
         if self.tls_cert and not self.tls_ca:
             raise ValueError("tls_ca: required with tls_cert (the controller's CA)")
+        if self.tls_ca and not self.tls_cert:
+            # A TLS controller admits agents only with a client certificate: without
+            # one every handshake on its agent port fails ("Socket closed"), for ever.
+            raise ValueError(f"tls_cert, tls_key: an agent connecting with TLS needs its "
+                             f"client certificate (CN = node id); issue one with "
+                             f"`{_issue_command(self.node_id)}`")
 
     def channel(self) -> grpc.aio.Channel:
         """A new channel to the controller: TLS when tls_ca is set, else plaintext."""
@@ -209,6 +227,12 @@ class NodeAgent:
         self.status = AgentStatus.INIT
         self.drain_reason: str | None = None  # set by Drain: no new RUNs
         self.registrations = 0  # streams that got as far as Registered
+        # Sent in every Register: the controller tells this agent's reconnects from a
+        # second agent with the same node id (which it refuses while this one lives).
+        self.instance_id = uuid.uuid4().hex
+        self.conflicts = 0  # registrations refused: another agent holds the node id
+        self.fatal: str | None = None  # why the agent gave up (AgentConfigError), if it did
+        self._told: set[str] = set()  # errors logged in this streak of failures
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log = structlog.get_logger().bind(node_id=config.node_id)
         self._outbox = _Outbox()
@@ -247,9 +271,12 @@ class NodeAgent:
                        gpu_type=self.config.gpu_type, num_gpus=self.config.num_gpus)
 
     async def run(self) -> None:
-        """Start if needed and run until `close()`."""
+        """Start if needed and run until `close()`; AgentConfigError if the agent
+        closed itself because it cannot work as configured."""
         await self.start()
         await self._closed.wait()
+        if self.fatal is not None:
+            raise AgentConfigError(self.fatal)
 
     async def close(self) -> None:
         """Checkpoint running jobs (their JobExits sent if connected, within
@@ -319,7 +346,8 @@ class NodeAgent:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self._log.warning("stream failed", code=exc.code().name, details=exc.details())
+                if await self._stream_failed(exc):
+                    return
             except (_ProtocolError, TimeoutError) as exc:
                 self._log.warning("stream failed", error=str(exc) or type(exc).__name__)
             except asyncio.InvalidStateError:  # written after the half-close
@@ -332,11 +360,59 @@ class NodeAgent:
                 return
             if self.registrations > before:
                 attempt = 0  # the controller was there: start the backoff afresh
+                self._told.clear()
             delay = self._backoff(attempt)
             attempt += 1
             self._set_status(AgentStatus.BACKOFF)
             self._log.info("reconnecting", attempt=attempt, delay_s=round(delay, 3))
             await self.clock.sleep(delay)
+
+    async def _stream_failed(self, exc: grpc.aio.AioRpcError) -> bool:
+        """Log a failed stream, and say whether the agent must give up (True: it is
+        closing, with `fatal` set). ALREADY_EXISTS (another agent holds this node id)
+        is retried with the growing backoff, so this one takes over once the other
+        is gone. A bare UNAVAILABLE may hide a TLS mismatch that no retry can cure
+        (`_tls_hint`): before the first registration that is fatal, a configuration
+        error; later it is logged and retried (the files are read again on every
+        reconnect, so fixing them is enough)."""
+        code = exc.code()
+        if code == grpc.StatusCode.ALREADY_EXISTS:
+            self.conflicts += 1
+            self._tell("conflict", "registration refused: another agent is connected with "
+                       "this node id; retrying until it is gone", details=exc.details())
+            return False
+        self._log.warning("stream failed", code=code.name, details=exc.details())
+        if code != grpc.StatusCode.UNAVAILABLE or "tls" in self._told:
+            return False
+        hint = await self._tls_hint()
+        if hint is None:
+            return False
+        if self.registrations:
+            self._tell("tls", "cannot connect; retrying", error=hint)
+            return False
+        self.fatal = hint
+        self._log.error("cannot connect: configuration error", error=hint)
+        if self._close_task is None:  # close from outside this task: it cancels us
+            self._close_task = asyncio.create_task(self._close(), name="nodeagent:close")
+        return True
+
+    def _tell(self, what: str, event: str, **kw: Any) -> None:
+        """Log `event` as an error the first time in a streak of failures, then as info."""
+        log = self._log.info if what in self._told else self._log.error
+        self._told.add(what)
+        log(event, **kw)
+
+    async def _tls_hint(self) -> str | None:
+        """What a handshake of our own finds wrong with TLS to the controller, said
+        with the agent's flags; None if nothing (e.g. the controller is down)."""
+        cfg = self.config
+        problem = await asyncio.to_thread(probe_tls, cfg.controller, cfg.tls_ca,
+                                          cfg.tls_cert, cfg.tls_key)
+        if problem is None:
+            return None
+        return problem.hint(ca=cfg.tls_ca, cert=cfg.tls_cert, ca_flag="--tls-ca FILE",
+                            cert_flags="--tls-cert FILE --tls-key FILE",
+                            issue=_issue_command(cfg.node_id))
 
     async def _session(self) -> None:
         """One stream, from Register until it fails or ends."""
@@ -355,7 +431,7 @@ class NodeAgent:
                     profiling=[pb.ProfilingPass(job_id=r.job_id, generation=r.generation,
                                                 local_gpu=r.local_gpu)
                                for r in self._passes.values()],
-                    draining=self.draining)))
+                    draining=self.draining, instance_id=self.instance_id)))
                 async with asyncio.timeout(self.config.register_timeout_s):
                     first = await call.read()
                 if first is grpc.aio.EOF:

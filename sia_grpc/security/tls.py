@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
+import socket
+import ssl
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -13,8 +17,8 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-__all__ = ["ReloadingCertificates", "channel_credentials", "is_loopback", "read_pem",
-           "split_host_port"]
+__all__ = ["ReloadingCertificates", "TlsProblem", "channel_credentials", "is_loopback",
+           "probe_tls", "read_pem", "split_host_port"]
 
 log = structlog.get_logger()
 
@@ -167,3 +171,140 @@ def channel_credentials(ca: PemSource | None, cert: PemSource | None = None,
     return grpc.ssl_channel_credentials(root_certificates=read_pem(ca, "ca"),
                                         private_key=read_pem(key, "key"),
                                         certificate_chain=read_pem(cert, "cert"))
+
+
+# ---------------------------------------------------------------- diagnosing handshakes
+
+# A client's HTTP/2 preface and an empty SETTINGS frame: a gRPC server answers with
+# its SETTINGS once it has accepted the connection (client certificate included).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+# OpenSSL verify codes meaning "the certificate is not for this host name or address".
+_NAME_MISMATCH = (62, 64)
+
+
+@dataclass(frozen=True)
+class TlsProblem:
+    """Why connections to `target` fail at the TLS layer, found by `probe_tls`.
+
+    kind: "tls-required" (the server speaks TLS, the client plaintext), "not-tls"
+    (the reverse), "untrusted" (the server's certificate does not verify against
+    the client's CA file: `detail` says how), "wrong-name" (it does, but not for the
+    host name dialled), "cert-required" (the server wants a client certificate and
+    got none), "cert-refused" (it refused the one given).
+    """
+
+    kind: str
+    target: str
+    detail: str = ""
+
+    def hint(self, *, ca: str | None, cert: str | None, ca_flag: str, cert_flags: str,
+             issue: str) -> str:
+        """One line saying what is wrong and the fix, in the caller's flag names:
+        `ca_flag` ("--ca FILE (or SIA_CA)"), `cert_flags` ("--cert FILE --key FILE"),
+        `issue` (the `sia certs issue ...` command that makes the right certificate)."""
+        return _HINTS[self.kind].format(
+            t=self.target, detail=self.detail, ca=ca, cert=cert, ca_flag=ca_flag,
+            ca_opt=ca_flag.split()[0], cert_flags=cert_flags, issue=issue,
+            expired=_expiry(cert) if self.kind == "cert-refused" else "")
+
+
+_HINTS = {
+    "tls-required": "the controller at {t} speaks TLS and this connection was plaintext: "
+                    "pass {ca_flag}",
+    "not-tls": "the controller at {t} does not speak TLS (it serves plaintext): drop "
+               "{ca_opt}, or start the controller with --tls-cert/--tls-key",
+    "wrong-name": "the controller's certificate at {t} is not for this host name ({detail}): "
+                  "connect by a name it lists, or reissue it with `sia certs issue DIR "
+                  "--controller --hosts HOST`",
+    "untrusted": "the controller's certificate at {t} is not signed by the CA in {ca} "
+                 "({detail}): give {ca_opt} the CA that signed it",
+    "cert-required": "the controller at {t} requires a client certificate: pass {cert_flags} "
+                     "(`{issue}` makes one)",
+    "cert-refused": "the controller at {t} refused the client certificate {cert}{expired}: "
+                    "it must be signed by the controller's --tls-client-ca; issue one with "
+                    "`{issue}`",
+}
+
+
+def _expiry(cert: str | None) -> str:
+    """" (expired on DATE)" for an expired certificate file, else ""."""
+    try:
+        leaf = x509.load_pem_x509_certificate(Path(cert).read_bytes())
+    except (OSError, TypeError, ValueError):
+        return ""
+    end = leaf.not_valid_after_utc
+    return f" (expired on {end:%Y-%m-%d})" if end < datetime.datetime.now(datetime.UTC) else ""
+
+
+def probe_tls(target: str, ca: str | Path | None = None, cert: str | Path | None = None,
+              key: str | Path | None = None, *, timeout: float = 3.0) -> TlsProblem | None:
+    """Handshake with the server at `target` (HOST:PORT) as a client with these files
+    would (`ca` None: plaintext), and say what fails; None when nothing TLS is wrong
+    (including a server that cannot be reached at all).
+
+    gRPC reports most of these as a bare UNAVAILABLE ("Socket closed"); a handshake
+    of our own can tell them apart. Blocking (up to two connections, each up to
+    `timeout` seconds): call it from a thread in async code.
+    """
+    host, port = split_host_port(target)
+    try:
+        _handshake(host, port, _context(None), timeout)
+        speaks_tls = True
+    except _Unreachable:  # refused, no route: not a question of TLS
+        return None
+    except OSError:  # ssl.SSLError included: no TLS handshake possible
+        speaks_tls = False
+    if ca is None:
+        return TlsProblem("tls-required", target) if speaks_tls else None
+    if not speaks_tls:
+        return TlsProblem("not-tls", target)
+    try:
+        ctx = _context(ca, cert, key)
+    except (OSError, ValueError):  # unusable files: reported where they are read
+        return None
+    try:
+        answer = _handshake(host, port, ctx, timeout)
+    except _Unreachable:
+        return None
+    except ssl.SSLCertVerificationError as err:
+        kind = "wrong-name" if err.verify_code in _NAME_MISMATCH else "untrusted"
+        return TlsProblem(kind, target, err.verify_message or str(err))
+    except OSError:  # ssl.SSLError included: refused in the handshake (TLS 1.2)
+        answer = b""
+    if answer:
+        return None
+    return TlsProblem("cert-refused" if cert else "cert-required", target)
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _context(ca: str | Path | None, cert: str | Path | None = None,
+             key: str | Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca is None:  # only: does it speak TLS at all?
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx.load_verify_locations(cafile=str(ca))
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    ctx.set_alpn_protocols(["h2"])  # as gRPC: a server may insist on it
+    return ctx
+
+
+def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float) -> bytes:
+    """The server's first bytes after a TLS handshake and our HTTP/2 preface: b"" when
+    it hung up, as a server refusing the client certificate does under TLS 1.3.
+    Raises _Unreachable (no TCP connection) or the handshake's own error."""
+    try:
+        raw = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as err:
+        raise _Unreachable(str(err)) from None
+    with raw, ctx.wrap_socket(raw, server_hostname=host) as tls:
+        try:
+            tls.sendall(_H2_PREFACE)
+            return tls.recv(64)
+        except OSError:  # ssl.SSLError included: an alert or a reset after the handshake
+            return b""

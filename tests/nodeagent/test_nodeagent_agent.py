@@ -44,7 +44,8 @@ async def test_registers_inventory_then_heartbeats_on_the_controllers_interval(
     s = await ctl.stream()
     assert s.register == pb.Register(
         node_id="node-a", gpus=[pb.GpuInventory(gpu_type="rtx", count=8)],
-        agent_version="test-1")
+        agent_version="test-1", instance_id=agent.instance_id)
+    assert len(agent.instance_id) == 32  # random: another agent's differs
     await until(lambda: agent.status is AgentStatus.REGISTERED)
     assert s.of("heartbeat") == []  # nothing before time moves
     # Registered says 1 s (the config's fallback is 5 s): three in three seconds.
@@ -347,6 +348,7 @@ async def test_reconnects_with_backoff_and_reregisters_its_running_job(controlle
             await clock.advance(5.0)  # the job trains on meanwhile
         assert attempts == [0, 1, 2]
         s1 = await ctl.stream(1)
+        assert s1.register.instance_id == s0.register.instance_id  # the same agent, back
         assert list(s1.register.running) == [
             pb.RunningJob(job_id="job-1", generation=1, local_gpus=[0, 1])]
         await until(lambda: agent.status is AgentStatus.REGISTERED)

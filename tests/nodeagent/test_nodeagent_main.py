@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -54,6 +55,34 @@ async def test_sigterm_checkpoints_the_running_job_and_exits_0(controller):
             ("job-1", pb.JobExit.KIND_CHECKPOINTED)]
         assert b'"event": "signal: closing"' in err and b'"node_id": "sub"' in err
     finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_sigterm_still_stops_an_agent_whose_stderr_reader_went_away(controller):
+    """Logging into a closed pipe raises BrokenPipeError; it must not break the
+    signal handler (which logs "signal: closing") and leave the agent running."""
+    ctl, port = controller
+    read_end, write_end = os.pipe()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sia_grpc.nodeagent", "--controller", f"127.0.0.1:{port}",
+        "--node-id", "sub", "--gpus", "rtx:2", "--log-format", "json",
+        stdout=asyncio.subprocess.DEVNULL, stderr=write_end)
+    os.close(write_end)
+    try:
+        async with asyncio.timeout(60):  # the interpreter's imports, on a busy machine
+            while not ctl.streams:
+                await asyncio.sleep(0.05)
+        os.close(read_end)  # e.g. `sia-nodeagent ... | head` after head exits
+        read_end = -1
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await proc.wait()
+        assert proc.returncode == 0
+    finally:
+        if read_end >= 0:
+            os.close(read_end)
         if proc.returncode is None:
             proc.kill()
             await proc.wait()

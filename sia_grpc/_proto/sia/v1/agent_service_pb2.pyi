@@ -52,20 +52,22 @@ class ProfilingPass(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpu: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining")
+    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining", "instance_id")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     PROFILING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInventory]
     agent_version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
     profiling: _containers.RepeatedCompositeFieldContainer[ProfilingPass]
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
