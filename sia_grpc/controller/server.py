@@ -23,8 +23,8 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sia_grpc import api
-from sia_grpc.api import pb, state_name
+from sia_grpc import __version__, api
+from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.limits import TenantLimits
@@ -47,7 +47,8 @@ from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
 
 log = structlog.get_logger("sia.controller")
-VERSION = "0.1.0"
+VERSION = __version__
+ROUNDS_KEPT = 1000  # published rounds kept (in memory and in the store) for ListRounds
 
 
 def loop_factory():
@@ -144,7 +145,7 @@ class Controller:
         self.port = 0
         self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
         self.tokens: TokenStore | None = None
-        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
+        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
         self._events: asyncio.Queue = asyncio.Queue()
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
@@ -176,13 +177,18 @@ class Controller:
             return
         self._auth = interceptor = self._security()  # first: a bad file is a ConfigError
         self._store = await self._in_store(JobStore, self.config.db_path,
-                                           synchronous=self.config.store_synchronous)
+                                           synchronous=self.config.store_synchronous,
+                                           rounds_limit=ROUNDS_KEPT)
         now = self.clock.time()
         self.state.started_at = now
         for stored in await self._in_store(self._store.all_jobs):
             self.state.restore(stored.job, stored.extra, now)
         for node, reason in (await self._in_store(self._store.drains)).items():
             self.state.restore_drain(node, reason, now)
+        # The round history outlives a restart, and round numbers go on from it.
+        self.rounds.extend(await self._in_store(self._store.rounds))
+        if self.rounds:
+            self.state.round_no = max(self.state.round_no, self.rounds[-1].round)
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
@@ -463,7 +469,11 @@ class Controller:
         end = time.time_ns()
         rnd.dispatch_ms = (end - solved) / 1e6
         rnd.total_ms = (end - tick) / 1e6
+        rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
         self.rounds.append(rnd)
+        # Into the store's history on the writer thread, in order; not awaited: a
+        # round is published whether or not its record could be written.
+        self._writer.submit(self._store.add_round, rnd).add_done_callback(_round_written)
         for q in list(self._round_watchers):
             q.put_nowait(rnd)
         log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
@@ -631,6 +641,23 @@ class Controller:
                     node_id=node, reason=reason, by=auth.current().name)
         return self.state.node_pb(node)
 
+    async def forget_node(self, node: str) -> pb.Node:
+        """Remove a LOST node and its drain; its last record."""
+        check_job_id(node, "node")
+        if node not in self.state.nodes:
+            raise not_found("node", node)
+        last = self.state.node_pb(node)
+        if last.state != pb.NODE_STATE_LOST:
+            raise _not_lost(node, last.state)
+        await self.submit(sm.NodeForgotten(self.clock.time(), node))
+        if node not in self.state.drained:  # the stored drain follows the state machine's
+            await self._in_store(self._store.set_drain, node, None)
+        back = self.state.nodes.get(node)
+        if back is not None:  # its agent registered again in the meantime
+            raise _not_lost(node, back.state)
+        log.warning("node forgotten", node_id=node, by=auth.current().name)
+        return last
+
     # ------------------------------------------------------------ agents
 
     async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
@@ -693,6 +720,17 @@ class Controller:
                 del self._agents[node]
                 self.post(sm.AgentDisconnected(self.clock.time(), node))
                 log.info("agent disconnected", node_id=node)
+
+
+def _not_lost(node: str, state: int) -> ApiError:
+    return failed_precondition(
+        f"node {node!r} is {node_state_name(state)}; only a LOST node can be forgotten "
+        "(stop its agent, and it is LOST after heartbeat_timeout)", "NODE_NOT_LOST")
+
+
+def _round_written(fut) -> None:
+    if fut.exception() is not None:  # StoreError: the history misses this round
+        log.error("round not recorded", error=str(fut.exception()))
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:
@@ -808,6 +846,11 @@ class ClusterService(api.ClusterServiceServicer):
     async def UndrainNode(self, request, context):
         _admin_only("UndrainNode")
         return await self.c.set_drain(request.node, None)
+
+    @rpc
+    async def ForgetNode(self, request, context):
+        _admin_only("ForgetNode")
+        return await self.c.forget_node(request.node)
 
     async def WatchRounds(self, request, context):
         q: asyncio.Queue = asyncio.Queue()

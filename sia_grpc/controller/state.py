@@ -94,6 +94,13 @@ class NodeDrainChanged(Event):
 
 
 @dataclass(frozen=True)
+class NodeForgotten(Event):
+    """An admin removed a LOST node (ClusterService.ForgetNode)."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
 class Liveness(Event):
     """Periodic check: agents silent past the heartbeat timeout are lost."""
 
@@ -324,6 +331,8 @@ class ControllerState:
                 self._tick(event, out)
             case NodeDrainChanged():
                 self._drain_changed(event, out)
+            case NodeForgotten():
+                self._forget(event, out)
             case Liveness():
                 self._check_liveness(event.at, out)
             case SolveFinished():
@@ -612,6 +621,23 @@ class ControllerState:
         # Draining: an early round moves its jobs to idle GPUs (or queues them) and
         # leaves every other job where it is. Undrained: its GPUs are idle ones.
         out.append(WantRound("drain" if ev.reason is not None else "undrain"))
+
+    def _forget(self, ev: NodeForgotten, out: list[Action]) -> None:
+        """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a job
+        still headed for it (a move not yet started) is requeued, so none waits for
+        a node that is gone."""
+        node = self.nodes.get(ev.node_id)
+        if node is None or node.state != pb.NODE_STATE_LOST:
+            return  # back (or gone) since the shell looked: nothing to forget
+        for rec in list(self.jobs.values()):
+            alloc = rec.target if rec.moving else rec.alloc
+            if node.name in rec.held or (alloc is not None and
+                                         any(g.node == node.name for g in alloc.gpus)):
+                self._release(rec, node.name)
+                self._interrupt(rec, ev.at, f"requeued: node {node.name} forgotten", out)
+        assert not node.holder, f"LOST node {node.name} holds GPUs"
+        del self.nodes[node.name]
+        self.drained.pop(node.name, None)
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""
