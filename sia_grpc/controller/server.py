@@ -460,6 +460,17 @@ class Controller:
             clock[1] = time.time_ns()
         self._unacked_rounds[rnd.round] = rnd
 
+    def _publish_round(self, rnd: pb.Round) -> None:
+        """Into the round history (kept in the store too) and to WatchRounds streams."""
+        if not rnd.HasField("end_time"):
+            rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
+        self.rounds.append(rnd)
+        # Written on the writer thread, in order, not awaited: a round is published
+        # whether or not its record could be written.
+        self._writer.submit(self._store.add_round, rnd).add_done_callback(_round_written)
+        for q in list(self._round_watchers):
+            q.put_nowait(rnd)
+
     def _round_acked(self, round_no: int) -> None:
         rnd = self._unacked_rounds.pop(round_no, None)
         clock = self._round_clock.pop(round_no, None)
@@ -469,13 +480,7 @@ class Controller:
         end = time.time_ns()
         rnd.dispatch_ms = (end - solved) / 1e6
         rnd.total_ms = (end - tick) / 1e6
-        rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
-        self.rounds.append(rnd)
-        # Into the store's history on the writer thread, in order; not awaited: a
-        # round is published whether or not its record could be written.
-        self._writer.submit(self._store.add_round, rnd).add_done_callback(_round_written)
-        for q in list(self._round_watchers):
-            q.put_nowait(rnd)
+        self._publish_round(rnd)
         log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
                  gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
                  total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
