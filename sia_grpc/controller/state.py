@@ -623,21 +623,21 @@ class ControllerState:
         out.append(WantRound("drain" if ev.reason is not None else "undrain"))
 
     def _forget(self, ev: NodeForgotten, out: list[Action]) -> None:
-        """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a job
-        still headed for it (a move not yet started) is requeued, so none waits for
-        a node that is gone."""
+        """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a move
+        still headed there is called off (the job queues once its old GPUs are free),
+        so no job waits for a node that is gone."""
         node = self.nodes.get(ev.node_id)
         if node is None or node.state != pb.NODE_STATE_LOST:
             return  # back (or gone) since the shell looked: nothing to forget
-        for rec in list(self.jobs.values()):
-            alloc = rec.target if rec.moving else rec.alloc
-            if node.name in rec.held or (alloc is not None and
-                                         any(g.node == node.name for g in alloc.gpus)):
-                self._release(rec, node.name)
-                self._interrupt(rec, ev.at, f"requeued: node {node.name} forgotten", out)
         assert not node.holder, f"LOST node {node.name} holds GPUs"
+        for rec in self.jobs.values():
+            if rec.moving and rec.target is not None and \
+                    any(g.node == node.name for g in rec.target.gpus):
+                rec.target = None  # dispatched as a preemption
+                out.append(WantRound("requeue"))
         del self.nodes[node.name]
         self.drained.pop(node.name, None)
+        self._capacity_changed(node.gpu_type)  # the moves called off are looked at again
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""
