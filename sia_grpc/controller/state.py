@@ -332,7 +332,7 @@ class ControllerState:
             case NodeDrainChanged():
                 self._drain_changed(event, out)
             case NodeForgotten():
-                self._forget(event, out)
+                self._forget(event)
             case Liveness():
                 self._check_liveness(event.at, out)
             case SolveFinished():
@@ -622,22 +622,16 @@ class ControllerState:
         # leaves every other job where it is. Undrained: its GPUs are idle ones.
         out.append(WantRound("drain" if ev.reason is not None else "undrain"))
 
-    def _forget(self, ev: NodeForgotten, out: list[Action]) -> None:
+    def _forget(self, ev: NodeForgotten) -> None:
         """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a move
-        still headed there is called off (the job queues once its old GPUs are free),
-        so no job waits for a node that is gone."""
+        still headed there is called off when it is next looked at (`_dispatch_pending`)."""
         node = self.nodes.get(ev.node_id)
         if node is None or node.state != pb.NODE_STATE_LOST:
             return  # back (or gone) since the shell looked: nothing to forget
         assert not node.holder, f"LOST node {node.name} holds GPUs"
-        for rec in self.jobs.values():
-            if rec.moving and rec.target is not None and \
-                    any(g.node == node.name for g in rec.target.gpus):
-                rec.target = None  # dispatched as a preemption
-                out.append(WantRound("requeue"))
         del self.nodes[node.name]
         self.drained.pop(node.name, None)
-        self._capacity_changed(node.gpu_type)  # the moves called off are looked at again
+        self._capacity_changed(node.gpu_type)  # moves headed there are looked at again
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""
@@ -783,6 +777,9 @@ class ControllerState:
             if rec.held:
                 continue
             target = rec.target
+            if target is not None and any(g.node not in self.nodes for g in target.gpus):
+                target = rec.target = None  # a node it was to move to was forgotten
+                out.append(WantRound("requeue"))
             if target is None:  # preempted, and now fully stopped
                 self._set_moving(rec, False)
                 self._account(rec, at)
