@@ -161,6 +161,7 @@ class Controller:
         # round -> [tick ns, solve done ns]; the round is published when acknowledged
         self._round_clock: dict[int, list[int]] = {}
         self._unacked_rounds: dict[int, pb.Round] = {}
+        self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
         self._create_flush: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -307,6 +308,7 @@ class Controller:
             await self._server.stop(grace)
         self._pool.close()
         if self._store is not None:
+            await self._save_rounds()
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
         if self.telemetry is not None:
@@ -416,6 +418,7 @@ class Controller:
         while True:
             await self.clock.sleep(self.config.round_duration)
             self.post(sm.Tick(self.clock.time(), "timer"))
+            await self._save_rounds()
             try:  # the changelog (WatchJobs' history) keeps its newest entries only
                 dropped = await self._in_store(self._store.compact)
             except Exception:  # StoreError: logged; the next round tries again
@@ -461,15 +464,28 @@ class Controller:
         self._unacked_rounds[rnd.round] = rnd
 
     def _publish_round(self, rnd: pb.Round) -> None:
-        """Into the round history (kept in the store too) and to WatchRounds streams."""
+        """Into the round history (saved to the store with the timer) and to
+        WatchRounds streams."""
         if not rnd.HasField("end_time"):
             rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
         self.rounds.append(rnd)
-        # Written on the writer thread, in order, not awaited: a round is published
-        # whether or not its record could be written.
-        self._writer.submit(self._store.add_round, rnd).add_done_callback(_round_written)
+        self._unsaved_rounds.append(rnd)
         for q in list(self._round_watchers):
             q.put_nowait(rnd)
+
+    async def _save_rounds(self) -> None:
+        """The rounds published since the last save into the store, in one write per
+        timer round and at close (not one per round: a slow or locked store would
+        hold up the creates queued behind each); a crash loses at most those."""
+        batch, self._unsaved_rounds = self._unsaved_rounds, []
+        if not batch:
+            return
+        try:
+            await self._in_store(self._store.add_rounds, batch)
+        except Exception:  # StoreError: kept for the next try, as many as the store keeps
+            log.exception("rounds not saved", rounds=len(batch))
+            self._unsaved_rounds[:0] = batch
+            del self._unsaved_rounds[:-ROUNDS_KEPT]
 
     def _round_acked(self, round_no: int) -> None:
         rnd = self._unacked_rounds.pop(round_no, None)
@@ -731,11 +747,6 @@ def _not_lost(node: str, state: int) -> ApiError:
     return failed_precondition(
         f"node {node!r} is {node_state_name(state)}; only a LOST node can be forgotten "
         "(stop its agent, and it is LOST after heartbeat_timeout)", "NODE_NOT_LOST")
-
-
-def _round_written(fut) -> None:
-    if fut.exception() is not None:  # StoreError: the history misses this round
-        log.error("round not recorded", error=str(fut.exception()))
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:

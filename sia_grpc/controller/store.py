@@ -10,7 +10,7 @@ Every change takes the next store revision and appends (revision, kind, job) to 
 changelog, so `WatchJobs` can resume from the last revision a client saw. The
 changelog is trimmed by `compact`; resuming from before the trimmed range raises
 `Compacted` (the client must start over from a snapshot). Published scheduling
-rounds are kept too (`add_round`, the newest `rounds_limit`), so the round history
+rounds are kept too (`add_rounds`, the newest `rounds_limit`), so the round history
 outlives a restart.
 
 One connection, shared by threads under a lock: the controller writes from a single
@@ -361,13 +361,16 @@ class Store:
                 conn.execute("INSERT OR REPLACE INTO drains (node, reason) VALUES (?, ?)",
                              (node, reason))
 
-    def add_round(self, rnd: pb.Round) -> None:
-        """Record a published round; the oldest beyond `rounds_limit` go in the same
-        transaction (so the table never outgrows it)."""
-        blob = rnd.SerializeToString(deterministic=True)
-        with self._lock, self._txn(f"record round {rnd.round}") as conn:
-            seq = conn.execute("INSERT INTO rounds (round) VALUES (?)", (blob,)).lastrowid
-            conn.execute("DELETE FROM rounds WHERE seq <= ?", (seq - self.rounds_limit,))
+    def add_rounds(self, rounds: Sequence[pb.Round]) -> None:
+        """Record published rounds, oldest first, in one transaction; the oldest beyond
+        `rounds_limit` go in the same transaction (the table never outgrows it)."""
+        if not rounds:
+            return
+        blobs = [(r.SerializeToString(deterministic=True),) for r in rounds]
+        with self._lock, self._txn(f"record {len(rounds)} rounds") as conn:
+            conn.executemany("INSERT INTO rounds (round) VALUES (?)", blobs)
+            newest = conn.execute("SELECT max(seq) FROM rounds").fetchone()[0]
+            conn.execute("DELETE FROM rounds WHERE seq <= ?", (newest - self.rounds_limit,))
 
     # -- reads ------------------------------------------------------------------------
 

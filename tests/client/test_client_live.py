@@ -120,6 +120,10 @@ async def test_the_round_history_with_its_times_is_kept_across_a_restart(tmp_pat
                             if r.round > after]) >= count
             return enough
         await _until(await rounds(3), "three rounds")
+
+        async def saved() -> bool:  # by the timer, not only when the controller stops
+            return bool(await asyncio.to_thread(lc.controller._store.rounds))
+        await _until(saved, "rounds in the store")
         before = await client.rounds(limit=100)
         assert all(r.end_time.ToNanoseconds() >= r.start_time.ToNanoseconds() > 0
                    for r in before)

@@ -336,7 +336,7 @@ def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, ve
         assert store.drains() == ({"rtx-1": "kept"} if version >= 2 else {})
         assert store.rounds() == []
         store.set_drain("rtx-0", "replace GPU 3")
-        store.add_round(pb.Round(round=7, trigger="timer"))
+        store.add_rounds([pb.Round(round=7, trigger="timer")])
     with Store(path) as store:  # durable, and the upgrade is not run twice
         assert store.drains()["rtx-0"] == "replace GPU 3"
         store.set_drain("rtx-0", None)
@@ -349,11 +349,16 @@ def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, ve
 
 def test_rounds_keep_the_newest_few_across_a_reopen(tmp_path: Path):
     path = tmp_path / "sia.db"
+    rounds = []
+    for r in range(1, 7):
+        rnd = pb.Round(round=r, trigger="timer", note="skipped: no jobs" if r == 5 else "")
+        rnd.start_time.FromSeconds(1_700_000_000 + r)
+        rounds.append(rnd)
     with Store(path, rounds_limit=3) as store:
-        for r in range(1, 6):
-            rnd = pb.Round(round=r, trigger="timer", note="skipped: no jobs" if r == 5 else "")
-            rnd.start_time.FromSeconds(1_700_000_000 + r)
-            store.add_round(rnd)
+        store.add_rounds(rounds[:2])
+        store.add_rounds([])
+        assert [r.round for r in store.rounds()] == [1, 2]
+        store.add_rounds(rounds[2:5])  # a batch that pushes older ones out
         assert [r.round for r in store.rounds()] == [3, 4, 5]
         assert [r.round for r in store.rounds(2)] == [4, 5]
     with Store(path, rounds_limit=3) as store:
