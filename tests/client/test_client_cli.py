@@ -167,12 +167,18 @@ class Tty(io.StringIO):
         return True
 
 
-def test_watch_redraws_in_place_on_a_tty(target, fake, monkeypatch):
-    screen = Tty()
-    monkeypatch.setattr("sys.stdout", screen)
+@pytest.fixture
+def screen(fake) -> Tty:
+    """A terminal for stdout (the test sets it: pytest's capture would undo it here);
+    two jobs, and each watch ends after their snapshot."""
     fake.add("a")
     fake.add("b")
     fake.end_watch_after = 2
+    return Tty()
+
+
+def test_watch_redraws_in_place_on_a_tty(target, screen, monkeypatch):
+    monkeypatch.setattr("sys.stdout", screen)
     assert sia("watch", "--controller", target) == 0
     frames = screen.getvalue().split(client_cli.CLEAR)[1:]
     assert len(frames) == 2
@@ -180,12 +186,8 @@ def test_watch_redraws_in_place_on_a_tty(target, fake, monkeypatch):
     assert "TENANT" in frames[1] and "AGE" in frames[1]
 
 
-def test_watch_events_prints_lines_even_on_a_tty(target, fake, monkeypatch):
-    screen = Tty()
+def test_watch_events_prints_lines_even_on_a_tty(target, screen, monkeypatch):
     monkeypatch.setattr("sys.stdout", screen)
-    fake.add("a")
-    fake.add("b")
-    fake.end_watch_after = 2
     assert sia("watch", "--events", "--controller", target) == 0
     out = screen.getvalue()
     assert client_cli.CLEAR not in out
