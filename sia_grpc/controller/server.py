@@ -162,6 +162,7 @@ class Controller:
         self._round_clock: dict[int, list[int]] = {}
         self._unacked_rounds: dict[int, pb.Round] = {}
         self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
+        self._upkeep: asyncio.Task | None = None  # the timer's store upkeep
         self._create_flush: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -308,6 +309,8 @@ class Controller:
             await self._server.stop(grace)
         self._pool.close()
         if self._store is not None:
+            if self._upkeep is not None:  # awaited, not cancelled: its writes are queued
+                await asyncio.gather(self._upkeep, return_exceptions=True)
             await self._save_rounds()
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
@@ -418,14 +421,21 @@ class Controller:
         while True:
             await self.clock.sleep(self.config.round_duration)
             self.post(sm.Tick(self.clock.time(), "timer"))
-            await self._save_rounds()
-            try:  # the changelog (WatchJobs' history) keeps its newest entries only
-                dropped = await self._in_store(self._store.compact)
-            except Exception:  # StoreError: logged; the next round tries again
-                log.exception("changelog compaction failed")
-            else:
-                if dropped:
-                    log.info("changelog compacted", dropped=dropped)
+            # Off the timer's path: waiting for the store here would stretch every round.
+            if self._upkeep is None or self._upkeep.done():  # else: the next tick
+                self._upkeep = asyncio.create_task(self._store_upkeep(), name="sia-upkeep")
+
+    async def _store_upkeep(self) -> None:
+        """Once per timer round: save the rounds published since the last time, and
+        trim the changelog (WatchJobs' history) to its newest entries."""
+        await self._save_rounds()
+        try:
+            dropped = await self._in_store(self._store.compact)
+        except Exception:  # StoreError: logged; the next round tries again
+            log.exception("changelog compaction failed")
+        else:
+            if dropped:
+                log.info("changelog compacted", dropped=dropped)
 
     async def _liveness(self) -> None:
         while True:
@@ -475,8 +485,8 @@ class Controller:
 
     async def _save_rounds(self) -> None:
         """The rounds published since the last save into the store, in one write per
-        timer round and at close (not one per round: a slow or locked store would
-        hold up the creates queued behind each); a crash loses at most those."""
+        timer round (`_store_upkeep`) and at close, not one per round: a slow or locked
+        store would hold up the creates queued behind each. A crash loses those."""
         batch, self._unsaved_rounds = self._unsaved_rounds, []
         if not batch:
             return
