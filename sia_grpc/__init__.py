@@ -1,5 +1,6 @@
 """sia-grpc: heterogeneity-aware, goodput-optimised DL cluster scheduling (Sia)."""
 
+import importlib.metadata as _metadata
 import os as _os
 
 # gRPC core writes INFO lines of its own to stderr (e.g. "ssl_transport_security.cc
@@ -8,4 +9,7 @@ import os as _os
 # before any module of ours imports grpc. An explicit GRPC_VERBOSITY wins.
 _os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version: one place (pyproject.toml)
+    __version__ = _metadata.version("sia-grpc")
+except _metadata.PackageNotFoundError:  # run from a checkout, not installed
+    __version__ = "0+unknown"

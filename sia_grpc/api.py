@@ -8,6 +8,7 @@ The modules are generated from `protos/sia/v1/` (`make protos`).
 
 from __future__ import annotations
 
+import enum
 from types import SimpleNamespace
 
 from sia_grpc._proto.sia.v1 import (
@@ -67,6 +68,29 @@ def state_name(state: int) -> str:
         return pb.JobState.Name(state).removeprefix("JOB_STATE_")
     except ValueError:
         return str(state)
+
+
+class _NamedIntEnum(enum.IntEnum):
+    """An IntEnum that prints as its name (3.11's IntEnum prints the number)."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
+
+# pb.JobState as a Python enum with the short names: JobState.RUNNING == pb.JOB_STATE_RUNNING
+# (an int), and str() / print() / f"{...}" show "RUNNING". What the SDK's job views return.
+JobState = _NamedIntEnum("JobState", {state_name(v): v for v in pb.JobState.values()})
+
+
+def job_state(state: int) -> JobState | int:
+    """`state` as a JobState (a number this version does not know stays an int)."""
+    try:
+        return JobState(state)
+    except ValueError:
+        return state
 
 
 def node_state_name(state: int) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sia_grpc import __version__
+from sia_grpc.argparsing import subcommand
+
 
 def _scales(text: str) -> list[int]:
     try:
@@ -16,13 +19,17 @@ def _scales(text: str) -> list[int]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sia", description="sia-grpc command line")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `sia` command line (every subcommand registered)."""
+    parser = argparse.ArgumentParser(
+        prog="sia", description="sia-grpc: the Sia scheduler's command line ('sia COMMAND "
+                                "--help' for each command)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="real PyTorch jobs scheduled by a live controller and "
-                                       "two emulated-GPU agents (--modeled: modeled agents "
-                                       "running a trace; --offline: policy rounds only)")
+    demo = subcommand(sub, "demo", "real PyTorch jobs scheduled by a live controller and "
+                                   "two emulated-GPU agents (--modeled: modeled agents "
+                                   "running a trace; --offline: policy rounds only)")
     mode = demo.add_mutually_exclusive_group()
     mode.add_argument("--modeled", action="store_true",
                       help="modeled agents of three GPU types running a small trace, "
@@ -37,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--rounds", type=int, default=4, help="offline: rounds (default 4)")
     demo.add_argument("--seed", type=int, default=1)
 
-    sim = sub.add_parser("simulate", help="replay job-arrival traces against a modelled cluster")
+    sim = subcommand(sub, "simulate", "replay job-arrival traces against a modelled cluster")
     sim.add_argument("workloads", nargs="+", metavar="WORKLOAD_OR_DIR",
                      help="CSV files, directories of them, or shipped workloads "
                           "(saturn, philly, newtrace, saturn/workload-1, ...)")
@@ -62,18 +69,19 @@ def main(argv: list[str] | None = None) -> int:
                      help="the rounds' length for every policy (default: each policy's "
                           "own: 60 s, Gavel 360 s)")
 
-    sub.add_parser("policy-settings", help="each policy's settings, defaults and help "
-                                           "([policy.<name>], --set, --policy-set)")
+    subcommand(sub, "policy-settings", "each policy's settings, defaults and help "
+                                       "([policy.<name>], --set, --policy-set)")
 
-    rep = sub.add_parser("report", help="simulate --json output as markdown beside the paper")
-    rep.add_argument("json_path", metavar="RESULTS.json")
+    rep = subcommand(sub, "report", "simulate --json output as markdown beside the paper")
+    rep.add_argument("json_path", metavar="RESULTS.json", help="what 'sia simulate --json' wrote")
     rep.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     rep.add_argument("--produced-by", default="", metavar="CMD",
                      help="the command that produced the JSON, quoted in the report")
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    pol = bench_sub.add_parser("policy", help="time whole Sia rounds vs the CVXPY+GLPK_MI path")
+    bench = subcommand(sub, "bench", "benchmarks of the policy, simulator, control plane "
+                                     "and training back-end (docs/benchmarks.md)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    pol = subcommand(bench_sub, "policy", "time whole Sia rounds vs the CVXPY+GLPK_MI path")
     pol.add_argument("--scales", type=_scales, default=[1, 8, 32, 128],
                      help="multiples of the 64-GPU cluster (default 1,8,32,128)")
     pol.add_argument("--rounds", type=int, default=10, help="timed rounds per scale")
@@ -82,16 +90,18 @@ def main(argv: list[str] | None = None) -> int:
                      help="skip the reference once one solve takes longer (s)")
     pol.add_argument("--no-reference", action="store_true", help="production path only")
     pol.add_argument("--json", metavar="OUT", help="also write results as JSON")
-    bsim = bench_sub.add_parser("sim", help="CPU-seconds to simulate whole workloads")
-    bsim.add_argument("workloads", nargs="*",
+    bsim = subcommand(bench_sub, "sim", "CPU-seconds to simulate whole workloads")
+    bsim.add_argument("workloads", nargs="*", metavar="WORKLOAD",
                       default=["saturn/workload-1", "newtrace/workload-1"],
-                      help="default: saturn/workload-1 newtrace/workload-1")
+                      help="CSV files or shipped workloads "
+                           "(default: saturn/workload-1 newtrace/workload-1)")
     bsim.add_argument("--policy", default="sia")
     bsim.add_argument("--cluster", default="hetero64")
 
-    rp = sub.add_parser("replay", help="submit a trace to a live controller with modeled "
-                                       "agents, and compare with the simulator")
-    rp.add_argument("workload", help="a CSV file or shipped workload (saturn/workload-1, ...)")
+    rp = subcommand(sub, "replay", "submit a trace to a live controller with modeled "
+                                   "agents, and compare with the simulator")
+    rp.add_argument("workload", metavar="WORKLOAD",
+                    help="a CSV file or shipped workload (saturn/workload-1, ...)")
     rp.add_argument("--time-scale", type=float, default=300.0,
                     help="cluster seconds per real second (default 300)")
     rp.add_argument("--policy", default="sia")
@@ -102,24 +112,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from sia_grpc.client.cli import add_commands
 
-    add_commands(sub)  # submit, ls, get, cancel, delete, watch, cluster (talk to a controller)
+    add_commands(sub)  # submit, ls, get, ..., drain, undrain, forget (talk to a controller)
 
     from sia_grpc.security.cli import add_commands as add_security_commands
 
-    add_security_commands(sub)  # certs init/issue, tokens add
+    add_security_commands(sub)  # certs init/issue, tokens add/list/revoke
 
-    ld = bench_sub.add_parser("load", help="many agents and many submitted jobs: none lost, "
-                                           "controller memory and CPU recorded")
+    ld = subcommand(bench_sub, "load", "many agents and many submitted jobs: none lost, "
+                                       "controller memory and CPU recorded")
     ld.add_argument("--agents", type=int, default=1000)
     ld.add_argument("--gpus-per-agent", type=int, default=8)
     ld.add_argument("--jobs", type=int, default=10000)
     ld.add_argument("--clients", type=int, default=64)
     ld.add_argument("--json", action="store_true")
-    tr = bench_sub.add_parser("training", help="resize latency and profiling time of real "
-                                               "workers through the agent's torch back-end")
+    tr = subcommand(bench_sub, "training", "resize latency and profiling time of real "
+                                           "workers through the agent's torch back-end")
     tr.add_argument("--json", action="store_true")
-    cp = bench_sub.add_parser("control-plane",
-                              help="round latency and CreateJob throughput over loopback")
+    cp = subcommand(bench_sub, "control-plane",
+                    "round latency and CreateJob throughput over loopback")
     cp.add_argument("--agents", type=int, default=128)
     cp.add_argument("--gpus-per-agent", type=int, default=8)
     cp.add_argument("--jobs", type=int, default=256, help="active jobs during the rounds")
@@ -130,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--agents-in-process", action="store_true",
                     help="run the agents as tasks in the controller's process "
                          "(default: one agent process per GPU type)")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is not None:
         return args.func(args)

@@ -127,7 +127,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
             jobs = [j async for j in client.list()]
             elapsed = (clock.time() - t0) / 60
             text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
-                    f"submitted\n{jobs_table(jobs, nodes=True)}")
+                    f"submitted\n{jobs_table(jobs, now=clock.time())}")
             print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
             if submitter.done() and all(j.status.state in (pb.JOB_STATE_SUCCEEDED,
                                                           pb.JOB_STATE_FAILED,

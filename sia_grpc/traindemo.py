@@ -152,7 +152,7 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
                         path.append(here)
             text = (f"{time.monotonic() - t0:5.0f} s — {len(jobs)}/{len(demo_jobs)} jobs "
                     "submitted\n"
-                    + jobs_table(jobs, nodes=True))
+                    + jobs_table(jobs, now=time.time()))
             print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
             if submitter.done() and len(jobs) == len(demo_jobs) and all(map(is_terminal, jobs)):
                 break

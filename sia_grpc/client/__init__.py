@@ -1,5 +1,6 @@
 """Talking to a Sia controller: the SDK (`SiaClient`, `AsyncSiaClient`) and job spec files."""
 
+from sia_grpc.api import JobState
 from sia_grpc.client.sdk import (
     DEFAULT_TARGET,
     TERMINAL_STATES,
@@ -7,7 +8,9 @@ from sia_grpc.client.sdk import (
     AsyncSiaClient,
     Backoff,
     JobHandle,
+    JobView,
     SiaClient,
+    StatusView,
     is_terminal,
 )
 from sia_grpc.client.spec import SpecError, load_spec, spec_from_mapping, spec_to_mapping
@@ -19,7 +22,10 @@ __all__ = [
     "AsyncSiaClient",
     "Backoff",
     "JobHandle",
+    "JobState",
+    "JobView",
     "SiaClient",
+    "StatusView",
     "SpecError",
     "is_terminal",
     "load_spec",

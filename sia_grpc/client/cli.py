@@ -1,11 +1,17 @@
 """The user-facing `sia` commands that talk to a controller: submit, ls, get, cancel,
-delete, watch, cluster, and (admin) drain and undrain.
+delete, watch, cluster, and (admin) drain, undrain and forget.
 
 `add_commands` registers them on the main parser's subparsers; each sets
 `func(args) -> exit code`. Failures print one `error: ...` line to stderr and
 return 1 (2 for a spec file that cannot be used), never a traceback. The
 formatting lives in small pure functions so that it can be tested without a
 controller.
+
+`-o json` (and `-o yaml`, the same document) is the proto3 JSON mapping of the
+messages (`google.protobuf.json_format`, field names as in the .proto files, every
+field present), so scripts read exactly what `grpcurl` would show:
+`ls` -> {"jobs": [Job, ...]}, `get` -> Job, `cluster` -> {"cluster": Cluster,
+"rounds": [Round, ...]} (docs/operations.md, "Scripting with -o json").
 """
 
 from __future__ import annotations
@@ -21,14 +27,18 @@ from typing import Any
 
 import grpc
 import yaml
+from google.protobuf import json_format
 
 from sia_grpc.api import node_state_name, pb, state_name
-from sia_grpc.client.sdk import DEFAULT_TARGET, SiaClient
-from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
+from sia_grpc.argparsing import subcommand
+from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient
+from sia_grpc.client.spec import SpecError, load_spec, parse_spec, spec_to_mapping
 from sia_grpc.errors import ApiError
 from sia_grpc.security.tls import probe_tls
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase screen: a redraw in place
+STDIN = "-"  # `sia submit -`: the spec comes on standard input
+_now = time.time  # the clock AGE is measured with (tests set another)
 
 # -- formatting (pure) ---------------------------------------------------------------
 
@@ -57,6 +67,36 @@ def format_nodes(job: pb.Job) -> str:
     return ",".join(nodes) or "-"
 
 
+def format_age(seconds: float) -> str:
+    """kubectl's AGE: "45s", "5m30s", "2h", "3d4h", "400d" (a negative age, a clock
+    ahead of ours, is "0s")."""
+    s = max(int(seconds), 0)
+    m, h, d = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if d < 365 * 2:
+        return f"{d}d"
+    return f"{d // 365}y{d % 365}d" if d < 365 * 8 and d % 365 else f"{d // 365}y"
+
+
+def format_time(ts: Any) -> str:
+    """A Timestamp as "2026-01-05T09:30:00Z" (UTC, whole seconds), "-" when unset."""
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    when = datetime.datetime.fromtimestamp(ts.seconds, datetime.UTC)
+    return when.replace(tzinfo=None).isoformat() + "Z"
+
+
 def table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     """Left-aligned columns two spaces apart."""
     cells = [list(map(str, header)), *([str(c) for c in row] for row in rows)]
@@ -65,22 +105,48 @@ def table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
                      for row in cells)
 
 
-def jobs_table(jobs: Iterable[pb.Job], *, nodes: bool = False) -> str:
-    """The `sia ls` table (with `nodes`, also where each job runs, for `sia watch`)."""
-    header = ["ID", "NAME", "STATE", "GPUS", "BATCH", "PROGRESS", "RESTARTS"]
-    header += ["NODES", "REASON"] if nodes else ["REASON"]
-    rows = []
-    for job in jobs:
-        st = job.status
-        row = [job.job_id, job.spec.name or "-", state_name(st.state), format_gpus(job),
-               st.allocation.batch_size or "-", f"{st.progress * 100:.0f}%", st.restarts]
-        row += [format_nodes(job)] if nodes else []
-        rows.append([*row, st.message or st.reason])
-    return table(header, rows)
+def sorted_jobs(jobs: Iterable[pb.Job]) -> list[pb.Job]:
+    """Oldest first: by create time, then job id (jobs created in one instant)."""
+    def key(job: pb.Job) -> tuple[int, int, str]:
+        t = job.status.create_time
+        return t.seconds, t.nanos, job.job_id
+    return sorted(jobs, key=key)
+
+
+def _age(job: pb.Job, now: float) -> str:
+    t = job.status.create_time
+    return format_age(now - t.seconds - t.nanos / 1e9) if t.seconds else "-"
+
+
+# The `sia ls` columns: (header, only with -o wide, cell of a job at time `now`).
+_JOB_COLUMNS: list[tuple[str, bool, Callable[[pb.Job, float], Any]]] = [
+    ("ID", False, lambda j, now: j.job_id),
+    ("NAME", False, lambda j, now: j.spec.name or "-"),
+    ("TENANT", False, lambda j, now: j.spec.tenant or "-"),
+    ("APPLICATION", True, lambda j, now: j.spec.application or "-"),
+    ("STATE", False, lambda j, now: state_name(j.status.state)),
+    ("GPUS", False, lambda j, now: format_gpus(j)),
+    ("NODES", False, lambda j, now: format_nodes(j)),
+    ("BATCH", True, lambda j, now: j.status.allocation.batch_size or "-"),
+    ("PROGRESS", False, lambda j, now: f"{j.status.progress * 100:.0f}%"),
+    ("GOODPUT", True, lambda j, now: f"{j.status.goodput:.3g}"),
+    ("RESTARTS", False, lambda j, now: j.status.restarts),
+    ("GENERATION", True, lambda j, now: j.status.generation),
+    ("AGE", False, _age),
+    ("REASON", False, lambda j, now: j.status.message or j.status.reason),
+]
+
+
+def jobs_table(jobs: Iterable[pb.Job], *, now: float, wide: bool = False) -> str:
+    """The `sia ls` table, oldest job first; AGE is from `now` (seconds since the
+    epoch). `wide` adds the application, batch size, goodput and generation."""
+    columns = [(name, cell) for name, wide_only, cell in _JOB_COLUMNS if wide or not wide_only]
+    return table([name for name, _ in columns],
+                 [[cell(job, now) for _, cell in columns] for job in sorted_jobs(jobs)])
 
 
 def event_line(ev: pb.JobEvent) -> str:
-    """One `sia watch` line when stdout is not a terminal."""
+    """One `sia watch` line (off a terminal, or with --events)."""
     job, st = ev.job, ev.job.status
     kind = pb.JobEvent.Kind.Name(ev.kind).removeprefix("KIND_")
     parts = [f"rev={ev.revision}", kind, job.job_id, state_name(st.state),
@@ -91,8 +157,11 @@ def event_line(ev: pb.JobEvent) -> str:
     return " ".join(parts) + (f" reason={reason!r}" if reason else "")
 
 
-def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round]) -> str:
-    """`sia cluster`: GPUs by type, nodes with their allocation, and recent rounds."""
+def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
+                   wide: bool = False) -> str:
+    """`sia cluster`: GPUs by type, nodes with their allocation, and recent rounds
+    (oldest first, with their start times). `wide` adds each node's agent version
+    and last heartbeat, and each round's phases and end time."""
     out = [f"policy: {cluster.policy or '-'}  round: {cluster.round_duration_s:g}s", ""]
     out.append(table(["GPU TYPE", "NODES", "GPUS", "ALLOCATED", "FREE"],
                      [[t.gpu_type, t.nodes, t.gpus, t.allocated, t.gpus - t.allocated]
@@ -104,17 +173,26 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round]) -> str:
         state = node_state_name(n.state)
         if n.drain_reason:
             state += f" ({n.drain_reason})"
-        node_rows.append([n.name, n.gpu_type, state, f"{used}/{n.num_gpus}",
-                          ",".join(jobs) or "-"])
-    out += ["", table(["NODE", "TYPE", "STATE", "GPUS USED", "JOBS"], node_rows), ""]
+        row = [n.name, n.gpu_type, state, f"{used}/{n.num_gpus}"]
+        row += [n.agent_version or "-", format_time(n.last_heartbeat)] if wide else []
+        node_rows.append([*row, ",".join(jobs) or "-"])
+    node_header = ["NODE", "TYPE", "STATE", "GPUS USED"]
+    node_header += ["AGENT", "LAST HEARTBEAT"] if wide else []
+    out += ["", table([*node_header, "JOBS"], node_rows), ""]
     rounds = list(rounds)
     if not rounds:
         out.append("no scheduling rounds yet")
-    else:
-        out.append(table(
-            ["ROUND", "TRIGGER", "JOBS", "GPUS", "MOVED", "SOLVE MS", "TOTAL MS", "NOTE"],
-            [[r.round, r.trigger or "-", r.jobs, r.gpus_allocated, r.jobs_moved,
-              f"{r.solve_ms:.1f}", f"{r.total_ms:.1f}", r.note] for r in rounds]))
+        return "\n".join(out)
+    header = ["ROUND", "START", "TRIGGER", "JOBS", "GPUS", "MOVED", "SOLVE MS", "TOTAL MS"]
+    header += ["ESTIMATE MS", "PLACE MS", "DISPATCH MS", "OBJECTIVE", "END"] if wide else []
+    rows = []
+    for r in rounds:
+        row = [r.round, format_time(r.start_time), r.trigger or "-", r.jobs, r.gpus_allocated,
+               r.jobs_moved, f"{r.solve_ms:.1f}", f"{r.total_ms:.1f}"]
+        row += [f"{r.estimate_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
+                f"{r.objective:.4g}", format_time(r.end_time)] if wide else []
+        rows.append([*row, r.note])
+    out.append(table([*header, "NOTE"], rows))
     return "\n".join(out)
 
 
@@ -123,7 +201,7 @@ def _timestamp(ts: Any) -> str:
 
 
 def job_to_mapping(job: pb.Job) -> dict[str, Any]:
-    """`sia get` output; its `spec` is a valid spec file for `sia submit`."""
+    """`sia get`'s readable view; its `spec` is a valid spec file for `sia submit`."""
     st = job.status
     status: dict[str, Any] = {"state": state_name(st.state)}
     if st.HasField("allocation"):
@@ -143,24 +221,49 @@ def job_to_mapping(job: pb.Job) -> dict[str, Any]:
             "spec": spec_to_mapping(job.spec), "status": status}
 
 
-def error_line(err: ApiError, target: str, hint: str | None = None) -> str:
+def message_to_data(msg: Any) -> dict[str, Any]:
+    """The proto3 JSON mapping of a message (an SDK view: of its message), with the
+    .proto's field names and every field present: what `-o json` prints."""
+    return json_format.MessageToDict(msg.proto if isinstance(msg, JobView) else msg,
+                                     preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def dump(data: Any, output: str) -> str:
+    """`data` as `-o json` or `-o yaml` prints it."""
+    if output == "json":
+        return json.dumps(data, indent=2, ensure_ascii=False)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n")
+
+
+def describe_error(err: ApiError, target: str, hint: str | None = None) -> str:
     """`hint`: what a failed connection's cause is, when known (`_transport_hint`)."""
     if hint:
-        return f"error: {hint}"
+        return hint
     # Connection failures come from the client library with no ErrorInfo reason;
     # an UNAVAILABLE the controller chose to send has one and is shown as sent.
     if not err.reason and err.code == grpc.StatusCode.UNAVAILABLE:
-        return f"error: cannot reach the controller at {target} (UNAVAILABLE)"
+        return f"cannot reach the controller at {target} (UNAVAILABLE)"
     if not err.reason and err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"error: the controller at {target} did not answer in time (DEADLINE_EXCEEDED)"
-    return f"error: {err}"
+        return f"the controller at {target} did not answer in time (DEADLINE_EXCEEDED)"
+    return str(err)
+
+
+def error_line(err: ApiError, target: str, hint: str | None = None) -> str:
+    return f"error: {describe_error(err, target, hint)}"
+
+
+def _unreachable(err: ApiError) -> bool:
+    """A failure of the connection, not the controller's answer about one request."""
+    return not err.reason and err.code in (grpc.StatusCode.UNAVAILABLE,
+                                           grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 # -- commands ------------------------------------------------------------------------
 
 
 class _UsageError(Exception):
-    """A credentials flag that cannot be used (exit 2)."""
+    """A flag that cannot be used as given (exit 2)."""
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -193,48 +296,97 @@ def _client(args: argparse.Namespace) -> SiaClient:
         raise _UsageError(str(err)) from None
 
 
-def _submit(args: argparse.Namespace) -> int:
+def _read_spec(name: str) -> pb.JobSpec:
+    if name == STDIN:
+        return parse_spec(sys.stdin.read(), name="<stdin>")  # YAML or JSON
     try:
-        spec = load_spec(args.file)
+        return load_spec(name)
     except OSError as err:
-        raise SpecError("", f"cannot read: {err.strerror or err}", path=args.file) from None
+        raise SpecError("", f"cannot read: {err.strerror or err}", path=name) from None
+
+
+def _read_specs(names: list[str]) -> list[tuple[str, pb.JobSpec]] | None:
+    """Every spec, read and checked before any is submitted; None (each bad file
+    reported on stderr) if one cannot be used."""
+    specs, bad = [], 0
+    for name in names:
+        try:
+            specs.append((name, _read_spec(name)))
+        except SpecError as err:
+            print(f"error: {err}", file=sys.stderr)
+            bad += 1
+    return None if bad else specs
+
+
+def _follow(handle: JobHandle) -> bool:
+    """Print the job's state as it changes until it ends; whether it succeeded."""
+    shown = None
+    for job in handle.watch():
+        line = f"{job.job_id} {job.state} {format_gpus(job)}"
+        if line != shown:
+            print(line, flush=True)
+            shown = line
+    if job.status.message:
+        print(f"{job.job_id}: {job.status.message}", flush=True)
+    return job.state == pb.JOB_STATE_SUCCEEDED
+
+
+def _submit(args: argparse.Namespace) -> int:
+    if args.files.count(STDIN) > 1:
+        raise _UsageError("'-' (standard input) can be given once")
+    if args.id and len(args.files) > 1:
+        raise _UsageError("--id: names one job; give one spec file with it")
+    specs = _read_specs(args.files)
+    if specs is None:
+        return 2  # nothing was submitted
+    several = len(specs) > 1
+    handles, rejected = [], 0
     with _client(args) as sia:
-        handle = sia.submit(spec, job_id=args.id or "")
-        print(handle.job_id, flush=True)
-        if not args.wait:
-            return 0
-        shown = None
-        for job in handle.watch():
-            line = f"{job.job_id} {state_name(job.status.state)} {format_gpus(job)}"
-            if line != shown:
-                print(line, flush=True)
-                shown = line
-        if job.status.message:
-            print(f"{job.job_id}: {job.status.message}", flush=True)
-        return 0 if job.status.state == pb.JOB_STATE_SUCCEEDED else 1
+        for name, spec in specs:
+            try:
+                handles.append(sia.submit(spec, job_id=args.id or ""))
+            except ApiError as err:
+                if not several or _unreachable(err):
+                    raise
+                print(f"error: {name}: {describe_error(err, args.controller)}", file=sys.stderr)
+                rejected += 1
+                continue
+            print(handles[-1].job_id, flush=True)
+        succeeded = [_follow(h) for h in handles] if args.wait else []
+    return 1 if rejected or not all(succeeded) else 0
+
+
+def _jobs(args: argparse.Namespace, sia: SiaClient) -> list[pb.Job]:
+    return sorted_jobs(sia.list(states=args.state or (), tenant=args.tenant))
 
 
 def _ls(args: argparse.Namespace) -> int:
     with _client(args) as sia:
-        jobs = list(sia.list(states=args.state or (), tenant=args.tenant))
-    print(jobs_table(jobs) if jobs else "no jobs")
+        jobs = _jobs(args, sia)
+    if args.output in ("json", "yaml"):
+        print(dump({"jobs": [message_to_data(j) for j in jobs]}, args.output))
+    else:
+        print(jobs_table(jobs, now=_now(), wide=args.output == "wide") if jobs
+              else "no jobs")
     return 0
 
 
 def _get(args: argparse.Namespace) -> int:
     with _client(args) as sia:
-        data = job_to_mapping(sia.get(args.job))
-    if args.output == "json":
-        print(json.dumps(data, indent=2))
+        job = sia.get(args.job)
+    if args.output in ("json", "yaml"):
+        print(dump(message_to_data(job), args.output))
+    elif args.output == "wide":
+        print(jobs_table([job], now=_now(), wide=True))
     else:
-        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+        print(dump(job_to_mapping(job), "yaml"))
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
     with _client(args) as sia:
         job = sia.cancel(args.job)
-    print(f"{job.job_id} {state_name(job.status.state)}")
+    print(f"{job.job_id} {job.state}")
     return 0
 
 
@@ -246,7 +398,7 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    tty = sys.stdout.isatty()
+    table_view = sys.stdout.isatty() and not args.events
     jobs: dict[str, pb.Job] = {}
     with _client(args) as sia:
         try:
@@ -255,9 +407,10 @@ def _watch(args: argparse.Namespace) -> int:
                     jobs.pop(ev.job.job_id, None)
                 else:
                     jobs[ev.job.job_id] = ev.job
-                if tty:
+                if table_view:
+                    shown = jobs_table(jobs.values(), now=_now()) if jobs else "no jobs"
                     sys.stdout.write(f"{CLEAR}sia watch  {args.controller}  revision "
-                                     f"{ev.revision}\n\n{jobs_table(jobs.values(), nodes=True)}\n")
+                                     f"{ev.revision}\n\n{shown}\n")
                     sys.stdout.flush()
                 else:
                     print(event_line(ev), flush=True)
@@ -268,8 +421,12 @@ def _watch(args: argparse.Namespace) -> int:
 
 def _cluster(args: argparse.Namespace) -> int:
     with _client(args) as sia:
-        report = cluster_report(sia.cluster(), sia.rounds())
-    print(report)
+        cluster, rounds = sia.cluster(), sia.rounds(limit=args.rounds)
+    if args.output in ("json", "yaml"):
+        print(dump({"cluster": message_to_data(cluster),
+                    "rounds": [message_to_data(r) for r in rounds]}, args.output))
+    else:
+        print(cluster_report(cluster, rounds, wide=args.output == "wide"))
     return 0
 
 
@@ -314,6 +471,14 @@ def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
                         issue="sia certs issue DIR --admin NAME")
 
 
+def _forget(args: argparse.Namespace) -> int:
+    with _client(args) as sia:
+        node = sia.forget_node(args.node)
+    print(f"{node.name} forgotten ({node.gpu_type or 'unknown type'}, {node.num_gpus} GPUs, "
+          f"last heartbeat {format_time(node.last_heartbeat)})")
+    return 0
+
+
 def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`func` with failures turned into one stderr line and an exit code."""
     def run(args: argparse.Namespace) -> int:
@@ -331,14 +496,28 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
             return 1
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:  # `sia ls -o json | head`: the reader has gone
+            # Point stdout at /dev/null so that the flush at exit does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141  # as a process killed by SIGPIPE (128 + 13)
     run.__doc__ = func.__doc__
     return run
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def add_commands(subparsers: Any) -> None:
     """Register the controller commands on `parser.add_subparsers()`."""
-    def command(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> Any:
-        p = subparsers.add_parser(name, help=help)
+    def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
+        p = subcommand(subparsers, name, summary)
         p.add_argument("--controller", metavar="HOST:PORT", default=DEFAULT_TARGET,
                        help=f"the controller's address (default {DEFAULT_TARGET}; "
                             "env SIA_CONTROLLER)")
@@ -353,38 +532,57 @@ def add_commands(subparsers: Any) -> None:
         p.set_defaults(func=_guarded(func))
         return p
 
-    p = command("submit", "submit a job from a YAML, TOML or JSON spec file", _submit)
-    p.add_argument("file", metavar="FILE")
+    def output(p: Any, default: str) -> None:
+        p.add_argument("-o", "--output", choices=("json", "yaml", "wide"), default=None,
+                       help=f"json or yaml: the proto3 JSON mapping, for scripts "
+                            f"(docs/operations.md); wide: more columns (default: {default})")
+
+    p = command("submit", "submit jobs from YAML, TOML or JSON spec files ('-': from stdin)",
+                _submit)
+    p.add_argument("files", metavar="FILE", nargs="+",
+                   help="a spec file, or '-' to read one (YAML or JSON) from standard input; "
+                        "all are checked before any is submitted")
     p.add_argument("--id", metavar="JOB_ID", help="the job's id (default: generated)")
     p.add_argument("--wait", action="store_true",
-                   help="follow the job; exit 0 only if it succeeds")
+                   help="follow the jobs; exit 0 only if they all succeed")
 
-    p = command("ls", "list jobs", _ls)
+    p = command("ls", "list jobs, oldest first (by create time, then id)", _ls)
     p.add_argument("--state", type=parse_state, nargs="+", action="extend", metavar="STATE",
                    help="only jobs in these states (queued, running, ...)")
     p.add_argument("--tenant", default="", metavar="T", help="only this tenant's jobs")
+    output(p, "a table")
 
     p = command("get", "show one job", _get)
-    p.add_argument("job", metavar="JOB")
-    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.add_argument("job", metavar="JOB", help="the job's id")
+    output(p, "a readable YAML view whose spec is a spec file")
 
     p = command("cancel", "cancel a job (it stays listed as CANCELLED)", _cancel)
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="the job's id")
 
     p = command("delete", "remove a finished job's record", _delete)
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="the job's id")
 
-    p = command("watch", "follow jobs and their allocations live (Ctrl-C to stop)", _watch)
-    p.add_argument("job", metavar="JOB", nargs="?", help="only this job")
+    p = command("watch", "follow jobs live: a table redrawn in place on a terminal, else "
+                         "one line per change (Ctrl-C to stop)", _watch)
+    p.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: all)")
+    p.add_argument("--events", action="store_true",
+                   help="one line per change even on a terminal")
 
-    command("cluster", "nodes, GPUs by type, and the last scheduling rounds", _cluster)
+    p = command("cluster", "nodes, GPUs by type, and the last scheduling rounds", _cluster)
+    p.add_argument("--rounds", type=_positive, default=20, metavar="N",
+                   help="how many recent rounds (default 20; the controller keeps 1000)")
+    output(p, "tables")
 
     p = command("drain", "admin: take a node out of scheduling; its jobs move elsewhere", _drain)
-    p.add_argument("node", metavar="NODE")
+    p.add_argument("node", metavar="NODE", help="the node's id (as 'sia cluster' lists it)")
     p.add_argument("--reason", metavar="TEXT", help="shown in 'sia cluster' and the agent's log")
     p.add_argument("--wait", action="store_true", help="return once no job holds its GPUs")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
                    help="with --wait: give up after S seconds (default 600)")
 
     p = command("undrain", "admin: let a drained node take work again", _undrain)
-    p.add_argument("node", metavar="NODE")
+    p.add_argument("node", metavar="NODE", help="the node's id")
+
+    p = command("forget", "admin: remove a LOST node (its agent gone for good) and its drain",
+                _forget)
+    p.add_argument("node", metavar="NODE", help="the node's id; it must be LOST")

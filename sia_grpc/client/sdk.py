@@ -2,6 +2,13 @@
 
     with SiaClient("127.0.0.1:50051") as sia:
         job = sia.submit(load_spec("job.yaml")).wait(timeout=3600)
+        job = sia.submit({"name": "resnet", "application": "cifar10",
+                          "adaptivity": "adaptive"}).wait()   # a spec file's mapping
+        print(job.status.state)                               # SUCCEEDED
+
+Jobs come back as `JobView`s: the `pb.Job` with `status.state` (and `.state`) as a
+`JobState`, which prints as its name and equals the `pb.JOB_STATE_*` number;
+`.proto` is the message itself. Watch events (`watch()`) are the wire messages.
 
 Security (docs/security.md): `token=` sends `authorization: Bearer <token>` on every
 call; `ca=` (a PEM path or bytes) makes the channel TLS, verified against that CA,
@@ -27,23 +34,100 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from sia_grpc.api import TERMINAL_STATES, ClusterServiceStub, JobServiceStub, pb
+from sia_grpc.api import (
+    TERMINAL_STATES,
+    ClusterServiceStub,
+    JobServiceStub,
+    JobState,
+    job_state,
+    pb,
+    state_name,
+)
+from sia_grpc.client.spec import spec_from_mapping
 from sia_grpc.errors import ApiError
 from sia_grpc.security.tls import PemSource, channel_credentials
 
 DEFAULT_TARGET = os.environ.get("SIA_CONTROLLER") or "127.0.0.1:50051"
 
 
-
-def is_terminal(job: pb.Job) -> bool:
+def is_terminal(job: pb.Job | JobView) -> bool:
     """Whether the job has finished for good (SUCCEEDED, FAILED or CANCELLED)."""
     return job.status.state in TERMINAL_STATES
+
+
+# -- what the calls return -----------------------------------------------------------
+
+
+class _View:
+    """Read-only access to a message's fields; `.proto` is the message itself."""
+
+    __slots__ = ("proto",)
+
+    def __init__(self, proto: Any) -> None:
+        object.__setattr__(self, "proto", proto)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "proto":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.proto, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only; change .proto instead")
+
+    def __eq__(self, other: object) -> bool:
+        return self.proto == (other.proto if isinstance(other, _View) else other)
+
+    __hash__ = None  # type: ignore[assignment]  (as the messages: mutable, unhashable)
+
+
+class StatusView(_View):
+    """A `pb.JobStatus` whose `state` is a `JobState` ("RUNNING" when printed)."""
+
+    __slots__ = ()
+
+    @property
+    def state(self) -> JobState | int:
+        return job_state(self.proto.state)
+
+    def __repr__(self) -> str:
+        return f"StatusView(state={state_name(self.proto.state)})"
+
+
+class JobView(_View):
+    """A `pb.Job` as the SDK returns it: every field of the message, with
+    `status.state` (and the shortcut `state`) a `JobState`, so `print(job.state)`
+    shows "RUNNING" and `job.state == pb.JOB_STATE_RUNNING` holds. Where a `pb.Job`
+    itself is needed (a message field, `CopyFrom`), pass `job.proto`."""
+
+    __slots__ = ()
+
+    @property
+    def status(self) -> StatusView:
+        return StatusView(self.proto.status)
+
+    @property
+    def state(self) -> JobState | int:
+        return job_state(self.proto.status.state)
+
+    def __repr__(self) -> str:
+        return f"JobView({self.proto.job_id!r}, state={state_name(self.proto.status.state)})"
+
+
+def _as_spec(spec: pb.JobSpec | Mapping[str, Any]) -> pb.JobSpec:
+    """A JobSpec, or the mapping a spec file holds, as a JobSpec (SpecError naming the
+    field when the mapping has a wrong one, as `sia submit` reports it)."""
+    if isinstance(spec, pb.JobSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return spec_from_mapping(spec)
+    raise TypeError(f"spec: expected a pb.JobSpec or a mapping of its fields, "
+                    f"got {type(spec).__name__}")
 
 
 # -- shared pieces -------------------------------------------------------------------
@@ -240,29 +324,31 @@ class SiaClient:
             self._sleep(self._backoff.delay(attempt))
         raise AssertionError("unreachable")
 
-    def submit(self, spec: pb.JobSpec, *, job_id: str = "",
+    def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                request_id: str | None = None) -> JobHandle:
-        """Create a job; `request_id` (a fresh uuid4 by default) makes a retry return it."""
-        job = self._write(self._jobs.CreateJob, _create_request(spec, job_id, request_id))
+        """Create a job from a JobSpec or a spec file's mapping; `request_id` (a fresh
+        uuid4 by default) makes a retry return it."""
+        request = _create_request(_as_spec(spec), job_id, request_id)
+        job = self._write(self._jobs.CreateJob, request)
         return JobHandle(self, job.job_id)
 
-    def get(self, job_id: str) -> pb.Job:
-        return self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id))
+    def get(self, job_id: str) -> JobView:
+        return JobView(self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id)))
 
     def list(self, *, states: Iterable[int] = (), tenant: str = "",
-             page_size: int = 100) -> Iterator[pb.Job]:
+             page_size: int = 100) -> Iterator[JobView]:
         """Every matching job, in creation order, fetching pages as it goes."""
         states, token = tuple(states), ""
         while True:
             page = self._read(self._jobs.ListJobs,
                               _list_request(states, tenant, page_size, token))
-            yield from page.jobs
+            yield from map(JobView, page.jobs)
             token = page.next_page_token
             if not token:
                 return
 
-    def cancel(self, job_id: str) -> pb.Job:
-        return self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id))
+    def cancel(self, job_id: str) -> JobView:
+        return JobView(self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id)))
 
     def delete(self, job_id: str) -> None:
         self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
@@ -296,9 +382,9 @@ class SiaClient:
             left = _remaining(deadline)
             self._sleep(delay if left is None else min(delay, left))
 
-    def _follow(self, job_id: str, deadline: float | None = None) -> Iterator[pb.Job]:
+    def _follow(self, job_id: str, deadline: float | None = None) -> Iterator[JobView]:
         job = self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id), deadline)
-        yield job
+        yield JobView(job)
         if is_terminal(job):
             return
         events = self._events(job_id, job.revision, deadline)
@@ -307,7 +393,7 @@ class SiaClient:
                 nxt = _next_version(job, ev)
                 if nxt is not None:
                     job = nxt
-                    yield job
+                    yield JobView(job)
                     if is_terminal(job):
                         return
         raise _watch_ended(job_id)
@@ -328,6 +414,11 @@ class SiaClient:
         """Admin: end `node`'s drain."""
         return self._write(self._cluster.UndrainNode, pb.UndrainNodeRequest(node=node))
 
+    def forget_node(self, node: str) -> pb.Node:
+        """Admin: remove a LOST node from the cluster (and its drain); returns its last
+        record. Only a LOST node can be forgotten (FAILED_PRECONDITION otherwise)."""
+        return self._write(self._cluster.ForgetNode, pb.ForgetNodeRequest(node=node))
+
     def handle(self, job_id: str) -> JobHandle:
         return JobHandle(self, job_id)
 
@@ -341,17 +432,17 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"JobHandle({self.job_id!r})"
 
-    def job(self) -> pb.Job:
+    def job(self) -> JobView:
         return self._client.get(self.job_id)
 
-    def status(self) -> pb.JobStatus:
+    def status(self) -> StatusView:
         return self.job().status
 
-    def watch(self) -> Iterator[pb.Job]:
+    def watch(self) -> Iterator[JobView]:
         """The job's current version, then each new one until it reaches a terminal state."""
         return self._client._follow(self.job_id)
 
-    def wait(self, timeout: float | None = None) -> pb.Job:
+    def wait(self, timeout: float | None = None) -> JobView:
         """The terminal job; TimeoutError if it has not finished within `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         versions = self._client._follow(self.job_id, deadline)
@@ -360,7 +451,7 @@ class JobHandle:
                 last = job
         return last
 
-    def cancel(self) -> pb.Job:
+    def cancel(self) -> JobView:
         return self._client.cancel(self.job_id)
 
 
@@ -416,28 +507,30 @@ class AsyncSiaClient:
             await self._sleep(self._backoff.delay(attempt))
         raise AssertionError("unreachable")
 
-    async def submit(self, spec: pb.JobSpec, *, job_id: str = "",
+    async def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                      request_id: str | None = None) -> AsyncJobHandle:
-        job = await self._write(self._jobs.CreateJob, _create_request(spec, job_id, request_id))
+        request = _create_request(_as_spec(spec), job_id, request_id)
+        job = await self._write(self._jobs.CreateJob, request)
         return AsyncJobHandle(self, job.job_id)
 
-    async def get(self, job_id: str) -> pb.Job:
-        return await self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id))
+    async def get(self, job_id: str) -> JobView:
+        return JobView(await self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id)))
 
     async def list(self, *, states: Iterable[int] = (), tenant: str = "",
-                   page_size: int = 100) -> AsyncIterator[pb.Job]:
+                   page_size: int = 100) -> AsyncIterator[JobView]:
         states, token = tuple(states), ""
         while True:
             page = await self._read(self._jobs.ListJobs,
                                     _list_request(states, tenant, page_size, token))
             for job in page.jobs:
-                yield job
+                yield JobView(job)
             token = page.next_page_token
             if not token:
                 return
 
-    async def cancel(self, job_id: str) -> pb.Job:
-        return await self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id))
+    async def cancel(self, job_id: str) -> JobView:
+        return JobView(await self._write(self._jobs.CancelJob,
+                                         pb.CancelJobRequest(job_id=job_id)))
 
     async def delete(self, job_id: str) -> None:
         await self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
@@ -460,9 +553,9 @@ class AsyncSiaClient:
                 call.cancel()
             await self._sleep(delay)
 
-    async def _follow(self, job_id: str) -> AsyncIterator[pb.Job]:
-        job = await self.get(job_id)
-        yield job
+    async def _follow(self, job_id: str) -> AsyncIterator[JobView]:
+        job = await self._read(self._jobs.GetJob, pb.GetJobRequest(job_id=job_id))
+        yield JobView(job)
         if is_terminal(job):
             return
         events = self.watch(job_id=job_id, since_revision=job.revision)
@@ -471,7 +564,7 @@ class AsyncSiaClient:
                 nxt = _next_version(job, ev)
                 if nxt is not None:
                     job = nxt
-                    yield job
+                    yield JobView(job)
                     if is_terminal(job):
                         return
         raise _watch_ended(job_id)
@@ -492,6 +585,10 @@ class AsyncSiaClient:
         """Admin: end `node`'s drain."""
         return await self._write(self._cluster.UndrainNode, pb.UndrainNodeRequest(node=node))
 
+    async def forget_node(self, node: str) -> pb.Node:
+        """Admin: remove a LOST node (and its drain); returns its last record."""
+        return await self._write(self._cluster.ForgetNode, pb.ForgetNodeRequest(node=node))
+
     def handle(self, job_id: str) -> AsyncJobHandle:
         return AsyncJobHandle(self, job_id)
 
@@ -505,17 +602,17 @@ class AsyncJobHandle:
     def __repr__(self) -> str:
         return f"AsyncJobHandle({self.job_id!r})"
 
-    async def job(self) -> pb.Job:
+    async def job(self) -> JobView:
         return await self._client.get(self.job_id)
 
-    async def status(self) -> pb.JobStatus:
+    async def status(self) -> StatusView:
         return (await self.job()).status
 
-    def watch(self) -> AsyncIterator[pb.Job]:
+    def watch(self) -> AsyncIterator[JobView]:
         """The job's current version, then each new one until it reaches a terminal state."""
         return self._client._follow(self.job_id)
 
-    async def wait(self, timeout: float | None = None) -> pb.Job:
+    async def wait(self, timeout: float | None = None) -> JobView:
         """The terminal job; TimeoutError if it has not finished within `timeout` seconds."""
         async with asyncio.timeout(timeout):
             versions = self._client._follow(self.job_id)
@@ -524,5 +621,5 @@ class AsyncJobHandle:
                     last = job
         return last
 
-    async def cancel(self) -> pb.Job:
+    async def cancel(self) -> JobView:
         return await self._client.cancel(self.job_id)

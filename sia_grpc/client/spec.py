@@ -202,8 +202,13 @@ _TOML_WHERE = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 def load_spec(path: str | pathlib.Path) -> pb.JobSpec:
     """A JobSpec from a .yaml/.yml, .toml or .json file (OSError if it cannot be read)."""
     path = pathlib.Path(path)
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
+    return parse_spec(path.read_text(encoding="utf-8"), path.suffix, name=str(path))
+
+
+def parse_spec(text: str, suffix: str = ".yaml", *, name: str = "<stdin>") -> pb.JobSpec:
+    """A JobSpec from a spec file's text, parsed by `suffix` (YAML, which JSON also
+    is, by default: what `sia submit -` reads); errors start with `name`."""
+    suffix = suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text)
@@ -213,22 +218,22 @@ def load_spec(path: str | pathlib.Path) -> pb.JobSpec:
             data = json.loads(text)
         else:
             raise SpecError("", f"unknown file type {suffix or '(none)'!r}: "
-                                "expected .yaml, .yml, .toml or .json", path=str(path))
+                                "expected .yaml, .yml, .toml or .json", path=name)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err)
-        raise SpecError("", f"invalid YAML: {problem}", path=str(path),
+        raise SpecError("", f"invalid YAML: {problem}", path=name,
                         line=mark.line + 1 if mark else None) from None
     except tomllib.TOMLDecodeError as err:
         # tomllib (3.11) puts the position only in the message: "... (at line 2, column 12)".
         where = _TOML_WHERE.search(str(err))
         problem = _TOML_WHERE.sub(f" (column {where.group(2)})" if where else "", str(err))
-        raise SpecError("", f"invalid TOML: {problem}", path=str(path),
+        raise SpecError("", f"invalid TOML: {problem}", path=name,
                         line=int(where.group(1)) if where else None) from None
     except json.JSONDecodeError as err:
-        raise SpecError("", f"invalid JSON: {err.msg}", path=str(path),
+        raise SpecError("", f"invalid JSON: {err.msg}", path=name,
                         line=err.lineno) from None
     try:
         return spec_from_mapping(data)
     except SpecError as err:
-        raise SpecError(err.field, err.detail, path=str(path)) from None
+        raise SpecError(err.field, err.detail, path=name) from None

@@ -23,7 +23,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from sia_grpc import api
+from sia_grpc import __version__, api
 from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, ControllerConfig
@@ -51,7 +51,8 @@ from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import Principal, TokenError, TokenStore
 
 log = structlog.get_logger("sia.controller")
-VERSION = "0.1.0"
+VERSION = __version__
+ROUNDS_KEPT = 1000  # published rounds kept (in memory and in the store) for ListRounds
 # The state names the sia_jobs / sia_nodes gauges always report (the CLI's names).
 _JOB_STATES = tuple(state_name(v) for v in pb.JobState.values() if v)
 _NODE_STATES = tuple(node_state_name(v) for v in pb.NodeState.values() if v)
@@ -162,7 +163,7 @@ class Controller:
         self.metrics_port = 0  # where /metrics is served (0: metrics_listen is off)
         self._metrics: MetricsServer | None = None
         self.tokens: TokenStore | None = None
-        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=200)
+        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
         self._events: asyncio.Queue = asyncio.Queue()
         self._unpersisted: set[str] = set()  # jobs whose last write failed
         self._persist_retry_at = 0.0  # (monotonic) when to write them again
@@ -182,6 +183,8 @@ class Controller:
         # round -> [tick ns, solve done ns]; the round is published when acknowledged
         self._round_clock: dict[int, list[int]] = {}
         self._unacked_rounds: dict[int, pb.Round] = {}
+        self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
+        self._upkeep: asyncio.Task | None = None  # the timer's store upkeep
         self._create_flush: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -207,13 +210,18 @@ class Controller:
         self._claim()  # a second controller on this store or address stops here
         self._serve_metrics()  # next: a port in use fails before anything else is open
         self._store = await self._in_store(JobStore, self.config.db_path,
-                                           synchronous=self.config.store_synchronous)
+                                           synchronous=self.config.store_synchronous,
+                                           rounds_limit=ROUNDS_KEPT)
         now = self.clock.time()
         self.state.started_at = now
         for stored in await self._in_store(self._store.all_jobs):
             self.state.restore(stored.job, stored.extra, now)
         for node, reason in (await self._in_store(self._store.drains)).items():
             self.state.restore_drain(node, reason, now)
+        # The round history outlives a restart, and round numbers go on from it.
+        self.rounds.extend(await self._in_store(self._store.rounds))
+        if self.rounds:
+            self.state.round_no = max(self.state.round_no, self.rounds[-1].round)
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
@@ -383,6 +391,9 @@ class Controller:
             await self._server.stop(grace)
         self._pool.close()
         if self._store is not None:
+            if self._upkeep is not None:  # awaited, not cancelled: its writes are queued
+                await asyncio.gather(self._upkeep, return_exceptions=True)
+            await self._save_rounds()
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
         if self._lock is not None:
@@ -511,13 +522,21 @@ class Controller:
         while True:
             await self.clock.sleep(self.config.round_duration)
             self.post(sm.Tick(self.clock.time(), "timer"))
-            try:  # the changelog (WatchJobs' history) keeps its newest entries only
-                dropped = await self._in_store(self._store.compact)
-            except Exception:  # StoreError: logged; the next round tries again
-                log.exception("changelog compaction failed")
-            else:
-                if dropped:
-                    log.info("changelog compacted", dropped=dropped)
+            # Off the timer's path: waiting for the store here would stretch every round.
+            if self._upkeep is None or self._upkeep.done():  # else: the next tick
+                self._upkeep = asyncio.create_task(self._store_upkeep(), name="sia-upkeep")
+
+    async def _store_upkeep(self) -> None:
+        """Once per timer round: save the rounds published since the last time, and
+        trim the changelog (WatchJobs' history) to its newest entries."""
+        await self._save_rounds()
+        try:
+            dropped = await self._in_store(self._store.compact)
+        except Exception:  # StoreError: logged; the next round tries again
+            log.exception("changelog compaction failed")
+        else:
+            if dropped:
+                log.info("changelog compacted", dropped=dropped)
 
     async def _liveness(self) -> None:
         while True:
@@ -556,10 +575,28 @@ class Controller:
         self._unacked_rounds[rnd.round] = rnd
 
     def _publish_round(self, rnd: pb.Round) -> None:
-        """Into the round history and to WatchRounds streams."""
+        """Into the round history (saved to the store with the timer) and to
+        WatchRounds streams."""
+        if not rnd.HasField("end_time"):
+            rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
         self.rounds.append(rnd)
+        self._unsaved_rounds.append(rnd)
         for q in list(self._round_watchers):
             q.put_nowait(rnd)
+
+    async def _save_rounds(self) -> None:
+        """The rounds published since the last save into the store, in one write per
+        timer round (`_store_upkeep`) and at close, not one per round: a slow or locked
+        store would hold up the creates queued behind each. A crash loses those."""
+        batch, self._unsaved_rounds = self._unsaved_rounds, []
+        if not batch:
+            return
+        try:
+            await self._in_store(self._store.add_rounds, batch)
+        except Exception:  # StoreError: kept for the next try, as many as the store keeps
+            log.exception("rounds not saved", rounds=len(batch))
+            self._unsaved_rounds[:0] = batch
+            del self._unsaved_rounds[:-ROUNDS_KEPT]
 
     def _round_acked(self, round_no: int) -> None:
         rnd = self._unacked_rounds.pop(round_no, None)
@@ -743,6 +780,23 @@ class Controller:
                     node_id=node, reason=reason, by=auth.current().name)
         return self.state.node_pb(node)
 
+    async def forget_node(self, node: str) -> pb.Node:
+        """Remove a LOST node and its drain; its last record."""
+        check_job_id(node, "node")
+        if node not in self.state.nodes:
+            raise not_found("node", node)
+        last = self.state.node_pb(node)
+        if last.state != pb.NODE_STATE_LOST:
+            raise _not_lost(node, last.state)
+        await self.submit(sm.NodeForgotten(self.clock.time(), node))
+        if node not in self.state.drained:  # the stored drain follows the state machine's
+            await self._in_store(self._store.set_drain, node, None)
+        back = self.state.nodes.get(node)
+        if back is not None:  # its agent registered again in the meantime
+            raise _not_lost(node, back.state)
+        log.warning("node forgotten", node_id=node, by=auth.current().name)
+        return last
+
     # ------------------------------------------------------------ agents
 
     def _check_takeover(self, old: _Agent, instance_id: str,
@@ -856,6 +910,12 @@ def _peer(context: grpc.aio.ServicerContext) -> str:
         return context.peer() or "unknown"
     except Exception:  # a context without a transport (never expected on a live call)
         return "unknown"
+
+
+def _not_lost(node: str, state: int) -> ApiError:
+    return failed_precondition(
+        f"node {node!r} is {node_state_name(state)}; only a LOST node can be forgotten "
+        "(stop its agent, and it is LOST after heartbeat_timeout)", "NODE_NOT_LOST")
 
 
 def _store_conflict(err: Exception, job_id: str) -> ApiError:
@@ -972,6 +1032,11 @@ class ClusterService(api.ClusterServiceServicer):
     async def UndrainNode(self, request, context):
         _admin_only("UndrainNode")
         return await self.c.set_drain(request.node, None)
+
+    @rpc
+    async def ForgetNode(self, request, context):
+        _admin_only("ForgetNode")
+        return await self.c.forget_node(request.node)
 
     async def WatchRounds(self, request, context):
         q: asyncio.Queue = asyncio.Queue()

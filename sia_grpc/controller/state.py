@@ -112,6 +112,13 @@ class NodeDrainChanged(Event):
 
 
 @dataclass(frozen=True)
+class NodeForgotten(Event):
+    """An admin removed a LOST node (ClusterService.ForgetNode)."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
 class Liveness(Event):
     """Periodic check: agents silent past the heartbeat timeout are lost."""
 
@@ -365,6 +372,8 @@ class ControllerState:
                 self._tick(event, out)
             case NodeDrainChanged():
                 self._drain_changed(event, out)
+            case NodeForgotten():
+                self._forget(event)
             case Liveness():
                 self._check_liveness(event.at, out)
             case SolveFinished():
@@ -744,6 +753,17 @@ class ControllerState:
         # Draining: an early round moves its jobs to idle GPUs (or queues them) and
         # leaves every other job where it is. Undrained: its GPUs are idle ones.
         out.append(WantRound("drain" if ev.reason is not None else "undrain"))
+
+    def _forget(self, ev: NodeForgotten) -> None:
+        """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a move
+        still headed there is called off when it is next looked at (`_dispatch_pending`)."""
+        node = self.nodes.get(ev.node_id)
+        if node is None or node.state != pb.NODE_STATE_LOST:
+            return  # back (or gone) since the shell looked: nothing to forget
+        assert not node.holder, f"LOST node {node.name} holds GPUs"
+        del self.nodes[node.name]
+        self.drained.pop(node.name, None)
+        self._capacity_changed(node.gpu_type)  # moves headed there are looked at again
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""

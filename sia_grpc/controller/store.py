@@ -9,7 +9,9 @@ controller owns (its private data for rebuilding estimates after a restart).
 Every change takes the next store revision and appends (revision, kind, job) to a
 changelog, so `WatchJobs` can resume from the last revision a client saw. The
 changelog is trimmed by `compact`; resuming from before the trimmed range raises
-`Compacted` (the client must start over from a snapshot).
+`Compacted` (the client must start over from a snapshot). Published scheduling
+rounds are kept too (`add_rounds`, the newest `rounds_limit`), so the round history
+outlives a restart.
 
 One connection, shared by threads under a lock: the controller writes from a single
 executor thread, but reads may come from others. sqlite3 errors never escape; they
@@ -31,7 +33,7 @@ from typing import Any
 
 from sia_grpc.api import pb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -74,6 +76,13 @@ CREATE TABLE drains (
     reason TEXT NOT NULL
 ) WITHOUT ROWID;
 """,
+    # Published rounds (serialized pb.Round), oldest first by seq.
+    3: """
+CREATE TABLE rounds (
+    seq   INTEGER PRIMARY KEY,
+    round BLOB NOT NULL
+);
+""",
 }
 
 _TOKEN = re.compile(r"seq:(\d{1,19})")
@@ -107,19 +116,23 @@ class StoredJob:
 
 class Store:
     def __init__(self, path: str | os.PathLike, *, synchronous: str = "FULL",
-                 changelog_limit: int = 100_000, busy_timeout: float = 5.0) -> None:
+                 changelog_limit: int = 100_000, rounds_limit: int = 1000,
+                 busy_timeout: float = 5.0) -> None:
         """Open (creating if missing) the store at `path`; ":memory:" for a throwaway one.
 
         `busy_timeout` (seconds) is how long a write waits for another connection's lock
-        before failing with StoreError.
+        before failing with StoreError. `rounds_limit`: published rounds kept.
         """
         synchronous = synchronous.upper()
         if synchronous not in _SYNCHRONOUS:  # interpolated into a PRAGMA: whitelist it
             raise ValueError(f"synchronous: must be one of {', '.join(_SYNCHRONOUS)}")
         if changelog_limit < 0:
             raise ValueError("changelog_limit: must be >= 0")
+        if rounds_limit < 1:
+            raise ValueError("rounds_limit: must be >= 1")
         self.path = os.fspath(path)
         self.changelog_limit = changelog_limit
+        self.rounds_limit = rounds_limit
         self._lock = threading.Lock()
         self._revision = 0
         try:
@@ -348,6 +361,17 @@ class Store:
                 conn.execute("INSERT OR REPLACE INTO drains (node, reason) VALUES (?, ?)",
                              (node, reason))
 
+    def add_rounds(self, rounds: Sequence[pb.Round]) -> None:
+        """Record published rounds, oldest first, in one transaction; the oldest beyond
+        `rounds_limit` go in the same transaction (the table never outgrows it)."""
+        if not rounds:
+            return
+        blobs = [(r.SerializeToString(deterministic=True),) for r in rounds]
+        with self._lock, self._txn(f"record {len(rounds)} rounds") as conn:
+            conn.executemany("INSERT INTO rounds (round) VALUES (?)", blobs)
+            newest = conn.execute("SELECT max(seq) FROM rounds").fetchone()[0]
+            conn.execute("DELETE FROM rounds WHERE seq <= ?", (newest - self.rounds_limit,))
+
     # -- reads ------------------------------------------------------------------------
 
     def drains(self) -> dict[str, str]:
@@ -355,6 +379,12 @@ class Store:
         with self._read("read drained nodes") as conn:
             return dict(conn.execute("SELECT node, reason FROM drains").fetchall())
 
+    def rounds(self, limit: int | None = None) -> list[pb.Round]:
+        """The newest `limit` (default `rounds_limit`) published rounds, oldest first."""
+        with self._read("read rounds") as conn:
+            rows = conn.execute("SELECT round FROM rounds ORDER BY seq DESC LIMIT ?",
+                                (limit or self.rounds_limit,)).fetchall()
+        return [pb.Round.FromString(blob) for (blob,) in reversed(rows)]
 
     def get_job(self, job_id: str) -> StoredJob | None:
         with self._read(f"read job {job_id!r}") as conn:

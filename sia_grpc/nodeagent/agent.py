@@ -21,17 +21,17 @@ import asyncio
 import collections
 import enum
 import functools
-import importlib.metadata
 import math
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import structlog
 
+from sia_grpc import __version__
 from sia_grpc.api import AgentServiceStub, pb
 from sia_grpc.nodeagent.backend import Launch, WorkerBackend
 from sia_grpc.nodeagent.clock import Clock, MonotonicClock
@@ -41,13 +41,6 @@ __all__ = ["ACK_MEMORY", "AgentConfig", "AgentConfigError", "AgentStatus", "Node
            "full_jitter_backoff"]
 
 ACK_MEMORY = 1000  # directive ids whose acks are remembered for re-delivery
-
-
-def _agent_version() -> str:
-    try:
-        return importlib.metadata.version("sia-grpc")
-    except importlib.metadata.PackageNotFoundError:
-        return "dev"
 
 
 def _issue_command(node_id: str) -> str:
@@ -83,7 +76,7 @@ class AgentConfig:
     # leaves the agent writing into a dead TCP connection for many minutes.
     keepalive_s: float = 20.0
     close_grace_s: float = 2.0  # close(): time to flush final JobExits
-    agent_version: str = field(default_factory=_agent_version)
+    agent_version: str = __version__
     # Mutual TLS (docs/security.md): the CA of the controller's certificate, and this
     # node's client certificate (CN or SAN = node_id). Read again on every
     # reconnect, so renewed files are picked up without a restart.

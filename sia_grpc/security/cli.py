@@ -3,13 +3,18 @@
     sia certs init DIR [--hosts controller.example,10.0.0.5] [--agents node-1,node-2]
     sia certs issue DIR --agent node-3 | --controller --hosts ... | --admin [NAME]
     sia tokens add --file tokens.toml --tenant team-a [--admin] [--name ci]
+    sia tokens list tokens.toml
+    sia tokens revoke tokens.toml ci
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from typing import Any
+
+from sia_grpc.argparsing import subcommand
 
 
 def _names(text: str) -> list[str]:
@@ -53,6 +58,39 @@ def _tokens_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokens_list(args: argparse.Namespace) -> int:
+    from sia_grpc.client.cli import table
+    from sia_grpc.security.tokens import list_tokens
+
+    tokens = list_tokens(args.file)
+    if not tokens:
+        print(f"no tokens in {args.file}")
+        return 0
+    print(table(["ID", "NAME", "TENANT", "ROLE", "CREATED"],
+                [[t.id, t.name or "-", t.tenant, t.role, _utc(t.created)] for t in tokens]))
+    return 0
+
+
+def _utc(when: datetime.datetime | None) -> str:
+    """2026-01-05T09:30:00Z (a date-time written without an offset: as written)."""
+    if when is None:
+        return "-"
+    if when.tzinfo is None:
+        return when.replace(microsecond=0).isoformat()
+    return when.astimezone(datetime.UTC).replace(microsecond=0, tzinfo=None).isoformat() + "Z"
+
+
+def _tokens_revoke(args: argparse.Namespace) -> int:
+    from sia_grpc.security.tokens import revoke_token
+
+    for t in revoke_token(args.file, args.token):
+        print(f"revoked token {t.id} ({t.name or 'no name'}, {t.role} of tenant {t.tenant!r}) "
+              f"from {args.file}")
+    print("the controller refuses it once it sees the file change (within a second; "
+          "SIGHUP: at once)", file=sys.stderr)
+    return 0
+
+
 def _guard(func):
     def run(args: argparse.Namespace) -> int:
         try:
@@ -64,12 +102,11 @@ def _guard(func):
 
 
 def add_commands(sub: Any) -> None:
-    certs = sub.add_parser("certs", help="development CA and TLS certificates "
-                                         "(docs/security.md)")
-    csub = certs.add_subparsers(dest="certs", required=True)
-    init = csub.add_parser("init", help="a CA, a controller certificate, one client "
-                                        "certificate per agent, and an admin certificate")
-    init.add_argument("dir", metavar="DIR")
+    certs = subcommand(sub, "certs", "development CA and TLS certificates (docs/security.md)")
+    csub = certs.add_subparsers(dest="certs", required=True, metavar="COMMAND")
+    init = subcommand(csub, "init", "a CA, a controller certificate, one client "
+                                    "certificate per agent, and an admin certificate")
+    init.add_argument("dir", metavar="DIR", help="where to write them (created if missing)")
     init.add_argument("--hosts", type=_names, default=[], metavar="H1,H2",
                       help="the controller's DNS names and IPs (localhost, 127.0.0.1 and ::1 "
                            "are always added)")
@@ -79,24 +116,37 @@ def add_commands(sub: Any) -> None:
     init.add_argument("--force", action="store_true", help="replace existing files")
     init.set_defaults(func=_guard(_certs_init))
 
-    iss = csub.add_parser("issue", help="one more certificate signed by DIR's CA")
-    iss.add_argument("dir", metavar="DIR")
+    iss = subcommand(csub, "issue", "one more certificate signed by DIR's CA")
+    iss.add_argument("dir", metavar="DIR", help="the directory 'sia certs init' wrote")
     kind = iss.add_mutually_exclusive_group(required=True)
     kind.add_argument("--agent", metavar="NODE", help="a client certificate for node NODE")
     kind.add_argument("--controller", action="store_true",
                       help="a new controller server certificate (with --hosts)")
     kind.add_argument("--admin", nargs="?", const="admin", metavar="NAME",
                       help="an admin client certificate (may register any node id)")
-    iss.add_argument("--hosts", type=_names, default=[], metavar="H1,H2")
-    iss.add_argument("--days", type=int, default=365)
+    iss.add_argument("--hosts", type=_names, default=[], metavar="H1,H2",
+                     help="with --controller: its DNS names and IPs")
+    iss.add_argument("--days", type=int, default=365, help="validity (default 365)")
     iss.add_argument("--force", action="store_true", help="replace existing files (renewal)")
     iss.set_defaults(func=_guard(_certs_issue))
 
-    tokens = sub.add_parser("tokens", help="bearer tokens for tenants (docs/security.md)")
-    tsub = tokens.add_subparsers(dest="tokens", required=True)
-    add = tsub.add_parser("add", help="make a token, append its SHA-256 to FILE, print it once")
+    tokens = subcommand(sub, "tokens", "bearer tokens for tenants (docs/security.md)")
+    tsub = tokens.add_subparsers(dest="tokens", required=True, metavar="COMMAND")
+    add = subcommand(tsub, "add", "make a token, append its SHA-256 to FILE, print it once")
     add.add_argument("--file", required=True, metavar="FILE", help="the tokens file (TOML)")
-    add.add_argument("--tenant", required=True)
+    add.add_argument("--tenant", required=True, help="the tenant whose jobs the token acts on")
     add.add_argument("--admin", action="store_true", help="sees and manages every tenant's jobs")
     add.add_argument("--name", help="a label kept beside the hash (who or what uses it)")
     add.set_defaults(func=_guard(_tokens_add))
+
+    ls = subcommand(tsub, "list", "the tokens in FILE: id, name, tenant, role, created "
+                                  "(never the token nor its hash)")
+    ls.add_argument("file", metavar="FILE", help="the tokens file (TOML)")
+    ls.set_defaults(func=_guard(_tokens_list))
+
+    rv = subcommand(tsub, "revoke", "remove a token from FILE; the controller refuses it "
+                                    "as soon as it sees the change")
+    rv.add_argument("file", metavar="FILE", help="the tokens file (TOML)")
+    rv.add_argument("token", metavar="NAME_OR_ID",
+                    help="the token's name, or its id from 'sia tokens list' (6+ hex digits)")
+    rv.set_defaults(func=_guard(_tokens_revoke))

@@ -7,11 +7,15 @@ The tokens file (TOML):
     tenant = "team-a"
     role = "user"          # or "admin": sees and manages every tenant's jobs
     name = "ci"            # optional, for humans and logs
+    created = 2026-01-05T09:30:00Z   # optional; `sia tokens add` writes it
 
 A client sends `authorization: Bearer <token>`; the controller hashes it and looks
 the hash up. The file never holds a token, so reading it (a backup, a leaked
 ConfigMap) gives nobody access. `add_token` (`sia tokens add`) makes a token with
-`secrets.token_urlsafe(32)` (256 bits), appends its hash and returns it once.
+`secrets.token_urlsafe(32)` (256 bits), appends its hash and returns it once;
+`list_tokens` (`sia tokens list`) shows the entries without their hashes (an id of
+12 hex digits of it instead), and `revoke_token` (`sia tokens revoke`) removes one,
+replacing the file atomically with its mode, owner and group kept.
 
 `TokenStore` reloads the file when its mtime, size or inode changes (checked at
 most once a second, on use) and on `reload()` (the controller calls it on SIGHUP),
@@ -22,11 +26,14 @@ nor let everyone in.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import hashlib
 import hmac
 import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 import tomllib
@@ -35,13 +42,16 @@ from pathlib import Path
 
 import structlog
 
-__all__ = ["ROLES", "Principal", "TokenError", "TokenStore", "add_token", "hash_token"]
+__all__ = ["ROLES", "Principal", "TokenError", "TokenInfo", "TokenStore", "add_token",
+           "hash_token", "list_tokens", "revoke_token"]
 
 log = structlog.get_logger("sia.security")
 
 ROLES = ("user", "admin")
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as spec.tenant (validation.py)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*token[ \t]*\]\]", re.MULTILINE)  # a [[token]] line
+ID_DIGITS = 12  # of the SHA-256 in hex: a token's id in `sia tokens list`
 
 
 class TokenError(ValueError):
@@ -68,9 +78,32 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _parse(path: Path) -> list[tuple[bytes, Principal]]:
+@dataclass(frozen=True)
+class TokenInfo:
+    """One entry of a tokens file as `sia tokens list` shows it (never the hash)."""
+
+    id: str  # the first ID_DIGITS hex digits of the token's SHA-256
+    tenant: str
+    role: str
+    name: str
+    created: datetime.datetime | None
+
+
+@dataclass(frozen=True)
+class _Entry:
+    digest: bytes
+    principal: Principal
+    created: datetime.datetime | None
+
+    def info(self) -> TokenInfo:
+        p = self.principal
+        return TokenInfo(self.digest.hex()[:ID_DIGITS], p.tenant, p.role, p.name, self.created)
+
+
+def _parse(path: Path, text: str | None = None) -> list[_Entry]:
+    """The entries of the tokens file at `path` (or of `text`, as if it were there)."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text() if text is None else text)
     except OSError as exc:
         raise TokenError(f"{path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -79,12 +112,12 @@ def _parse(path: Path) -> list[tuple[bytes, Principal]]:
     unknown = set(data) - {"token"}
     if unknown or not isinstance(entries, list):
         raise TokenError(f"{path}: expected only [[token]] tables, found {sorted(unknown)}")
-    out: list[tuple[bytes, Principal]] = []
+    out: list[_Entry] = []
     for i, e in enumerate(entries):
         where = f"{path}: token[{i}]"
         if not isinstance(e, dict):
             raise TokenError(f"{where}: not a table")
-        extra = set(e) - {"sha256", "tenant", "role", "name"}
+        extra = set(e) - {"sha256", "tenant", "role", "name", "created"}
         if extra:
             raise TokenError(f"{where}: unknown keys {sorted(extra)}")
         digest = str(e.get("sha256", "")).lower()
@@ -96,7 +129,12 @@ def _parse(path: Path) -> list[tuple[bytes, Principal]]:
         tenant = e.get("tenant", "")
         if not isinstance(tenant, str) or not _TENANT.match(tenant):
             raise TokenError(f"{where}.tenant: {tenant!r} is not a valid tenant name")
-        out.append((bytes.fromhex(digest), Principal(tenant, role, str(e.get("name", "")))))
+        created = e.get("created")
+        if created is not None and not isinstance(created, datetime.datetime):
+            raise TokenError(f"{where}.created: expected a TOML date-time such as "
+                             f"2026-01-05T09:30:00Z, got {created!r}")
+        out.append(_Entry(bytes.fromhex(digest), Principal(tenant, role, str(e.get("name", ""))),
+                          created))
     return out
 
 
@@ -127,7 +165,7 @@ class TokenStore:
         (startup); otherwise it is logged and the previous tokens are kept."""
         stamp = self._file_stamp()
         try:
-            entries = _parse(self.path)
+            entries = [(e.digest, e.principal) for e in _parse(self.path)]
         except TokenError as err:
             if strict:
                 raise
@@ -161,7 +199,8 @@ class TokenStore:
         return found
 
 
-def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str = "") -> str:
+def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str = "",
+              now: datetime.datetime | None = None) -> str:
     """Make a token for `tenant`, append its hash to `path` (created 0600), return it."""
     if not _TENANT.match(tenant):
         raise TokenError(f"tenant: {tenant!r} is not a valid tenant name "
@@ -176,7 +215,76 @@ def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str =
              f'role = "{"admin" if admin else "user"}"\n')
     if name:
         entry += f'name = "{name}"\n'
+    created = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    entry += f"created = {created.replace(microsecond=0, tzinfo=None).isoformat()}Z\n"
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a") as f:
         f.write(entry)
     return token
+
+
+def list_tokens(path: str | Path) -> list[TokenInfo]:
+    """The tokens of the file at `path`, in file order."""
+    return [e.info() for e in _parse(Path(path))]
+
+
+def revoke_token(path: str | Path, which: str) -> list[TokenInfo]:
+    """Remove the token named `which` (or whose id starts with it, 6 hex digits at
+    least) from the file at `path`; the entries removed. A name that several tokens
+    share is refused, listing their ids. The file is replaced atomically, keeping its
+    mode, owner and group (the controller must still be able to read it)."""
+    p = Path(path)
+    entries = _parse(p)
+    text = p.read_text()
+    ids = [e.digest.hex() for e in entries]
+    match = [i for i, e in enumerate(entries) if e.principal.name == which]
+    if not match and len(which) >= 6 and re.fullmatch(r"[0-9a-fA-F]+", which):
+        match = [i for i, h in enumerate(ids) if h.startswith(which.lower())]
+    if not match:
+        raise TokenError(f"{p}: no token named {which!r} (nor with an id starting so); "
+                         "`sia tokens list` shows them")
+    if len(match) > 1:
+        raise TokenError(f"{p}: {len(match)} tokens match {which!r} (ids "
+                         f"{', '.join(ids[i][:ID_DIGITS] for i in match)}); revoke one by its id")
+    head, blocks = _blocks(text)
+    if len(blocks) != len(entries):  # e.g. a [[token]] written as an inline array
+        raise TokenError(f"{p}: cannot find each [[token]] table on its own line; "
+                         "delete the entry by hand")
+    kept = head + "".join(b for i, b in enumerate(blocks) if i not in match)
+    if _parse(p, kept) != [e for i, e in enumerate(entries) if i not in match]:
+        raise TokenError(f"{p}: removing the entry would change others; delete it by hand")
+    _replace(p, kept)
+    return [entries[i].info() for i in match]
+
+
+def _blocks(text: str) -> tuple[str, list[str]]:
+    """The text before the first [[token]] line, and each [[token]] table's text
+    (from its header to the next one)."""
+    starts = [m.start() for m in _HEADER.finditer(text)]
+    ends = [*starts[1:], len(text)]
+    blocks = [text[a:b] for a, b in zip(starts, ends, strict=True)]
+    return (text[:starts[0]] if starts else text), blocks
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` at once (readers see the old file or the new one), with
+    the old file's mode, owner and group."""
+    st = os.stat(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, st.st_mode & 0o7777)
+        if (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except PermissionError:
+                raise TokenError(f"{path}: cannot keep its owner and group; run this as "
+                                 "its owner or as root") from None
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

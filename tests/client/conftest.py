@@ -51,6 +51,9 @@ class FakeController(JobServiceServicer, ClusterServiceServicer):
             types=[pb.GpuTypeSummary(gpu_type="rtx", nodes=2, gpus=8, allocated=4)])
         self.rounds = [pb.Round(round=r, trigger="timer", jobs=r, gpus_allocated=4,
                                 solve_ms=1.5, total_ms=3.0) for r in range(1, 4)]
+        for r in self.rounds:  # a minute apart, from 2026-01-05T09:30:00Z
+            r.start_time.FromSeconds(1_767_605_400 + 60 * (r.round - 1))
+            r.end_time.FromSeconds(1_767_605_401 + 60 * (r.round - 1))
 
     # -- test controls --
 
@@ -66,10 +69,14 @@ class FakeController(JobServiceServicer, ClusterServiceServicer):
             self.cond.notify_all()
             return pb.Job.FromString(job.SerializeToString())
 
-    def add(self, name: str = "j", **spec) -> pb.Job:
+    def add(self, name: str = "j", *, created: float | None = None, job_id: str = "",
+            **spec) -> pb.Job:
+        """A queued job (`created`: its create time, seconds since the epoch)."""
         self.created += 1
-        job = pb.Job(job_id=f"job-{self.created}", spec=pb.JobSpec(name=name, **spec),
+        job = pb.Job(job_id=job_id or f"job-{self.created}", spec=pb.JobSpec(name=name, **spec),
                      status=pb.JobStatus(state=pb.JOB_STATE_QUEUED))
+        if created is not None:
+            job.status.create_time.FromNanoseconds(int(created * 1e9))
         return self._commit(pb.JobEvent.KIND_CREATED, job)
 
     def set_state(self, job_id: str, state: int, *, gpus: int = 0, **status) -> pb.Job:

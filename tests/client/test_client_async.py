@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from sia_grpc.api import pb
-from sia_grpc.client import AsyncSiaClient
+from sia_grpc.client import AsyncSiaClient, JobState, SpecError
 from sia_grpc.errors import ApiError
 
 SPEC = pb.JobSpec(name="bert", application="bert", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2)
@@ -30,6 +30,16 @@ async def client(target, sleeps):
         yield sia
 
 
+async def test_submit_takes_a_spec_files_mapping(client, fake):
+    handle = await client.submit({"name": "bert", "application": "bert",
+                                  "adaptivity": "rigid", "num_gpus": 2})
+    assert fake.jobs[handle.job_id].spec == SPEC
+    assert str((await handle.job()).state) == "QUEUED"
+    with pytest.raises(SpecError) as err:
+        await client.submit({"num_gpus": "two"})
+    assert err.value.field == "spec.num_gpus"
+
+
 async def test_submit_get_list_cancel_delete(client, fake):
     handle = await client.submit(SPEC, job_id="bert-1")
     assert handle.job_id == "bert-1"
@@ -41,7 +51,9 @@ async def test_submit_get_list_cancel_delete(client, fake):
     assert len(fake.jobs) == 5
     assert fake.calls["ListJobs"] == 3
 
-    assert (await handle.cancel()).status.state == pb.JOB_STATE_CANCELLED
+    cancelled = await handle.cancel()
+    assert cancelled.status.state == pb.JOB_STATE_CANCELLED
+    assert str(cancelled.status.state) == "CANCELLED" and cancelled.state is JobState.CANCELLED
     await client.delete("bert-1")
     with pytest.raises(ApiError) as err:
         await client.get("bert-1")

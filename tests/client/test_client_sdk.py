@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import threading
 import time
@@ -10,7 +11,7 @@ import grpc
 import pytest
 
 from sia_grpc.api import pb
-from sia_grpc.client import Backoff, SiaClient, is_terminal
+from sia_grpc.client import Backoff, JobState, JobView, SiaClient, SpecError, is_terminal
 from sia_grpc.errors import ApiError
 
 SPEC = pb.JobSpec(name="resnet", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE,
@@ -41,6 +42,41 @@ def test_submit_get_cancel_delete(client, fake):
     with pytest.raises(ApiError) as err:
         client.get("resnet-1")
     assert err.value.code == grpc.StatusCode.NOT_FOUND and err.value.reason == "JOB_NOT_FOUND"
+
+
+def test_submit_takes_the_mapping_a_spec_file_holds(client, fake):
+    handle = client.submit({"name": "resnet", "application": "cifar10",
+                            "adaptivity": "adaptive", "min_gpus": 1, "max_gpus": 4},
+                           job_id="resnet-1")
+    assert fake.jobs[handle.job_id].spec == SPEC
+    with pytest.raises(SpecError) as err:  # checked here, named as in a spec file
+        client.submit({"name": "x", "adaptivity": "elastic"})
+    assert err.value.field == "spec.adaptivity"
+    assert str(err.value) == ("spec.adaptivity: expected one of adaptive, strong-scaling, "
+                              "rigid, got 'elastic'")
+    with pytest.raises(SpecError, match=r"spec.max_gpu: unknown field \(did you mean max_gpus"):
+        client.submit({"max_gpu": 4})
+    with pytest.raises(TypeError, match="spec: expected a pb.JobSpec or a mapping"):
+        client.submit("job.yaml")
+    assert fake.calls["CreateJob"] == 1  # only the good one reached the controller
+
+
+def test_jobs_come_back_with_states_by_name(client, fake, capsys):
+    handle = client.submit(SPEC)
+    job = handle.job()
+    assert isinstance(job, JobView) and isinstance(job.proto, pb.Job)
+    assert job.state is JobState.QUEUED and job.status.state is JobState.QUEUED
+    assert job.state == pb.JOB_STATE_QUEUED and job == fake.jobs[job.job_id]
+    assert pb.JobState.Name(job.status.state) == "JOB_STATE_QUEUED"  # still the number
+    print(handle.cancel().status.state, job.state, f"{handle.status().state:>10}")
+    assert capsys.readouterr().out == "CANCELLED QUEUED  CANCELLED\n"
+    assert [j.state for j in client.list()] == [JobState.CANCELLED]
+    assert str(client.get(job.job_id).state) == "CANCELLED"
+    assert repr(job) == f"JobView({job.job_id!r}, state=QUEUED)"
+    with pytest.raises(AttributeError, match="read-only"):
+        job.job_id = "other"
+    assert pb.Job(job_id="x", status=job.status.proto).status.state == pb.JOB_STATE_QUEUED
+    assert copy.deepcopy(job) == job
 
 
 def test_submit_sends_a_fresh_request_id_and_honours_a_given_one(client, fake):

@@ -18,6 +18,7 @@ from sia_grpc.controller.state import (
     JobDeleted,
     Liveness,
     NodeDrainChanged,
+    NodeForgotten,
     Persist,
     RoundSkipped,
     Send,
@@ -425,6 +426,48 @@ def test_a_drain_restored_after_a_restart_applies_before_its_agent_returns():
     h.tick()
     h.deliver()
     assert set(h.state.jobs["j1"].held) == {"rtx-1"}
+
+
+def test_only_a_lost_node_is_forgotten_with_its_drain():
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
+    h.feed(NodeDrainChanged(h.now, "rtx-1", "bad fan"))
+    h.deliver()
+    h.feed(NodeForgotten(h.now, "rtx-1"))  # DRAINING, not LOST: kept
+    h.feed(NodeForgotten(h.now, "no-such-node"))
+    assert set(h.state.nodes) == {"rtx-0", "rtx-1"} and h.state.drained == {"rtx-1": "bad fan"}
+    h.agents["rtx-1"].up = False
+    h.tick(31.0)
+    assert h.state.nodes["rtx-1"].state == pb.NODE_STATE_LOST
+    h.feed(NodeForgotten(h.now, "rtx-1"))
+    assert set(h.state.nodes) == {"rtx-0"} and h.state.drained == {}
+    assert [n.name for n in h.state.cluster_pb().nodes] == ["rtx-0"]
+    # If its agent comes back, it is a new node, not drained.
+    h.agents["rtx-1"] = FakeAgent("rtx-1", "rtx", 4)
+    h.feed(h.agents["rtx-1"].register_event(h.now))
+    assert h.state.nodes["rtx-1"].state == pb.NODE_STATE_READY
+
+
+def test_a_job_moving_to_a_node_that_is_lost_and_forgotten_is_requeued():
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=256)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    (src,) = rec.held
+    dst = "rtx-1" if src == "rtx-0" else "rtx-0"
+    h.feed(NodeDrainChanged(h.now, src, "move it"))
+    h.tick(1.0, trigger="drain")  # moves j1 to dst: STOP sent to src, not yet answered
+    assert rec.moving and {g.node for g in rec.target.gpus} == {dst}
+    h.agents[dst].up = False
+    h.now += 31.0
+    h.heartbeat()
+    h.feed(Tick(h.now))  # dst is LOST (no round: no ready node)
+    h.feed(NodeForgotten(h.now, dst))
+    assert dst not in h.state.nodes
+    h.deliver()  # src checkpoints; the job waits in the queue instead of for dst
+    assert h.state_of("j1") == pb.JOB_STATE_QUEUED and not rec.held and not rec.moving
+    h.tick()  # later events run as usual
 
 
 def test_job_becoming_schedulable_asks_for_an_early_round():

@@ -311,27 +311,65 @@ def test_newer_schema_is_refused(tmp_path: Path):
         Store(path)
 
 
-def test_a_version_1_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path):
-    """An older controller's store (no drains table) opens with a newer one."""
+# The tables each schema version added: a store of version v lacks those of later ones.
+_ADDED_IN = {2: "drains", 3: "rounds"}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, version: int):
+    """An older controller's store (version 1: no drains or rounds; 2: no rounds)
+    opens with a newer one, which adds what is missing."""
     path = tmp_path / "sia.db"
     with Store(path) as store:
         store.create_jobs([(job("a"), "req-a")])
+        if version >= 2:
+            store.set_drain("rtx-1", "kept")
     raw = sqlite3.connect(path)
-    raw.execute("DROP TABLE drains")
-    raw.execute("PRAGMA user_version = 1")
+    for v, table in _ADDED_IN.items():
+        if v > version:
+            raw.execute(f"DROP TABLE {table}")
+    raw.execute(f"PRAGMA user_version = {version}")
     raw.commit()
     raw.close()
     with Store(path) as store:
         assert [s.job.job_id for s in store.all_jobs()] == ["a"]
-        assert store.drains() == {}
+        assert store.drains() == ({"rtx-1": "kept"} if version >= 2 else {})
+        assert store.rounds() == []
         store.set_drain("rtx-0", "replace GPU 3")
+        store.add_rounds([pb.Round(round=7, trigger="timer")])
     with Store(path) as store:  # durable, and the upgrade is not run twice
-        assert store.drains() == {"rtx-0": "replace GPU 3"}
+        assert store.drains()["rtx-0"] == "replace GPU 3"
         store.set_drain("rtx-0", None)
-        assert store.drains() == {}
+        assert "rtx-0" not in store.drains()
+        assert [r.round for r in store.rounds()] == [7]
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     raw.close()
+
+
+def test_rounds_keep_the_newest_few_across_a_reopen(tmp_path: Path):
+    path = tmp_path / "sia.db"
+    rounds = []
+    for r in range(1, 7):
+        rnd = pb.Round(round=r, trigger="timer", note="skipped: no jobs" if r == 5 else "")
+        rnd.start_time.FromSeconds(1_700_000_000 + r)
+        rounds.append(rnd)
+    with Store(path, rounds_limit=3) as store:
+        store.add_rounds(rounds[:2])
+        store.add_rounds([])
+        assert [r.round for r in store.rounds()] == [1, 2]
+        store.add_rounds(rounds[2:5])  # a batch that pushes older ones out
+        assert [r.round for r in store.rounds()] == [3, 4, 5]
+        assert [r.round for r in store.rounds(2)] == [4, 5]
+    with Store(path, rounds_limit=3) as store:
+        rounds = store.rounds()
+        assert [r.round for r in rounds] == [3, 4, 5]
+        assert rounds[-1].note == "skipped: no jobs"
+        assert rounds[0].start_time.seconds == 1_700_000_003
+        count = store._conn.execute("SELECT count(*) FROM rounds").fetchone()[0]
+        assert count == 3  # trimmed as they come, not only in what is returned
+    with pytest.raises(ValueError, match="rounds_limit"):
+        Store(":memory:", rounds_limit=0)
 
 
 def test_closed_store_raises_store_error():

@@ -234,13 +234,14 @@ def test_cluster_reads_answer(channel, limit):
 
 @settings(max_examples=examples(40), **FUZZ)
 @given(node=st.one_of(names, texts), reason=texts)
-def test_drain_and_undrain_answer_ok_or_a_typed_error(channel, node, reason):
+def test_drain_undrain_and_forget_answer_ok_or_a_typed_error(channel, node, reason):
     stub = ClusterServiceStub(channel)
     out = call("ClusterService/DrainNode", stub.DrainNode,
                pb.DrainNodeRequest(node=node, reason=reason))
     call("ClusterService/UndrainNode", stub.UndrainNode, pb.UndrainNodeRequest(node=node))
     if out is not None:  # a node the controller knows: drained, then ready again
         assert out.state == pb.NODE_STATE_DRAINING and out.name == node
+    call("ClusterService/ForgetNode", stub.ForgetNode, pb.ForgetNodeRequest(node=node))
 
 
 @st.composite
@@ -372,6 +373,8 @@ def _seeds() -> dict[str, tuple[type, list]]:
         "/sia.v1.ClusterService/DrainNode": (pb.DrainNodeRequest, [pb.DrainNodeRequest(
             node="no-such-node", reason="maintenance")]),
         "/sia.v1.ClusterService/UndrainNode": (pb.UndrainNodeRequest, [pb.UndrainNodeRequest(
+            node="no-such-node")]),
+        "/sia.v1.ClusterService/ForgetNode": (pb.ForgetNodeRequest, [pb.ForgetNodeRequest(
             node="no-such-node")]),
         "/sia.v1.PolicyService/Optimize": (pb.OptimizeRequest, [opt]),
         "/grpc.health.v1.Health/Check": (health_pb2.HealthCheckRequest, [

@@ -9,6 +9,7 @@ import random
 import pytest
 from nodeagent_support import SHAPE, expected_finish_s
 
+import sia_grpc
 from sia_grpc.api import pb
 from sia_grpc.nodeagent import AgentConfig, ManualClock, Trajectory, full_jitter_backoff
 from sia_grpc.sim.truth import load_app
@@ -72,7 +73,7 @@ def test_config_defaults():
     c = AgentConfig(node_id="n", controller="[::1]:50051", gpu_type="rtx", num_gpus=8)
     assert (c.time_scale, c.telemetry_interval_s, c.backoff_base_s, c.backoff_cap_s) == \
         (1.0, 2.0, 0.2, 10.0)
-    assert c.agent_version  # the installed package's version, or "dev"
+    assert c.agent_version == sia_grpc.__version__  # the installed package's version
 
 
 def test_trajectory_is_continuous_monotone_and_ends_when_computed_by_hand():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import stat
 from dataclasses import replace
@@ -19,7 +20,14 @@ from sia_grpc.errors import ApiError
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
 from sia_grpc.security.auth import PeerCert
 from sia_grpc.security.tls import channel_credentials, is_loopback
-from sia_grpc.security.tokens import TokenStore, add_token, hash_token
+from sia_grpc.security.tokens import (
+    TokenError,
+    TokenStore,
+    add_token,
+    hash_token,
+    list_tokens,
+    revoke_token,
+)
 
 BASE = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
                         early_round_delay=5.0, heartbeat_interval=30.0,
@@ -231,7 +239,8 @@ async def test_only_an_admin_may_drain_a_node(controller, pki, tokens):
     assert ok.WhichOneof("kind") == "registered"
     async with client(controller, pki, tokens.a) as a, \
             client(controller, pki, tokens.admin) as admin:
-        for call in (a.drain("node-1", "mine now"), a.undrain("node-1")):
+        for call in (a.drain("node-1", "mine now"), a.undrain("node-1"),
+                     a.forget_node("node-1")):
             with pytest.raises(ApiError) as err:
                 await call
             assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
@@ -285,6 +294,48 @@ async def test_token_rotation_without_restart(controller, pki, tokens):
     assert controller.reload_tokens() is False
     async with client(controller, pki, fresh) as a2:
         await a2.cluster()
+
+
+async def test_tokens_list_and_revoke_and_the_revoked_token_is_refused_at_once(
+        controller, pki, tokens, capsys):
+    from sia_grpc.cli import main
+
+    controller.tokens.check_every = 0.0  # "at once": on the next call, not a second later
+    file = str(tokens.file)
+    os.chmod(file, 0o640)
+    ci = add_token(tokens.file, "team-a", name="ci")
+    assert main(["tokens", "list", file]) == 0
+    out = capsys.readouterr().out
+    lines = [ln.split() for ln in out.splitlines()]
+    assert lines[0] == ["ID", "NAME", "TENANT", "ROLE", "CREATED"]
+    assert [ln[1:4] for ln in lines[1:]] == [["-", "team-a", "user"], ["-", "team-b", "user"],
+                                             ["operator", "ops", "admin"],
+                                             ["ci", "team-a", "user"]]
+    assert all(len(ln[0]) == 12 and ln[4].endswith("Z") for ln in lines[1:])
+    for secret in (tokens.a, tokens.b, tokens.admin, ci):  # neither a token nor its hash
+        assert secret not in out and hash_token(secret) not in out
+    async with client(controller, pki, ci) as c, client(controller, pki, tokens.b) as b:
+        await c.cluster()
+        assert main(["tokens", "revoke", file, "ci"]) == 0
+        assert "revoked token" in capsys.readouterr().out
+        with pytest.raises(ApiError) as err:
+            await c.cluster()
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+        await b.cluster()  # the others stay
+        # By id (a prefix of the hash, as listed); the file keeps its mode.
+        assert main(["tokens", "revoke", file, hash_token(tokens.b)[:8]]) == 0
+        with pytest.raises(ApiError):
+            await b.cluster()
+    assert stat.S_IMODE(os.stat(file).st_mode) == 0o640
+    assert main(["tokens", "revoke", file, "ci"]) == 2
+    assert "no token named 'ci'" in capsys.readouterr().err
+    add_token(tokens.file, "team-c", name="ops")
+    add_token(tokens.file, "team-d", name="ops")
+    assert main(["tokens", "revoke", file, "ops"]) == 2
+    assert "2 tokens match 'ops'" in capsys.readouterr().err
+    async with client(controller, pki, tokens.a) as a, client(controller, pki, tokens.admin) as o:
+        await a.cluster()
+        await o.cluster()
 
 
 async def test_plaintext_loopback_with_tokens_uses_call_metadata(tokens):
@@ -360,6 +411,31 @@ def test_tokens_file_stores_only_hashes(tmp_path):
     assert store.lookup(token + "x") is None
     with pytest.raises(ValueError, match="tenant"):
         add_token(f, "Not A Tenant!")
+
+
+def test_revoking_keeps_the_rest_of_the_file_as_it_was(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text("# tokens for the lab cluster\n\n"
+                 f'[[token]]\nsha256 = "{hash_token("old")}"\ntenant = "legacy"  # no name\n\n')
+    when = datetime.datetime(2026, 1, 5, 9, 30, 7, 123, tzinfo=datetime.UTC)
+    ci = add_token(f, "team-a", name="ci", now=when)
+    add_token(f, "team-b", name="nightly", now=when)
+    before = f.read_text()
+    assert [(t.name, t.tenant, t.created) for t in list_tokens(f)] == [
+        ("", "legacy", None), ("ci", "team-a", when.replace(microsecond=0)),
+        ("nightly", "team-b", when.replace(microsecond=0))]
+    (gone,) = revoke_token(f, "ci")
+    assert (gone.name, gone.id) == ("ci", hash_token(ci)[:12])
+    # Exactly its [[token]] table went (up to the next one); comments and others stay.
+    ci_table = (f'[[token]]\nsha256 = "{hash_token(ci)}"\ntenant = "team-a"\nrole = "user"\n'
+                'name = "ci"\ncreated = 2026-01-05T09:30:07Z\n\n')
+    after = f.read_text()
+    assert ci_table in before and after == before.replace(ci_table, "")
+    assert [t.name for t in list_tokens(f)] == ["", "nightly"]
+    f.write_text(after + '\n[[token]]\nsha256 = "' + "0" * 64 + '"\ntenant = "x"\n'
+                 'created = "yesterday"\n')
+    with pytest.raises(TokenError, match=r"token\[2\]\.created: expected a TOML date-time"):
+        list_tokens(f)
 
 
 def test_cert_keys_are_private(pki):

@@ -78,7 +78,7 @@ class Cluster(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., types: _Optional[_Iterable[_Union[GpuTypeSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., round_duration_s: _Optional[float] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note")
+    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note", "end_time")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Round(_message.Message):
     DISPATCH_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
     round: int
     start_time: _timestamp_pb2.Timestamp
     trigger: str
@@ -105,7 +106,8 @@ class Round(_message.Message):
     dispatch_ms: float
     total_ms: float
     note: str
-    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
+    end_time: _timestamp_pb2.Timestamp
+    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRoundsRequest(_message.Message):
     __slots__ = ("limit",)
@@ -132,6 +134,12 @@ class DrainNodeRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class UndrainNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class ForgetNodeRequest(_message.Message):
     __slots__ = ("node",)
     NODE_FIELD_NUMBER: _ClassVar[int]
     node: str

@@ -59,6 +59,11 @@ class ClusterServiceStub:
                 request_serializer=sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.SerializeToString,
                 response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
                 _registered_method=True)
+        self.ForgetNode = channel.unary_unary(
+                '/sia.v1.ClusterService/ForgetNode',
+                request_serializer=sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -97,6 +102,15 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetNode(self, request, context):
+        """Admin only. Removes a LOST node (one whose agent stopped heartbeating) from the
+        cluster, and its drain; returns its last record. A node in any other state is
+        FAILED_PRECONDITION. If its agent comes back it registers as a new node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +137,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
             'UndrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.UndrainNode,
                     request_deserializer=sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_cluster__service__pb2.Node.SerializeToString,
+            ),
+            'ForgetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetNode,
+                    request_deserializer=sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.FromString,
                     response_serializer=sia_dot_v1_dot_cluster__service__pb2.Node.SerializeToString,
             ),
     }
@@ -260,6 +279,33 @@ class ClusterService:
             target,
             '/sia.v1.ClusterService/UndrainNode',
             sia_dot_v1_dot_cluster__service__pb2.UndrainNodeRequest.SerializeToString,
+            sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sia.v1.ClusterService/ForgetNode',
+            sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.SerializeToString,
             sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
             options,
             channel_credentials,
