@@ -67,7 +67,8 @@ POLLUX_NONE_PENALTY = 1e3
 
 @dataclass(frozen=True)
 class PolluxPolicy(SiaPolicy):
-    config: SiaConfig = SiaConfig(p=-1.0, lambda_=POLLUX_NONE_PENALTY, hold_restoring=False)
+    config: SiaConfig = SiaConfig(p=-1.0, lambda_=POLLUX_NONE_PENALTY, hold_restoring=False,
+                                  grow_into_idle=False)  # (the baseline as it was measured)
     name: str = "pollux"
 
     def type_map(self, cluster: Cluster, job: PolicyJob,

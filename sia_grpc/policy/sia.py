@@ -76,9 +76,11 @@ class SiaConfig:
     # (same type, at most max_scale_up×), each restart weighed against the job's
     # expected whole life: a lone young job on an idle cluster grows in a few
     # rounds instead of waiting until it is old enough for Sia's restart factor.
-    grow_into_idle: bool = setting(False, "let running jobs grow onto GPUs the ILP leaves "
-                                          "idle, weighing the restart against the job's "
-                                          "expected remaining run time")
+    # A departure from the paper (docs/architecture.md), neutral on its traces
+    # (docs/results.md, "Growing into idle GPUs"); false gives the paper's Sia.
+    grow_into_idle: bool = setting(True, "let running jobs grow onto GPUs the ILP leaves "
+                                         "idle, weighing the restart against the job's "
+                                         "expected remaining run time (false: the paper)")
 
     def __post_init__(self) -> None:
         if self.p == 0 or not np.isfinite(self.p):

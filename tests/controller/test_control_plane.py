@@ -459,3 +459,26 @@ async def test_watch_jobs_snapshot_then_resume_from_a_revision():
         assert all(e.revision > rev for e in later)
         assert [e.revision for e in later] == sorted(e.revision for e in later)
         assert later[0].kind == pb.JobEvent.KIND_CREATED and later[0].job.job_id == second.job_id
+
+
+@pytest.mark.timeout(120)
+async def test_a_lone_job_grows_onto_an_idle_cluster_within_a_few_rounds():
+    """Regression (defect: an adaptive job alone on 10 idle GPUs stayed on 1-2 of them
+    for ~20 minutes): Sia's restart factor held the young job back (and the
+    controller counted no running time in the current stint). With growth into idle
+    GPUs it doubles round by round as far as its goodput says."""
+    async with LocalCluster({"rtx": (5, 2)}, rate=RATE, config=CONFIG) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(5)
+        h = await client.submit(spec("cifar10", max_gpus=16))
+        start, grown = None, None
+        async with asyncio.timeout(60):
+            async for job in h.watch():
+                now = lc.controller.clock.time()
+                gpus = job.status.allocation.num_gpus
+                if start is None and gpus:
+                    start = now
+                if gpus >= 8:
+                    grown = now
+                    break
+        assert grown is not None and grown - start <= 5 * CONFIG.round_duration

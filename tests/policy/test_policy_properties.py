@@ -74,11 +74,11 @@ def check_round(cluster: Cluster, jobs: list[PolicyJob], result) -> None:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster=clusters(), jobs=job_lists(), name=st.sampled_from(["sia", "pollux", "gavel",
-                                                                   "fifo", "sia+grow"]))
+                                                                   "fifo", "sia-paper"]))
 def test_rounds_are_always_valid(cluster, jobs, name):
-    policy = make_policy("sia", {"grow_into_idle": True}) if name == "sia+grow" \
+    policy = make_policy("sia", {"grow_into_idle": False}) if name == "sia-paper" \
         else make_policy(name)
-    name = name.removesuffix("+grow")
+    name = name.removesuffix("-paper")
     previous = {}
     for _ in range(3):
         result = policy.optimize(cluster, jobs, previous)

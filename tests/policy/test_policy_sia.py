@@ -160,8 +160,9 @@ def test_a_lone_job_grows_onto_an_idle_cluster_in_consecutive_rounds():
     cl = Cluster.uniform({"rtx": (2, 8)})
     lone = PolicyJob(job_id="a", model=job_model_from_artifact("cifar10", gpu_types=("rtx",)),
                      max_gpus=16, restart_cost=50.0)
-    assert rounds_alone(SiaPolicy(), cl, lone) == [1, 1, 2, 2, 2]  # the paper's Sia
-    grow = SiaPolicy(SiaConfig(grow_into_idle=True))
+    paper = SiaPolicy(SiaConfig(grow_into_idle=False))
+    assert rounds_alone(paper, cl, lone) == [1, 1, 2, 2, 2]
+    grow = SiaPolicy()  # (the default)
     assert rounds_alone(grow, cl, lone)[:4] == [1, 2, 4, 8]  # doubling, every round
     # A (short) job near its end saves less than the restart costs: it stays.
     prev = {"a": grow.optimize(cl, [lone], {}).allocations["a"]}
@@ -175,8 +176,8 @@ def test_growing_into_idle_gpus_takes_none_from_other_jobs():
                 attained={"fast": 60.0}) for k in "ab"]
     prev = {j.job_id: a for j, a in zip(
         jobs, SiaPolicy().optimize(cl, jobs, {}).allocations.values(), strict=True)}
-    plain = SiaPolicy().optimize(cl, jobs, prev)
-    grown = SiaPolicy(SiaConfig(grow_into_idle=True)).optimize(cl, jobs, prev)
+    plain = SiaPolicy(SiaConfig(grow_into_idle=False)).optimize(cl, jobs, prev)
+    grown = SiaPolicy().optimize(cl, jobs, prev)
     total = sum(a.config.num_gpus for a in grown.allocations.values())
     assert total <= 4 and set(grown.allocations) == set(plain.allocations)
     for k in "ab":
