@@ -293,6 +293,8 @@ class ControllerState:
         self._round_started, self._round_trigger = 0.0, "timer"
         self.refused = 0  # RUN directives an agent refused (should stay 0)
         self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
+        # STOPs sent and not yet acknowledged, per (job, node): an index of _pending_acks.
+        self._stops_due: collections.Counter[tuple[str, str]] = collections.Counter()
         # Jobs waiting for stops or GPUs to start again (an ordered set: no sort per scan).
         self._moving: dict[str, None] = {}
         # Jobs that may still need a profiling pass, oldest first (a dict as an
@@ -344,6 +346,17 @@ class ControllerState:
             n.num_gpus = max(n.num_gpus, max(gpus, default=-1) + 1)
             n.holder.update(dict.fromkeys(gpus, job.job_id))
             n.restored = True
+        # What was in flight is not stored: the moves and stops of the old controller.
+        if job.status.state in TERMINAL:  # its STOPs again, sent when each agent registers
+            for node in sorted(rec.held):
+                rec.stopping.add(node)
+                self._send_stop(job.job_id, rec.generation, node, [])
+        elif job.status.state == pb.JOB_STATE_RESTARTING:
+            # Its move is forgotten; the agent's report settles whether it still runs
+            # (kept: RUNNING) or had stopped (requeued when its agent registers).
+            self._set_state(rec, pb.JOB_STATE_RUNNING if rec.alloc else pb.JOB_STATE_QUEUED,
+                            at, "running (its move was called off by a controller restart)"
+                            if rec.alloc else "requeued: a controller restart")
 
     def extra(self, job_id: str) -> bytes:
         """The controller-private part of a job, persisted beside it."""
@@ -631,6 +644,11 @@ class ControllerState:
         if pending is None or pending[1] != node.name:
             return  # a re-delivered directive's second ack (or another node's: ignored)
         del self._pending_acks[ack.directive_id]
+        if pending[2] == pb.Directive.ACTION_STOP:
+            key = pending[0], pending[1]
+            self._stops_due[key] -= 1
+            if self._stops_due[key] <= 0:
+                del self._stops_due[key]
         self._round_acked(pending[3].directive.round, ack.directive_id, out)
         job_id, node_id, action, msg = pending
         rec = self.jobs.get(job_id)
@@ -657,10 +675,15 @@ class ControllerState:
             self._passes_ended(rec, node.name, stop_id)
             if generation >= rec.held_gen.get(node.name, -1):
                 self._release(rec, node.name)
+            if self._stop_pending(job_id, node.name):  # a later STOP there is still due
+                rec.stopping.add(node.name)
         for g in [g for g, j in node.holder.items() if j == job_id and not self._explained(
                 rec, node.name, g)]:
             del node.holder[g]
             self._capacity_changed(node.gpu_type)
+
+    def _stop_pending(self, job_id: str, node: str) -> bool:
+        return self._stops_due[job_id, node] > 0
 
     @staticmethod
     def _explained(rec: _JobRec | None, node: str, gpu: int) -> bool:
@@ -680,9 +703,7 @@ class ControllerState:
             if node.holder.get(gpu, job_id) != job_id:
                 continue  # booked to another job: the agent refuses its RUN till then
             node.holder[gpu] = job_id
-            stopping = any(j == job_id and n == node.name and a == pb.Directive.ACTION_STOP
-                           for j, n, a, _ in self._pending_acks.values())
-            if stopping:
+            if self._stop_pending(job_id, node.name):
                 continue  # the STOP re-sent above ends it; its ack frees the GPU
             if (rec is not None and rec.state not in TERMINAL and node.gpu_type not in
                     rec.profiling and node.gpu_type in self._profile_types(rec)):
@@ -1285,6 +1306,8 @@ class ControllerState:
         self._round_acks.setdefault(d.round, set()).add(d.directive_id)
         msg = pb.ControllerMessage(directive=d)
         self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
+        if d.action == pb.Directive.ACTION_STOP:
+            self._stops_due[d.job_id, node] += 1
         return Send(node, msg)
 
     @staticmethod
@@ -1319,8 +1342,11 @@ class ControllerState:
         central one: every GPU held belongs to a live job that runs or profiles on
         it, or to a STOP in flight whose acknowledgement will free it. A GPU held by
         a job that no longer exists, with nothing to free it, is a leak for ever."""
-        stops = {(j, n) for j, n, act, _ in self._pending_acks.values()
-                 if act == pb.Directive.ACTION_STOP}
+        due = collections.Counter((j, n) for j, n, act, _ in self._pending_acks.values()
+                                  if act == pb.Directive.ACTION_STOP)
+        if due != self._stops_due:
+            raise InvariantError(f"STOPs due {dict(self._stops_due)}, pending {dict(due)}")
+        stops = set(due)
         for node in self.nodes.values():
             if node.state == pb.NODE_STATE_LOST and node.holder:
                 raise InvariantError(f"lost node {node.name} holds GPUs {node.holder}")

@@ -430,7 +430,11 @@ FAULTS = {"submit": 8, "tick": 10, "early-tick": 3, "deliver": 25, "duplicate": 
 
 
 # `SIA_CHAOS_SCALE=N` runs N times as many seeds (docs/benchmarks.md: the 20x run).
-SEEDS = range(1, 1 + 3 * max(1, int(os.environ.get("SIA_CHAOS_SCALE", "1") or 1)))
+# Seeds that once found a bug stay in the suite: 163 and 232 (a RESTARTING job
+# restored from the store kept its state with no move in flight), 173 (the late ack
+# of an older STOP dropped a node from `stopping` while a newer STOP was due).
+SEEDS = sorted({*range(1, 1 + 3 * max(1, int(os.environ.get("SIA_CHAOS_SCALE", "1") or 1))),
+                163, 173, 232})
 
 
 @pytest.mark.timeout(120)
