@@ -134,6 +134,7 @@ class _Agent:
     context: grpc.aio.ServicerContext
     instance_id: str = ""  # Register.instance_id: the same agent reconnecting
     heard: float = 0.0  # controller clock: its last message (Register included)
+    peer: str = "unknown"  # where the stream comes from, read once when it opened
 
 
 class Controller:
@@ -799,8 +800,7 @@ class Controller:
 
     # ------------------------------------------------------------ agents
 
-    def _check_takeover(self, old: _Agent, instance_id: str,
-                        context: grpc.aio.ServicerContext) -> None:
+    def _check_takeover(self, old: _Agent, instance_id: str, new_peer: str) -> None:
         """May a new stream for `old.node_id` replace `old`? Yes for the same agent
         (its reconnect) and for a stream that ended or fell silent past the heartbeat
         timeout (a crashed agent must not lock its node out); otherwise this is a
@@ -808,13 +808,13 @@ class Controller:
         if (instance_id and instance_id == old.instance_id) or old.context.done():
             return  # its own reconnect, or a stream that is over already
         silent = self.clock.time() - old.heard
-        node, peer = old.node_id, _peer(old.context)
+        node, peer = old.node_id, old.peer
         if silent > self.config.heartbeat_timeout:
             log.warning("agent stream silent: replaced by a new one", node_id=node,
-                        silent_s=round(silent, 1), old_peer=peer, peer=_peer(context))
+                        silent_s=round(silent, 1), old_peer=peer, peer=new_peer)
             return
         log.warning("second agent for a connected node refused", node_id=node,
-                    connected=peer, refused=_peer(context))
+                    connected=peer, refused=new_peer)
         raise ApiError(
             grpc.StatusCode.ALREADY_EXISTS,
             f"node {node!r} is already connected from {peer} (heard {silent:.0f} s ago): "
@@ -824,6 +824,10 @@ class Controller:
             reason="NODE_CONNECTED", metadata={"node": node, "peer": peer})
 
     async def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]:
+        # The peer is read now, while the call is surely alive: gRPC's peer() on a
+        # call the client has cancelled may read freed memory (a segfault seen in
+        # the fuzz run; grpc/grpc#29927).
+        peer = _peer(context)
         first = await anext(aiter(requests), None)
         if first is None:
             return
@@ -841,9 +845,9 @@ class Controller:
         node = reg.node_id
         old = self._agents.get(node)
         if old is not None:
-            self._check_takeover(old, reg.instance_id, context)
+            self._check_takeover(old, reg.instance_id, peer)
             old.outbox.put_nowait(None)  # its own older stream, or a silent one: replaced
-        agent = _Agent(node, asyncio.Queue(), context, reg.instance_id, self.clock.time())
+        agent = _Agent(node, asyncio.Queue(), context, reg.instance_id, self.clock.time(), peer)
         self._agents[node] = agent
         log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
                  gpus=reg.gpus[0].count)

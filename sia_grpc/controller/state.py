@@ -562,7 +562,7 @@ class ControllerState:
         rec = self.jobs.get(t.job_id)
         if rec is None:  # a deleted job's pass that ran to its end: its GPU is free
             g = t.profile_gpu if t.profile and t.HasField("profile_gpu") else -1
-            if node.holder.get(g, "") == t.job_id:
+            if g in node.holder and node.holder[g] == t.job_id:
                 del node.holder[g]
                 self._capacity_changed(node.gpu_type)
             return

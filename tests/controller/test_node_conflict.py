@@ -62,7 +62,7 @@ async def test_second_stream_refused_while_the_first_is_alive_then_replaced_once
             await second.read()
         err = ApiError.from_rpc_error(info.value)
         assert err.code == grpc.StatusCode.ALREADY_EXISTS and err.reason == "NODE_CONNECTED"
-        peer = held.context.peer()
+        peer = held.peer
         assert peer.startswith("ipv4:127.0.0.1:")
         assert err.metadata == {"node": "n3", "peer": peer}
         assert f"node 'n3' is already connected from {peer}" in err.message

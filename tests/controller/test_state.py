@@ -284,6 +284,16 @@ def test_an_early_round_asked_for_during_a_solve_runs_after_it():
     assert WantRound("arrival") in actions  # ...and the early round comes right after
 
 
+def test_a_profile_result_for_no_job_changes_nothing():
+    """Regression (found by the agent-stream fuzz): a profile result with an empty job
+    id and no GPU raised KeyError(-1) in the state machine."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.feed(AgentMessage(h.now, "rtx-0", pb.AgentMessage(telemetry=pb.Telemetry(profile=True))))
+    h.feed(AgentMessage(h.now, "rtx-0", pb.AgentMessage(telemetry=pb.Telemetry(
+        profile=True, profile_gpu=3))))
+    assert not h.state.nodes["rtx-0"].holder
+
+
 def test_the_invariant_check_names_a_leaked_gpu():
     h = Harness({"rtx-0": ("rtx", 4)})
     h.state.nodes["rtx-0"].holder[2] = "ghost"
