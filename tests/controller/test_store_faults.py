@@ -3,6 +3,7 @@ that could not be made durable is refused, never half-accepted."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from dataclasses import replace
 
@@ -25,7 +26,14 @@ async def test_a_locked_store_refuses_creates_with_unavailable_then_recovers(tmp
     db = tmp_path / "sia.db"
     config = replace(ControllerConfig(listen="127.0.0.1:0"), db_path=str(db))
     async with LocalCluster({}, config=config) as lc, AsyncSiaClient(lc.target) as client:
-        await client.submit(spec("before"))
+        before = await client.submit(spec("before"))
+        # Its first update (the reason it waits: no node) written first: this test is
+        # about CreateJob, not about a create queued behind another write.
+        c = lc.controller
+        async with asyncio.timeout(10):
+            while (await c._in_store(c._store.get_job, before.job_id)).job.status.reason \
+                    != c.state.job(before.job_id).status.reason:
+                await asyncio.sleep(0.01)
         locker = sqlite3.connect(db, isolation_level=None)
         locker.execute("BEGIN EXCLUSIVE")  # another writer holds the database
         try:
