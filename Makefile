@@ -35,7 +35,7 @@ bench: $(STAMP)
 
 # Regenerate sia_grpc/_proto from protos/ (the committed copy is checked by the tests).
 protos: $(STAMP)
-	$(BIN)/python -m sia_grpc.protogen
+	$(BIN)/python scripts/protogen.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from sia_grpc.api import pb
-from sia_grpc.controller.policy_service import _in_worker
-from sia_grpc.convert import (
+from sia_grpc.api.convert import (
     DEFAULT_GRAD,
     DEFAULT_RESTART_COST_S,
     allocation_from_pb,
@@ -23,13 +22,14 @@ from sia_grpc.convert import (
     policy_job_from_pb,
     round_to_pb,
 )
-from sia_grpc.errors import ApiError
+from sia_grpc.api.errors import ApiError
+from sia_grpc.controller.policy_service import _in_worker
+from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import gain
 from sia_grpc.policy import Adaptivity, Config, GpuId, JobAllocation, RoundResult
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.sim.engine import _bootstrap
-from sia_grpc.sim.truth import load_app
 
 CLUSTER = Cluster.uniform({"aws": (2, 4), "rtx": (1, 8)})
 

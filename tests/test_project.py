@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_core_imports_without_torch():
     code = ("import sys, sia_grpc.models, sia_grpc.policy, sia_grpc.controller, sia_grpc.sim;"
-            "import sia_grpc.models.profiles, sia_grpc.policy.solvers, sia_grpc.bench;"
+            "import sia_grpc.models.profiles, sia_grpc.policy.solvers, sia_grpc.bench.policy;"
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

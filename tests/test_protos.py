@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from sia_grpc import protogen
+_SPEC = importlib.util.spec_from_file_location(
+    "protogen", Path(__file__).resolve().parents[1] / "scripts" / "protogen.py")
+protogen = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(protogen)
 
 
 def test_generated_code_is_current(tmp_path: Path):

@@ -49,8 +49,8 @@ from sia_grpc.api import (
     pb,
     state_name,
 )
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client.spec import spec_from_mapping
-from sia_grpc.errors import ApiError
 from sia_grpc.security.tls import PemSource, channel_credentials
 
 DEFAULT_TARGET = os.environ.get("SIA_CONTROLLER") or "127.0.0.1:50051"

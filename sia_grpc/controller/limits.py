@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from sia_grpc.errors import ApiError
+from sia_grpc.api.errors import ApiError
 
 __all__ = ["TenantLimits", "TokenBucket"]
 

@@ -23,13 +23,13 @@ import grpc
 import structlog
 
 from sia_grpc.api import PolicyServiceServicer, pb
-from sia_grpc.convert import (
+from sia_grpc.api.convert import (
     allocation_from_pb,
     cluster_from_pb,
     policy_job_from_pb,
     round_to_pb,
 )
-from sia_grpc.errors import ApiError, invalid
+from sia_grpc.api.errors import ApiError, invalid
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy.params import make_policy
 from sia_grpc.policy.types import JobAllocation, Policy

@@ -25,16 +25,8 @@ from grpc_reflection.v1alpha import reflection
 
 from sia_grpc import __version__, api
 from sia_grpc.api import node_state_name, pb, state_name
-from sia_grpc.controller import state as sm
-from sia_grpc.controller.config import ConfigError, ControllerConfig
-from sia_grpc.controller.exclusive import StoreLock, check_bindable
-from sia_grpc.controller.limits import TenantLimits
-from sia_grpc.controller.solver_pool import SolverPool
-from sia_grpc.controller.store import Store as JobStore
-from sia_grpc.controller.store import StoreError
-from sia_grpc.controller.validation import Resolved, check_job_id, resolve
-from sia_grpc.convert import MAX_GPUS_PER_NODE
-from sia_grpc.errors import (
+from sia_grpc.api.convert import MAX_GPUS_PER_NODE
+from sia_grpc.api.errors import (
     ApiError,
     already_exists,
     failed_precondition,
@@ -43,6 +35,15 @@ from sia_grpc.errors import (
     permission_denied,
     unavailable,
 )
+from sia_grpc.clock import Clock, WallClock
+from sia_grpc.controller import state as sm
+from sia_grpc.controller.config import ConfigError, ControllerConfig
+from sia_grpc.controller.exclusive import StoreLock, check_bindable
+from sia_grpc.controller.limits import TenantLimits
+from sia_grpc.controller.solver_pool import SolverPool
+from sia_grpc.controller.store import Store as JobStore
+from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.validation import Resolved, check_job_id, resolve
 from sia_grpc.observability import MetricsServer, setup_telemetry
 from sia_grpc.policy import params as policy_params
 from sia_grpc.policy.types import Policy
@@ -66,36 +67,6 @@ def loop_factory():
     except ImportError:  # optional (not on Windows)
         return asyncio.new_event_loop
     return uvloop.new_event_loop
-
-
-class Clock:
-    """Wall time for timestamps and `sleep` for timers; tests inject another."""
-
-    rate = 1.0  # controller seconds per real second
-
-    def time(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-class ScaledClock(Clock):
-    """Time running `rate`× faster than real time (a 60 s round takes 60/rate s).
-    `sia replay --time-scale` and the end-to-end tests run controller and modeled
-    agents at one rate, so the whole system is a sped-up real cluster."""
-
-    def __init__(self, rate: float) -> None:
-        if not rate > 0:
-            raise ValueError(f"rate: must be positive, got {rate}")
-        self.rate = float(rate)
-        self._wall0, self._mono0 = time.time(), time.monotonic()
-
-    def time(self) -> float:
-        return self._wall0 + (time.monotonic() - self._mono0) * self.rate
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds / self.rate)
 
 
 class Status(enum.Enum):
@@ -148,7 +119,7 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None, *,
                  clock: Clock | None = None, telemetry=None) -> None:
         self.config = config = config or ControllerConfig()
-        self.clock = clock or Clock()
+        self.clock = clock or WallClock()
         if telemetry is None and config.metrics_listen:
             telemetry = setup_telemetry(env={}, prometheus=True)
         self.telemetry = telemetry

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from google.protobuf import timestamp_pb2
 
 from sia_grpc.api import TERMINAL_STATES, node_state_name, pb, state_name
+from sia_grpc.api.convert import MAX_GPUS_PER_NODE, allocation_to_pb
 from sia_grpc.controller.validation import Resolved, profile_batch_sizes, resolve
-from sia_grpc.convert import MAX_GPUS_PER_NODE, allocation_to_pb
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node

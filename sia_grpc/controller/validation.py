@@ -12,10 +12,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
 
 from sia_grpc.api import pb
-from sia_grpc.errors import ApiError, invalid
+from sia_grpc.api.errors import ApiError, invalid
+from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, AppInfo, application
 from sia_grpc.policy.types import Adaptivity
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -50,22 +50,14 @@ class Resolved:
     restart_cost: float
 
 
-@cache
-def _application(name: str):
-    """The shipped profile data of a known application, or None."""
-    from sia_grpc.sim.truth import SUPPORTED_APPLICATIONS, load_app
-
-    return load_app(name) if name in SUPPORTED_APPLICATIONS else None
+def _application(name: str) -> AppInfo | None:
+    """The catalogue's entry for a known application, or None."""
+    return application(name) if name in SUPPORTED_APPLICATIONS else None
 
 
-@cache
-def _app_limits(name: str) -> dict[str, tuple[int, int]]:
+def _app_limits(name: str) -> Mapping[str, tuple[int, int]]:
     app = _application(name)
-    return {t: app.local_bsz_limits(t) for t in app.gpu_types} if app is not None else {}
-
-
-def known_application(name: str) -> bool:
-    return _application(name) is not None
+    return app.local_bsz_limits if app is not None else {}
 
 
 def check_job_id(job_id: str, field: str = "job_id") -> None:

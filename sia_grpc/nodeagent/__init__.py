@@ -12,6 +12,7 @@ not a GPU node). See docs/agent.md.
 Command line: `python -m sia_grpc.nodeagent --controller HOST:PORT --gpus rtx:8`.
 """
 
+from sia_grpc.clock import Clock, ManualClock, MonotonicClock
 from sia_grpc.nodeagent.agent import (
     ACK_MEMORY,
     AgentConfig,
@@ -21,7 +22,6 @@ from sia_grpc.nodeagent.agent import (
     full_jitter_backoff,
 )
 from sia_grpc.nodeagent.backend import ExitCallback, Launch, WorkerBackend
-from sia_grpc.nodeagent.clock import Clock, ManualClock, MonotonicClock
 from sia_grpc.nodeagent.modeled import PROFILE_STEPS, ModeledBackend, Trajectory
 from sia_grpc.nodeagent.torchbackend import TorchBackend
 

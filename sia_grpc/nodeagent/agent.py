@@ -33,8 +33,8 @@ import structlog
 
 from sia_grpc import __version__
 from sia_grpc.api import AgentServiceStub, pb
+from sia_grpc.clock import Clock, MonotonicClock
 from sia_grpc.nodeagent.backend import Launch, WorkerBackend
-from sia_grpc.nodeagent.clock import Clock, MonotonicClock
 from sia_grpc.security.tls import probe_tls
 
 __all__ = ["ACK_MEMORY", "AgentConfig", "AgentConfigError", "AgentStatus", "NodeAgent",

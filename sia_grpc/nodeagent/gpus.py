@@ -176,7 +176,7 @@ def _paces(application: str) -> dict[str, float]:
     """Relative 1-GPU step time of every type `application` has a profile for: the
     step time at the application's initial batch size (clamped to the local batch
     range every type measured) over the fastest type's."""
-    from sia_grpc.sim.truth import load_app  # the profile data: loaded on first use
+    from sia_grpc.emulation import load_app  # the profile data: loaded on first use
 
     app = load_app(application)
     limits = [app.local_bsz_limits(t) for t in app.gpu_types]

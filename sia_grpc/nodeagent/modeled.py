@@ -20,9 +20,9 @@ from typing import Any
 import structlog
 
 from sia_grpc.api import pb
+from sia_grpc.clock import Clock, MonotonicClock
+from sia_grpc.emulation import AppTruth, load_app
 from sia_grpc.nodeagent.backend import ExitCallback, Launch
-from sia_grpc.nodeagent.clock import Clock, MonotonicClock
-from sia_grpc.sim.truth import AppTruth, load_app
 
 __all__ = ["PROFILE_STEPS", "ModeledBackend", "Trajectory"]
 
@@ -96,7 +96,7 @@ class _Worker:
 
 
 class ModeledBackend:
-    """`WorkerBackend` whose workers follow `sia_grpc.sim.truth`.
+    """`WorkerBackend` whose workers follow `sia_grpc.emulation`.
 
     `time_scale` is modeled seconds per clock second (60: a 60 s round in 1 s).
     """
@@ -138,7 +138,7 @@ class ModeledBackend:
         if launch.leader:
             trajectory = Trajectory.plan(app, self.gpu_type, launch.allocation,
                                          launch.restore_progress * app.max_progress)
-        w = _Worker(launch, self.clock.now(), app, trajectory, app.restart_delay,
+        w = _Worker(launch, self.clock.time(), app, trajectory, app.restart_delay,
                     on_exit=on_exit,
                     log=self._log.bind(job_id=launch.job_id, generation=launch.generation))
         self._workers[launch.job_id] = w
@@ -158,10 +158,10 @@ class ModeledBackend:
             w.task.cancel()
             await asyncio.gather(w.task, return_exceptions=True)
         progress, delay_left = self._progress(w), max(
-            w.delay_s - (self.clock.now() - w.started) * self.time_scale, 0.0)
+            w.delay_s - (self.clock.time() - w.started) * self.time_scale, 0.0)
         # Continue from here at the new batch; an unfinished restore still has to end.
         w.trajectory = Trajectory.plan(w.app, self.gpu_type, allocation, progress)
-        w.started, w.delay_s = self.clock.now(), delay_left
+        w.started, w.delay_s = self.clock.time(), delay_left
         w.task = asyncio.create_task(self._finish(w, on_exit),
                                      name=f"nodeagent:worker:{job_id}")
         w.log.info("batch changed in place", batch=allocation.batch_size,
@@ -193,7 +193,7 @@ class ModeledBackend:
             out.profile_error = f"{app.name} has no profile for GPU type {self.gpu_type!r}"
             return out
         lo, hi = app.local_bsz_limits(self.gpu_type)
-        began, busy_s = self.clock.now(), 0.0
+        began, busy_s = self.clock.time(), 0.0
         for b in dict.fromkeys(request.local_batch_sizes):
             if not lo <= b <= hi:
                 continue
@@ -269,7 +269,7 @@ class ModeledBackend:
 
     def _trained(self, w: _Worker) -> float:
         """Modeled seconds of training so far (after the restore delay)."""
-        return max((self.clock.now() - w.started) * self.time_scale - w.delay_s, 0.0)
+        return max((self.clock.time() - w.started) * self.time_scale - w.delay_s, 0.0)
 
     def _progress(self, w: _Worker) -> float:
         assert w.trajectory is not None
@@ -285,5 +285,5 @@ class ModeledBackend:
                            kind=pb.JobExit.KIND_COMPLETED, progress=1.0))
 
     async def _sleep_until(self, deadline: float) -> None:
-        while (left := deadline - self.clock.now()) > 0:
+        while (left := deadline - self.clock.time()) > 0:
             await self.clock.sleep(left)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from sia_grpc.errors import ApiError, permission_denied, unauthenticated
+from sia_grpc.api.errors import ApiError, permission_denied, unauthenticated
 from sia_grpc.security.certs import ADMIN_OU
 from sia_grpc.security.tokens import ANONYMOUS_ADMIN, Principal, TokenStore
 

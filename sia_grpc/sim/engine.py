@@ -3,7 +3,7 @@
 Jobs arrive at their trace times; every round the policy under test (the very
 `Policy.optimize` the controller calls) allocates, the placer places, and each
 running job then advances by what it would really achieve over the round
-(`sim.truth`: measured step times, statistical efficiency by epoch, calibrated
+(`sia_grpc.emulation`: measured step times, statistical efficiency by epoch, calibrated
 slowdowns), losing its checkpoint-restore delay whenever its GPUs change.
 
 The policy sees only what a real scheduler would: each job's goodput model is
@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sia_grpc.emulation import AppTruth, load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import gain
 from sia_grpc.models.goodput import NUM_BATCH_SAMPLES
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob
 from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
-from sia_grpc.sim.truth import AppTruth, load_app
 from sia_grpc.sim.workload import Category, TraceJob
 
 _ADAPTIVITY = {Category.ADAPTIVE: Adaptivity.ADAPTIVE, Category.RIGID: Adaptivity.RIGID,

@@ -185,29 +185,3 @@ def _plain(obj):
         return asdict(obj)
     except TypeError:
         return str(obj)
-
-
-# The paper's simulator (Pollux's, as modified for Sia) on one core, as the
-# issue quotes it: ~200 CPU-s for a 160-job, 8-hour Helios (saturn) workload with
-# Sia, and over an hour for a 960-job, 48-hour newTrace workload.
-PAPER_SIM_CPU_S = {"saturn": 200.0, "newtrace": 3600.0}
-
-
-def bench(workloads: Sequence[str], policy: str, cluster: str) -> int:
-    """`sia bench sim`: CPU-seconds per workload, one at a time in this process."""
-    rows = []
-    for w in resolve_workloads(workloads):
-        print(f"simulating {w} with {policy} ...", file=sys.stderr, flush=True)
-        r = run_one(w, Variant(policy, {}), cluster, 1)
-        group = w.split("/")[0]
-        ref = PAPER_SIM_CPU_S.get(group)
-        rows.append((w, len(r.jobs), len(r.rounds), r.cpu_seconds, r.wall_seconds, ref))
-    head = ("| workload | jobs | rounds | CPU s | wall s | paper's simulator CPU s | speed-up |\n"
-            "|---|---|---|---|---|---|---|")
-    print(head)
-    for w, n, k, cpu, wall, ref in rows:
-        ratio = f"≥ {ref / cpu:.0f}x" if ref and w.startswith("newtrace") else (
-            f"{ref / cpu:.0f}x" if ref else "—")
-        print(f"| {w} | {n} | {k} | {cpu:.1f} | {wall:.1f} | "
-              f"{'> ' if w.startswith('newtrace') else ''}{ref or '—'} | {ratio} |")
-    return 0

@@ -18,7 +18,7 @@ import pytest
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 RATE = 600.0
 NODES = {"rtx": (2, 4), "aws": (1, 4)}

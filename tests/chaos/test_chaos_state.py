@@ -42,8 +42,8 @@ from sia_grpc.controller.state import (
     SolveFinished,
     Tick,
 )
+from sia_grpc.emulation import load_app
 from sia_grpc.policy import make_policy
-from sia_grpc.sim.truth import load_app
 
 TIMEOUT = 30.0
 NODES = {"rtx-0": ("rtx", 8), "rtx-1": ("rtx", 4), "aws-0": ("aws", 4), "aws-1": ("aws", 4)}

@@ -30,7 +30,7 @@ from netns import Netns, NetnsUnavailable
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,7 +23,7 @@ from sia_grpc.api import (
     add_JobServiceServicer_to_server,
     pb,
 )
-from sia_grpc.errors import already_exists, failed_precondition, invalid, not_found
+from sia_grpc.api.errors import already_exists, failed_precondition, invalid, not_found
 
 TERMINAL = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 

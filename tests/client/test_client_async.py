@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient, JobState, SpecError
-from sia_grpc.errors import ApiError
 
 SPEC = pb.JobSpec(name="bert", application="bert", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2)
 

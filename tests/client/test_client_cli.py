@@ -15,15 +15,15 @@ import yaml
 from google.protobuf import json_format
 
 from sia_grpc.api import pb
+from sia_grpc.cli import jobs as client_cli
+from sia_grpc.cli import run
 from sia_grpc.client import SiaClient
-from sia_grpc.client import cli as client_cli
 
 
 def sia(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="sia")
     client_cli.add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return run(parser.parse_args(argv))
 
 
 @pytest.fixture

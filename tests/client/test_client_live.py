@@ -19,7 +19,7 @@ from sia_grpc.api import pb
 from sia_grpc.cli import main
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 RATE = 120.0
 CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,

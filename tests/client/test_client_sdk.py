@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client import Backoff, JobState, JobView, SiaClient, SpecError, is_terminal
-from sia_grpc.errors import ApiError
 
 SPEC = pb.JobSpec(name="resnet", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE,
                   min_gpus=1, max_gpus=4)

@@ -22,8 +22,8 @@ from sia_grpc.controller.state import (
     SolveFinished,
     Tick,
 )
+from sia_grpc.emulation import load_app
 from sia_grpc.policy import make_policy
-from sia_grpc.sim.truth import load_app
 
 
 @dataclass

@@ -18,10 +18,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.errors import ApiError
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 RATE = 600.0
 CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
@@ -334,7 +334,8 @@ async def test_rounds_are_traced_over_otlp_with_phase_children(otlp_receiver):
         h = await client.submit(spec("ncf"))
         async with asyncio.timeout(30):
             await h.wait()
-        rounds = {r.round for r in await client.rounds(limit=100)}
+        # (a round that did not run, round 0 with its reason, is not traced)
+        rounds = {r.round for r in await client.rounds(limit=100) if r.round}
     telemetry.force_flush()
     spans = [s for _, s in otlp_receiver.wait_for_spans(5)]
     by_id = {s.span_id: s for s in spans}
@@ -355,7 +356,7 @@ async def test_rounds_are_traced_over_otlp_with_phase_children(otlp_receiver):
 async def test_live_demo_runs_the_trace_to_completion_and_summarises():
     import io
 
-    from sia_grpc.demo import LIVE_TRACE, live_demo
+    from sia_grpc.demo.modeled import LIVE_TRACE, live_demo
 
     out = io.StringIO()
     assert await live_demo(rate=900.0, refresh=0.5, out=out) == 0
@@ -369,8 +370,8 @@ async def test_live_demo_runs_the_trace_to_completion_and_summarises():
 
 @pytest.mark.timeout(180)
 async def test_replay_of_a_trace_prefix_tracks_the_simulator():
+    from sia_grpc.bench.replay import replay
     from sia_grpc.policy import make_policy
-    from sia_grpc.replay import replay
     from sia_grpc.sim.clusters import load_cluster
     from sia_grpc.sim.engine import simulate
     from sia_grpc.sim.workload import load_workload
@@ -387,7 +388,7 @@ async def test_replay_of_a_trace_prefix_tracks_the_simulator():
 
 @pytest.mark.timeout(180)
 async def test_control_plane_bench_reports_round_latency_and_durable_creates():
-    from sia_grpc.controlbench import create_throughput, round_latency
+    from sia_grpc.bench.control_plane import create_throughput, round_latency
 
     rl = await round_latency(agents=4, gpus_per_agent=8, jobs=6, rounds=2)
     assert rl["gpus"] == 32 and rl["round_p50_ms"] >= rl["solve_p50_ms"] > 0
@@ -399,7 +400,7 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
 
 @pytest.mark.timeout(180)
 async def test_load_bench_accounts_for_every_job_and_records_controller_resources():
-    from sia_grpc.controlbench import load
+    from sia_grpc.bench.control_plane import load
 
     r = await load(agents=4, gpus_per_agent=8, jobs=60, clients=4, rounds=1)
     assert r["accepted"] == r["durable"] == 60 and sum(r["states"].values()) == 60

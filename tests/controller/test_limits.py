@@ -3,8 +3,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.limits import TenantLimits, TokenBucket
-from sia_grpc.errors import ApiError
 
 
 def test_bucket_allows_a_burst_then_the_rate():
@@ -51,7 +51,7 @@ async def test_controller_enforces_the_per_tenant_limits_over_grpc():
     from sia_grpc.api import pb
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.controller.config import ConfigError, ControllerConfig
-    from sia_grpc.localcluster import LocalCluster
+    from sia_grpc.testing.localcluster import LocalCluster
 
     def spec(name: str, tenant: str) -> pb.JobSpec:
         return pb.JobSpec(name=name, application="cifar10", tenant=tenant,

@@ -27,8 +27,8 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.server import Controller
 from sia_grpc.controller.store import StoreError
-from sia_grpc.localcluster import LocalCluster
 from sia_grpc.observability import setup_telemetry
+from sia_grpc.testing.localcluster import LocalCluster
 
 CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
                           early_round_delay=5.0, heartbeat_interval=30.0,

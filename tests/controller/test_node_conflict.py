@@ -12,12 +12,13 @@ import grpc
 import pytest
 
 from sia_grpc.api import AgentServiceStub, pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
+from sia_grpc.clock import WallClock
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Clock, Controller
-from sia_grpc.errors import ApiError
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.controller.server import Controller
 from sia_grpc.nodeagent import AgentStatus, NodeAgent
+from sia_grpc.testing.localcluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,7 +27,7 @@ CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_durati
                           heartbeat_timeout=240.0, inline_solver=True)
 
 
-class HeldClock(Clock):
+class HeldClock(WallClock):
     """Controller time that moves only when the test says (timers sleep for real,
     and the config's are far longer than the test)."""
 

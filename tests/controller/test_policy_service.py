@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from sia_grpc.api import PolicyServiceStub, add_PolicyServiceServicer_to_server, pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.policy_service import PolicyService, request_policy
-from sia_grpc.errors import ApiError
+from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import (
     POLICIES,
@@ -31,7 +32,6 @@ from sia_grpc.policy import (
     SiaPolicy,
     paper_hetero_cluster,
 )
-from sia_grpc.sim.truth import load_app
 
 CLUSTER = paper_hetero_cluster()  # 6×4 aws, 3×8 rtx, 2×8 dgx-ext
 

@@ -8,10 +8,10 @@ import numpy as np
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
 from sia_grpc.controller.solver_pool import SolverPool
+from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import Cluster, PolicyJob, SiaPolicy, make_policy
 from sia_grpc.policy.params import PolicySpec
-from sia_grpc.sim.truth import load_app
 
 CLUSTER = Cluster.uniform({"aws": (1, 4), "rtx": (1, 8)})
 

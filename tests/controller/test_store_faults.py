@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.errors import ApiError
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 
 def spec(name: str) -> pb.JobSpec:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.validation import resolve
-from sia_grpc.errors import ApiError
 
 
 def good(**kw) -> pb.JobSpec:

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from sia_grpc.traindemo import DemoJob, train_demo
+from sia_grpc.demo.training import DemoJob, train_demo
 
 
 @pytest.mark.timeout(240)

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 
 from sia_grpc.api import AgentServiceServicer, pb
+from sia_grpc.emulation import AppTruth
 from sia_grpc.nodeagent import AgentConfig, ManualClock, NodeAgent
-from sia_grpc.sim.truth import AppTruth
 
 WAIT_S = 5.0  # real seconds to wait for a message before failing
 

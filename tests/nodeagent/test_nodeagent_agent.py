@@ -18,8 +18,8 @@ from nodeagent_support import (
 )
 
 from sia_grpc.api import pb
+from sia_grpc.emulation import load_app
 from sia_grpc.nodeagent import AgentStatus, ModeledBackend, NodeAgent
-from sia_grpc.sim.truth import load_app
 
 CIFAR = load_app("cifar10")
 KIND = pb.JobExit
@@ -352,7 +352,7 @@ async def test_reconnects_with_backoff_and_reregisters_its_running_job(controlle
         assert list(s1.register.running) == [
             pb.RunningJob(job_id="job-1", generation=1, local_gpus=[0, 1])]
         await until(lambda: agent.status is AgentStatus.REGISTERED)
-        assert clock.now() == 16.0
+        assert clock.time() == 16.0
         await clock.advance(1.0)
         (t,) = await job_telemetry_wait(s1, 1)
         assert t.progress == pytest.approx(  # 17 clock s = 1020 modeled, 50 restoring

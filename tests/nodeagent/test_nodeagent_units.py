@@ -11,8 +11,8 @@ from nodeagent_support import SHAPE, expected_finish_s
 
 import sia_grpc
 from sia_grpc.api import pb
+from sia_grpc.emulation import load_app
 from sia_grpc.nodeagent import AgentConfig, ManualClock, Trajectory, full_jitter_backoff
-from sia_grpc.sim.truth import load_app
 
 
 async def test_manual_clock_wakes_each_sleeper_at_its_deadline():
@@ -22,13 +22,13 @@ async def test_manual_clock_wakes_each_sleeper_at_its_deadline():
     async def ticker(name: str, every: float) -> None:
         while True:
             await clock.sleep(every)
-            seen.append((name, clock.now()))
+            seen.append((name, clock.time()))
 
     tasks = [asyncio.create_task(ticker("a", 1.0)), asyncio.create_task(ticker("b", 1.5))]
     await clock.advance(3.0)
     # Equal deadlines wake in the order the sleeps began (b's at 11.5, a's at 12).
     assert seen == [("a", 11.0), ("b", 11.5), ("a", 12.0), ("b", 13.0), ("a", 13.0)]
-    assert clock.now() == 13.0 and clock.sleepers == 2
+    assert clock.time() == 13.0 and clock.sleepers == 2
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

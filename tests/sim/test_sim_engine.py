@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pytest
 
+from sia_grpc.emulation import AppTruth, load_app
 from sia_grpc.models.efficiency import gain
 from sia_grpc.policy import (
     Cluster,
@@ -36,7 +37,6 @@ from sia_grpc.policy import (
 from sia_grpc.sim import metrics
 from sia_grpc.sim.engine import SimConfig, isolated_jct, simulate
 from sia_grpc.sim.records import SimResult
-from sia_grpc.sim.truth import AppTruth, load_app
 from sia_grpc.sim.workload import Category, TraceJob, load_workload
 
 REL = 1e-9  # float noise over a few hundred rounds of accumulated progress

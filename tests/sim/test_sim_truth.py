@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from sia_grpc.emulation import SUPPORTED_APPLICATIONS, AppTruth, load_app
 from sia_grpc.models.efficiency import GradParams, gain
 from sia_grpc.models.profiles import (
     APPLICATIONS,
@@ -14,7 +15,6 @@ from sia_grpc.models.profiles import (
     load_validation,
 )
 from sia_grpc.policy import paper_hetero_cluster, paper_homo_cluster
-from sia_grpc.sim.truth import SUPPORTED_APPLICATIONS, AppTruth, load_app
 
 APPS = tuple(a for a in APPLICATIONS if a != "gpt_pmp")
 PAPER_TYPES = ("aws", "dgx-ext", "rtx")

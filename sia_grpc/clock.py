@@ -1,7 +1,11 @@
-"""Injectable time for the agent and its modeled workers.
+"""Injectable time, one notion for the controller, the agents and their modeled
+workers: everything that reads the time or waits goes through a `Clock`.
 
-Everything that waits goes through a `Clock`, so tests can replace real time with
-`ManualClock` and check modeled completion times exactly, without sleeping.
+`WallClock` is what a controller runs on (its timestamps are wall time);
+`MonotonicClock` what an agent runs on; `ScaledClock(rate)` runs K× faster than
+real time (`sia replay`, the demo and the end-to-end tests run a controller and
+its modeled agents at one rate, a sped-up real cluster); `ManualClock` moves only
+when a test says, so modeled completion times are checked exactly, without sleeping.
 """
 
 from __future__ import annotations
@@ -12,25 +16,54 @@ import itertools
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "MonotonicClock"]
+__all__ = ["Clock", "ManualClock", "MonotonicClock", "ScaledClock", "WallClock"]
 
 
 class Clock(Protocol):
-    def now(self) -> float:
-        """Monotonic seconds."""
+    rate: float  # clock seconds per real second
+
+    def time(self) -> float:
+        """Seconds on this clock."""
         ...
 
-    async def sleep(self, seconds: float) -> None: ...
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` of this clock's time."""
+        ...
 
 
-class MonotonicClock:
-    """Real time: `time.monotonic` and `asyncio.sleep`."""
+class WallClock:
+    """Wall time (`time.time`), for timestamps, and `asyncio.sleep`."""
 
-    def now(self) -> float:
-        return time.monotonic()
+    rate = 1.0
+
+    def time(self) -> float:
+        return time.time()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(seconds, 0.0))
+
+
+class MonotonicClock(WallClock):
+    """Real time that never jumps (`time.monotonic`): for measuring and waiting."""
+
+    def time(self) -> float:
+        return time.monotonic()
+
+
+class ScaledClock(WallClock):
+    """Wall time running `rate`× faster than real time (a 60 s round takes 60/rate s)."""
+
+    def __init__(self, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"rate: must be positive, got {rate}")
+        self.rate = float(rate)
+        self._wall0, self._mono0 = time.time(), time.monotonic()
+
+    def time(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0) * self.rate
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(seconds, 0.0) / self.rate)
 
 
 class ManualClock:
@@ -49,7 +82,9 @@ class ManualClock:
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
-    def now(self) -> float:
+    rate = 1.0  # (its time moves by `advance`, not with real time)
+
+    def time(self) -> float:
         return self._now
 
     async def sleep(self, seconds: float) -> None:

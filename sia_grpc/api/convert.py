@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from sia_grpc.api import pb
-from sia_grpc.errors import ApiError, invalid
+from sia_grpc.api.errors import ApiError, invalid
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node

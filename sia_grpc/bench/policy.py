@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sia_grpc.bench.scenarios import run_rounds, sample_jobs
 from sia_grpc.policy.cluster import paper_hetero_cluster
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
-from sia_grpc.scenarios import run_rounds, sample_jobs
 
 # Scale of the 64-GPU cluster → active jobs (the paper's Helios load is about
 # 20–50 active jobs per 64 GPUs; the larger points are the targets).

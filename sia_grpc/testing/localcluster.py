@@ -15,8 +15,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from sia_grpc.clock import ScaledClock
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller, ScaledClock
+from sia_grpc.controller.server import Controller
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
 
 

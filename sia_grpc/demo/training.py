@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TextIO
 
 from sia_grpc.api import pb, state_name
+from sia_grpc.cli.jobs import cluster_report, format_gpus, jobs_table
 from sia_grpc.client import AsyncSiaClient
-from sia_grpc.client.cli import cluster_report, format_gpus, jobs_table
 from sia_grpc.client.sdk import is_terminal
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller

@@ -14,7 +14,7 @@ import datetime
 import sys
 from typing import Any
 
-from sia_grpc.argparsing import subcommand
+from sia_grpc.cli.argparsing import runs, subcommand
 
 
 def _names(text: str) -> list[str]:
@@ -59,7 +59,7 @@ def _tokens_add(args: argparse.Namespace) -> int:
 
 
 def _tokens_list(args: argparse.Namespace) -> int:
-    from sia_grpc.client.cli import table
+    from sia_grpc.cli.jobs import table
     from sia_grpc.security.tokens import list_tokens
 
     tokens = list_tokens(args.file)
@@ -91,14 +91,8 @@ def _tokens_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guard(func):
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except (OSError, ValueError) as err:  # FileExistsError, TokenError, bad names
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    return run
+# FileExistsError (no --force), an unreadable file, TokenError, a bad name: exit 2.
+USAGE = (OSError, ValueError)
 
 
 def add_commands(sub: Any) -> None:
@@ -114,7 +108,7 @@ def add_commands(sub: Any) -> None:
                       help="node ids to issue agent certificates for (CN = node id)")
     init.add_argument("--days", type=int, default=365, help="leaf validity (default 365)")
     init.add_argument("--force", action="store_true", help="replace existing files")
-    init.set_defaults(func=_guard(_certs_init))
+    runs(init, _certs_init, usage=USAGE)
 
     iss = subcommand(csub, "issue", "one more certificate signed by DIR's CA")
     iss.add_argument("dir", metavar="DIR", help="the directory 'sia certs init' wrote")
@@ -128,7 +122,7 @@ def add_commands(sub: Any) -> None:
                      help="with --controller: its DNS names and IPs")
     iss.add_argument("--days", type=int, default=365, help="validity (default 365)")
     iss.add_argument("--force", action="store_true", help="replace existing files (renewal)")
-    iss.set_defaults(func=_guard(_certs_issue))
+    runs(iss, _certs_issue, usage=USAGE)
 
     tokens = subcommand(sub, "tokens", "bearer tokens for tenants (docs/security.md)")
     tsub = tokens.add_subparsers(dest="tokens", required=True, metavar="COMMAND")
@@ -137,16 +131,16 @@ def add_commands(sub: Any) -> None:
     add.add_argument("--tenant", required=True, help="the tenant whose jobs the token acts on")
     add.add_argument("--admin", action="store_true", help="sees and manages every tenant's jobs")
     add.add_argument("--name", help="a label kept beside the hash (who or what uses it)")
-    add.set_defaults(func=_guard(_tokens_add))
+    runs(add, _tokens_add, usage=USAGE)
 
     ls = subcommand(tsub, "list", "the tokens in FILE: id, name, tenant, role, created "
                                   "(never the token nor its hash)")
     ls.add_argument("file", metavar="FILE", help="the tokens file (TOML)")
-    ls.set_defaults(func=_guard(_tokens_list))
+    runs(ls, _tokens_list, usage=USAGE)
 
     rv = subcommand(tsub, "revoke", "remove a token from FILE; the controller refuses it "
                                     "as soon as it sees the change")
     rv.add_argument("file", metavar="FILE", help="the tokens file (TOML)")
     rv.add_argument("token", metavar="NAME_OR_ID",
                     help="the token's name, or its id from 'sia tokens list' (6+ hex digits)")
-    rv.set_defaults(func=_guard(_tokens_revoke))
+    runs(rv, _tokens_revoke, usage=USAGE)

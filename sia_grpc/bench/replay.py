@@ -21,10 +21,10 @@ import numpy as np
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.emulation import load_app
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.sim.truth import load_app
 from sia_grpc.sim.workload import Category, TraceJob
+from sia_grpc.testing.localcluster import LocalCluster
 
 _ADAPTIVITY = {Category.ADAPTIVE: pb.ADAPTIVITY_ADAPTIVE, Category.RIGID: pb.ADAPTIVITY_RIGID,
                Category.STRONG_SCALING: pb.ADAPTIVITY_STRONG_SCALING}

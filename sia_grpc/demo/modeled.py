@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from sia_grpc.bench.scenarios import run_rounds, sample_jobs
 from sia_grpc.policy.cluster import Cluster, paper_hetero_cluster
 from sia_grpc.policy.sia import SiaPolicy
 from sia_grpc.policy.types import RoundResult
-from sia_grpc.scenarios import run_rounds, sample_jobs
 
 # The artifact's names for the paper's GPU types.
 PAPER_NAMES = {"aws": "t4", "rtx": "rtx", "dgx-ext": "a100"}
@@ -93,10 +93,10 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
 
     from sia_grpc import api
     from sia_grpc.api import pb
+    from sia_grpc.cli.jobs import cluster_report, jobs_table
     from sia_grpc.client import AsyncSiaClient
-    from sia_grpc.client.cli import cluster_report, jobs_table
     from sia_grpc.controller.config import ControllerConfig
-    from sia_grpc.localcluster import LocalCluster
+    from sia_grpc.testing.localcluster import LocalCluster
 
     out = out or sys.stdout
     tty = out.isatty()

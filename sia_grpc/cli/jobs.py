@@ -30,10 +30,11 @@ import yaml
 from google.protobuf import json_format
 
 from sia_grpc.api import node_state_name, pb, state_name
-from sia_grpc.argparsing import subcommand
+from sia_grpc.api.errors import ApiError
+from sia_grpc.cli import argparsing
+from sia_grpc.cli.argparsing import UsageError
 from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient
 from sia_grpc.client.spec import SpecError, load_spec, parse_spec, spec_to_mapping
-from sia_grpc.errors import ApiError
 from sia_grpc.security.tls import probe_tls
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase screen: a redraw in place
@@ -262,10 +263,6 @@ def _unreachable(err: ApiError) -> bool:
 # -- commands ------------------------------------------------------------------------
 
 
-class _UsageError(Exception):
-    """A flag that cannot be used as given (exit 2)."""
-
-
 def _token(args: argparse.Namespace) -> str | None:
     """--token-file's contents, else $SIA_TOKEN (the token itself)."""
     if args.token_file:
@@ -273,10 +270,10 @@ def _token(args: argparse.Namespace) -> str | None:
             with open(args.token_file) as f:
                 token = f.read().strip()
         except OSError as err:
-            raise _UsageError(f"--token-file: cannot read {args.token_file}: "
+            raise UsageError(f"--token-file: cannot read {args.token_file}: "
                               f"{err.strerror or err}") from None
         if not token:
-            raise _UsageError(f"--token-file: {args.token_file} is empty")
+            raise UsageError(f"--token-file: {args.token_file} is empty")
         return token
     return os.environ.get("SIA_TOKEN", "").strip() or None
 
@@ -293,7 +290,7 @@ def _client(args: argparse.Namespace) -> SiaClient:
     try:
         return SiaClient(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
     except ValueError as err:  # an unreadable PEM file, a cert without its key
-        raise _UsageError(str(err)) from None
+        raise UsageError(str(err)) from None
 
 
 def _read_spec(name: str) -> pb.JobSpec:
@@ -333,9 +330,9 @@ def _follow(handle: JobHandle) -> bool:
 
 def _submit(args: argparse.Namespace) -> int:
     if args.files.count(STDIN) > 1:
-        raise _UsageError("'-' (standard input) can be given once")
+        raise UsageError("'-' (standard input) can be given once")
     if args.id and len(args.files) > 1:
-        raise _UsageError("--id: names one job; give one spec file with it")
+        raise UsageError("--id: names one job; give one spec file with it")
     specs = _read_specs(args.files)
     if specs is None:
         return 2  # nothing was submitted
@@ -479,29 +476,9 @@ def _forget(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """`func` with failures turned into one stderr line and an exit code."""
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except (SpecError, _UsageError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        except ApiError as err:
-            print(error_line(err, args.controller, _transport_hint(err, args)),
-                  file=sys.stderr)
-            return 1
-        except TimeoutError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 130
-        except BrokenPipeError:  # `sia ls -o json | head`: the reader has gone
-            # Point stdout at /dev/null so that the flush at exit does not fail again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 141  # as a process killed by SIGPIPE (128 + 13)
-    run.__doc__ = func.__doc__
-    return run
+def api_error_line(err: ApiError, args: argparse.Namespace) -> str:
+    """How a command that talks to a controller reports its error (exit 1)."""
+    return error_line(err, args.controller, _transport_hint(err, args))
 
 
 def _positive(text: str) -> int:
@@ -517,7 +494,7 @@ def _positive(text: str) -> int:
 def add_commands(subparsers: Any) -> None:
     """Register the controller commands on `parser.add_subparsers()`."""
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
-        p = subcommand(subparsers, name, summary)
+        p = argparsing.command(subparsers, name, summary, func, usage=(SpecError,))
         p.add_argument("--controller", metavar="HOST:PORT", default=DEFAULT_TARGET,
                        help=f"the controller's address (default {DEFAULT_TARGET}; "
                             "env SIA_CONTROLLER)")
@@ -529,7 +506,6 @@ def add_commands(subparsers: Any) -> None:
                             "connect with TLS (env SIA_CA; default plaintext)")
         p.add_argument("--cert", metavar="FILE", help="client certificate (PEM; env SIA_CERT)")
         p.add_argument("--key", metavar="FILE", help="its private key (PEM; env SIA_KEY)")
-        p.set_defaults(func=_guarded(func))
         return p
 
     def output(p: Any, default: str) -> None:

@@ -39,7 +39,7 @@ from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import loop_factory
 from sia_grpc.controller.store import Store
-from sia_grpc.localcluster import LocalCluster
+from sia_grpc.testing.localcluster import LocalCluster
 
 _TYPES = ("rtx", "dgx-ext")  # both 8 GPUs per node in the artifact's profiles
 _APPS = ("imagenet", "yolov3", "deepspeech2", "bert")  # long enough to stay active

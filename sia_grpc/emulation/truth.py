@@ -1,4 +1,5 @@
-"""What an application really does: the simulator's ground truth.
+"""What an application really does: the ground truth the simulator and the modeled
+node agents emulate.
 
 Built from the artifact's measurements (`sia_grpc/data/artifact/`) in the manner of
 the Pollux and Sia simulators, and never shown to the policy under test.
@@ -75,12 +76,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, application
 from sia_grpc.models.efficiency import GradParams, gain
 from sia_grpc.models.profiles import (
-    APPLICATIONS,
     StepTimes,
-    available_models,
-    available_types,
     load_placements,
     load_scalability,
     load_seed_profiles,
@@ -90,9 +89,6 @@ from sia_grpc.models.profiles import (
 
 __all__ = ["AppTruth", "SUPPORTED_APPLICATIONS", "load_app"]
 
-_UNSUPPORTED = {"gpt_pmp": "pipeline-parallel profiles (sync > step) are not supported"}
-SUPPORTED_APPLICATIONS: tuple[str, ...] = tuple(
-    a for a in APPLICATIONS if a not in _UNSUPPORTED)
 
 _STEP_CACHE_SIZE = 1 << 17
 
@@ -389,16 +385,10 @@ class AppTruth:
 
 @functools.cache
 def load_app(name: str) -> AppTruth:
-    """The ground truth for artifact application `name` (cached)."""
-    if name in _UNSUPPORTED:
-        raise ValueError(f"application: {name!r}: {_UNSUPPORTED[name]}")
-    if name not in APPLICATIONS or name not in available_models():
-        known = ", ".join(SUPPORTED_APPLICATIONS)
-        raise ValueError(f"application: unknown {name!r}; choose one of {known}")
-    spec = APPLICATIONS[name]
-    sizes = validation_batch_sizes(name)
-    if not sizes:
-        raise ValueError(f"application: {name!r} has no validation files")
-    return AppTruth(name=name, init_batch_size=sizes[0], max_batch_size=sizes[-1],
-                    num_epochs=spec.num_epochs, restart_delay=spec.restart_delay,
-                    slowdown=spec.slowdown, gpu_types=available_types(name))
+    """The ground truth for the catalogue's application `name` (cached); ValueError
+    naming the known ones otherwise."""
+    info = application(name)
+    return AppTruth(name=name, init_batch_size=info.init_batch_size,
+                    max_batch_size=info.max_batch_size, num_epochs=info.num_epochs,
+                    restart_delay=info.restart_delay, slowdown=info.slowdown,
+                    gpu_types=info.gpu_types)

@@ -1,0 +1,121 @@
+"""`sia bench ...` and `sia replay`: measurements (results in docs/benchmarks.md and
+docs/results.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sia_grpc.cli.argparsing import UsageError, command, positive, subcommand
+
+
+def _scales(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--scales: expected e.g. 1,8,32 — got {text!r}") from None
+    if not out or any(s < 1 for s in out):
+        raise argparse.ArgumentTypeError("--scales: each scale must be a positive integer")
+    return out
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.policy import run
+
+    if args.rounds < 1 or args.warmup < 0:
+        raise UsageError("--rounds must be >= 1 and --warmup >= 0")
+    return run(args.scales, args.rounds, args.warmup, args.reference_limit,
+               not args.no_reference, args.json)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.sim import run
+
+    return run(args.workloads, args.policy, args.cluster)
+
+
+def _load(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.control_plane import run_load
+
+    return run_load(agents=args.agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
+                    clients=args.clients, as_json=args.json)
+
+
+def _training(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.training import run
+
+    return run(as_json=args.json)
+
+
+def _control_plane(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.control_plane import run
+
+    return run(agents=args.agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
+               rounds=args.rounds, creates=args.creates, clients=args.clients,
+               agents_in_process=args.agents_in_process, as_json=args.json)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.replay import run
+
+    return run(args.workload, rate=args.time_scale, policy=args.policy, cluster=args.cluster,
+               first=args.first, compare=not args.no_compare, json_out=args.json)
+
+
+def add_commands(sub: Any) -> None:
+    bench = subcommand(sub, "bench", "benchmarks of the policy, simulator, control plane "
+                                     "and training back-end (docs/benchmarks.md)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    pol = command(bench_sub, "policy", "time whole Sia rounds vs the CVXPY+GLPK_MI path",
+                  _policy)
+    pol.add_argument("--scales", type=_scales, default=[1, 8, 32, 128],
+                     help="multiples of the 64-GPU cluster (default 1,8,32,128)")
+    pol.add_argument("--rounds", type=int, default=10, help="timed rounds per scale")
+    pol.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
+    pol.add_argument("--reference-limit", type=float, default=60.0,
+                     help="skip the reference once one solve takes longer (s)")
+    pol.add_argument("--no-reference", action="store_true", help="production path only")
+    pol.add_argument("--json", metavar="OUT", help="also write results as JSON")
+    bsim = command(bench_sub, "sim", "CPU-seconds to simulate whole workloads", _sim,
+                   prefix="sia bench sim", usage=(ValueError,))
+    bsim.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                      default=["saturn/workload-1", "newtrace/workload-1"],
+                      help="CSV files or shipped workloads "
+                           "(default: saturn/workload-1 newtrace/workload-1)")
+    bsim.add_argument("--policy", default="sia")
+    bsim.add_argument("--cluster", default="hetero64")
+    count = positive(int)
+    ld = command(bench_sub, "load", "many agents and many submitted jobs: none lost, "
+                                    "controller memory and CPU recorded", _load)
+    ld.add_argument("--agents", type=count, default=1000)
+    ld.add_argument("--gpus-per-agent", type=count, default=8)
+    ld.add_argument("--jobs", type=count, default=10000)
+    ld.add_argument("--clients", type=count, default=64)
+    ld.add_argument("--json", action="store_true")
+    tr = command(bench_sub, "training", "resize latency and profiling time of real workers "
+                                        "through the agent's torch back-end", _training)
+    tr.add_argument("--json", action="store_true")
+    cp = command(bench_sub, "control-plane",
+                 "round latency and CreateJob throughput over loopback", _control_plane)
+    cp.add_argument("--agents", type=count, default=128)
+    cp.add_argument("--gpus-per-agent", type=count, default=8)
+    cp.add_argument("--jobs", type=count, default=256, help="active jobs during the rounds")
+    cp.add_argument("--rounds", type=count, default=10)
+    cp.add_argument("--creates", type=count, default=5000)
+    cp.add_argument("--clients", type=count, default=32)
+    cp.add_argument("--json", action="store_true")
+    cp.add_argument("--agents-in-process", action="store_true",
+                    help="run the agents as tasks in the controller's process "
+                         "(default: one agent process per GPU type)")
+
+    rp = command(sub, "replay", "submit a trace to a live controller with modeled agents, "
+                                "and compare with the simulator", _replay)
+    rp.add_argument("workload", metavar="WORKLOAD",
+                    help="a CSV file or shipped workload (saturn/workload-1, ...)")
+    rp.add_argument("--time-scale", type=positive(float), default=300.0,
+                    help="cluster seconds per real second (default 300)")
+    rp.add_argument("--policy", default="sia")
+    rp.add_argument("--cluster", default="hetero64")
+    rp.add_argument("--first", type=int, help="only the first N jobs by arrival")
+    rp.add_argument("--no-compare", action="store_true", help="skip the simulation")
+    rp.add_argument("--json", help="write the comparison as JSON")
