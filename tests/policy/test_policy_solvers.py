@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sia_grpc.policy import solvers
 from sia_grpc.policy.instances import (
     DEGENERATE_KINDS,
     VALUE_MODELS,
@@ -25,6 +24,7 @@ from sia_grpc.policy.instances import (
     random_problem,
 )
 from sia_grpc.policy.problem import ChoiceProblem
+from sia_grpc.policy.solvers import _solve as solve_module  # owns _DP_WORK, read by solve
 from sia_grpc.policy.solvers import path_name, solve, solve_reference
 
 
@@ -137,7 +137,7 @@ def test_medium_instances_are_feasible_and_proven(seed: int) -> None:
 
 def test_mip_fallback_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the DP disabled every residual goes to HiGHS MIP."""
-    monkeypatch.setattr(solvers, "_DP_WORK", 0)
+    monkeypatch.setattr(solve_module, "_DP_WORK", 0)
     paths = set()
     for seed in range(12):
         p = random_case(seed)
@@ -278,9 +278,9 @@ def test_time_limit_returns_a_feasible_answer_and_a_bound() -> None:
     assert (sol.status == "optimal") == (path_name(sol.stats) != "time_limit")
 
 
-@pytest.mark.parametrize("dp_work", [solvers._DP_WORK, 0])
+@pytest.mark.parametrize("dp_work", [solve_module._DP_WORK, 0])
 def test_reentrant_across_threads(monkeypatch: pytest.MonkeyPatch, dp_work: float) -> None:
-    monkeypatch.setattr(solvers, "_DP_WORK", dp_work)  # 0: residuals go to HiGHS MIP
+    monkeypatch.setattr(solve_module, "_DP_WORK", dp_work)  # 0: residuals go to HiGHS MIP
     problems = [random_case(seed) for seed in range(8)]
     serial = [solve(p, rel_gap=1e-7).objective for p in problems]
     with ThreadPoolExecutor(4) as pool:
@@ -289,7 +289,7 @@ def test_reentrant_across_threads(monkeypatch: pytest.MonkeyPatch, dp_work: floa
 
 
 def _solve_in_child(seed: int) -> float:
-    solvers._DP_WORK = 0  # the child's own copy: force the MIP path
+    solve_module._DP_WORK = 0  # the child's own copy: force the MIP path
     return solve(random_case(seed), rel_gap=1e-7).objective
 
 
@@ -297,7 +297,7 @@ def _solve_in_child(seed: int) -> float:
 def test_forked_process_pool_after_highs_ran_in_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """HiGHS' worker pool does not survive fork; without the at-fork reset a
     child's MIP would hang."""
-    monkeypatch.setattr(solvers, "_DP_WORK", 0)
+    monkeypatch.setattr(solve_module, "_DP_WORK", 0)
     seeds = [s for s in range(30) if path_name(solve(random_case(s), rel_gap=1e-7).stats)
              == "mip"][:4]
     assert seeds

@@ -1,0 +1,57 @@
+"""The reference path: the plain ILP in CVXPY, solved by GLPK_MI (the paper's
+choice) or CVXPY's HiGHS. Slow at scale; the tests and `sia bench policy`
+check the production path against it."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
+
+
+def solve_reference(problem: ChoiceProblem, solver: str = "GLPK_MI",
+                    time_limit: float | None = None) -> ChoiceSolution:
+    """The plain ILP in CVXPY -- a binary variable per column, a <= 1 row per
+    job, a capacity row per type, none as none_value * (1 - sum x) -- solved by
+    GLPK_MI (the paper's choice, via cvxopt) or CVXPY's HIGHS."""
+    import cvxpy as cp
+    import scipy.sparse as sp
+
+    if solver not in ("GLPK_MI", "HIGHS"):
+        raise ValueError(f"solver: expected 'GLPK_MI' or 'HIGHS', got {solver!r}")
+    t0 = time.perf_counter()
+    p = problem
+    n = p.num_jobs
+    choice = np.full(n, -1, dtype=np.int64)
+    # Columns wider than their type are 0 in every solution; GLPK's presolver
+    # aborts the process (glp_add_cols: ncs = 0) when that empties the model.
+    cols = np.flatnonzero(p.col_gpus <= p.capacity[p.col_type]) if p.num_cols else np.zeros(0, int)
+    m = len(cols)
+    status = "optimal"
+    if m:
+        x = cp.Variable(m, boolean=True)
+        idx = np.arange(m)
+        a_job = sp.csr_matrix((np.ones(m), (p.col_job[cols], idx)), shape=(n, m))
+        a_typ = sp.csr_matrix((p.col_gpus[cols].astype(float), (p.col_type[cols], idx)),
+                              shape=(p.num_types, m))
+        objective = cp.Maximize(p.col_value[cols] @ x + p.none_value @ (1 - a_job @ x))
+        prob = cp.Problem(objective, [a_job @ x <= 1, a_typ @ x <= p.capacity])
+        opts: dict = {}
+        if solver == "GLPK_MI" and time_limit is not None:
+            opts["tm_lim"] = int(time_limit * 1000)
+        if solver == "HIGHS":
+            opts["mip_rel_gap"] = 1e-7
+            if time_limit is not None:
+                opts["time_limit"] = float(time_limit)
+        prob.solve(solver=solver, **opts)
+        if x.value is None:
+            raise RuntimeError(f"{solver}: no solution ({prob.status})")
+        sel = cols[np.flatnonzero(np.asarray(x.value) > 0.5)]
+        choice[p.col_job[sel]] = sel
+        status = "optimal" if prob.status == cp.OPTIMAL else str(prob.status)
+    obj = p.objective(choice)
+    return ChoiceSolution(choice, obj, obj if status == "optimal" else math.inf, status,
+                          {"total_s": time.perf_counter() - t0})
