@@ -144,9 +144,14 @@ def configure_logging(
     chosen = (fmt or os.environ.get("SIA_LOG_FORMAT") or "auto").strip().lower()
     if chosen == "auto":
         chosen = "console" if _isatty(out) else "json"
+    # A bad value from the environment names the variable: the flags have choices.
     if chosen not in _FORMATS:
-        raise ValueError(f"unknown log format {chosen!r} (json, console or auto)")
-    min_level = _level_number(level or os.environ.get("SIA_LOG_LEVEL") or "info")
+        where = "" if fmt else "SIA_LOG_FORMAT: "
+        raise ValueError(f"{where}unknown log format {chosen!r} (json, console or auto)")
+    try:
+        min_level = _level_number(level or os.environ.get("SIA_LOG_LEVEL") or "info")
+    except ValueError as err:
+        raise ValueError(f"{'' if level else 'SIA_LOG_LEVEL: '}{err}") from None
 
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,

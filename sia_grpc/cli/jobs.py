@@ -188,8 +188,9 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
     header += ["ESTIMATE MS", "PLACE MS", "DISPATCH MS", "OBJECTIVE", "END"] if wide else []
     rows = []
     for r in rounds:
-        row = [r.round, format_time(r.start_time), r.trigger or "-", r.jobs, r.gpus_allocated,
-               r.jobs_moved, f"{r.solve_ms:.1f}", f"{r.total_ms:.1f}"]
+        # A skipped round has no number (0): its NOTE says why it did not run.
+        row = [r.round or "-", format_time(r.start_time), r.trigger or "-", r.jobs,
+               r.gpus_allocated, r.jobs_moved, f"{r.solve_ms:.1f}", f"{r.total_ms:.1f}"]
         row += [f"{r.estimate_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
                 f"{r.objective:.4g}", format_time(r.end_time)] if wide else []
         rows.append([*row, r.note])

@@ -1,6 +1,6 @@
 """`sia certs ...` and `sia tokens ...`: development PKI and bearer tokens.
 
-    sia certs init DIR [--hosts controller.example,10.0.0.5] [--agents node-1,node-2]
+    sia certs init DIR [--hosts controller.example,10.0.0.5] [--agents node-1 node-2]
     sia certs issue DIR --agent node-3 | --controller --hosts ... | --admin [NAME]
     sia tokens add --file tokens.toml --tenant team-a [--admin] [--name ci]
     sia tokens list tokens.toml
@@ -19,6 +19,14 @@ from sia_grpc.cli.argparsing import runs, subcommand
 
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+class _Names(argparse.Action):
+    """`--agents n1,n2`, `--agents n1 n2` (what `$(kubectl get nodes ...)` gives) or
+    both: one list of names."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, [n for v in values for n in _names(v)])
 
 
 def _certs_init(args: argparse.Namespace) -> int:
@@ -51,8 +59,8 @@ def _tokens_add(args: argparse.Namespace) -> int:
     from sia_grpc.security.tokens import add_token
 
     token = add_token(args.file, args.tenant, admin=args.admin, name=args.name or "")
-    role = "admin" if args.admin else "user"
-    print(f"added a {role} token for tenant {args.tenant!r} to {args.file} (only its hash is "
+    role = "an admin" if args.admin else "a user"
+    print(f"added {role} token for tenant {args.tenant!r} to {args.file} (only its hash is "
           "stored); it is shown once:", file=sys.stderr)
     print(token)
     return 0
@@ -101,11 +109,12 @@ def add_commands(sub: Any) -> None:
     init = subcommand(csub, "init", "a CA, a controller certificate, one client "
                                     "certificate per agent, and an admin certificate")
     init.add_argument("dir", metavar="DIR", help="where to write them (created if missing)")
-    init.add_argument("--hosts", type=_names, default=[], metavar="H1,H2",
-                      help="the controller's DNS names and IPs (localhost, 127.0.0.1 and ::1 "
-                           "are always added)")
-    init.add_argument("--agents", type=_names, default=[], metavar="NODE1,NODE2",
-                      help="node ids to issue agent certificates for (CN = node id)")
+    init.add_argument("--hosts", nargs="+", action=_Names, default=[], metavar="HOST",
+                      help="the controller's DNS names and IPs, separated by commas or spaces "
+                           "(localhost, 127.0.0.1 and ::1 are always added)")
+    init.add_argument("--agents", nargs="+", action=_Names, default=[], metavar="NODE",
+                      help="node ids to issue agent certificates for (CN = node id), separated "
+                           "by commas or spaces")
     init.add_argument("--days", type=int, default=365, help="leaf validity (default 365)")
     init.add_argument("--force", action="store_true", help="replace existing files")
     runs(init, _certs_init, usage=USAGE)
@@ -118,7 +127,7 @@ def add_commands(sub: Any) -> None:
                       help="a new controller server certificate (with --hosts)")
     kind.add_argument("--admin", nargs="?", const="admin", metavar="NAME",
                       help="an admin client certificate (may register any node id)")
-    iss.add_argument("--hosts", type=_names, default=[], metavar="H1,H2",
+    iss.add_argument("--hosts", nargs="+", action=_Names, default=[], metavar="HOST",
                      help="with --controller: its DNS names and IPs")
     iss.add_argument("--days", type=int, default=365, help="validity (default 365)")
     iss.add_argument("--force", action="store_true", help="replace existing files (renewal)")

@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                              tokens_file=args.tokens_file, allow_insecure=args.allow_insecure,
                              metrics_listen=args.metrics_listen, policy_set=args.policy_set)
         telemetry = setup_telemetry("sia-controller", prometheus=bool(config.metrics_listen))
-    except (ConfigError, ValueError) as err:  # ValueError: an OTEL_* setting
+        # after the config: its errors are plain lines
+        configure_logging(fmt=args.log_format, level=args.log_level)
+    except (ConfigError, ValueError) as err:  # ValueError: an OTEL_* or SIA_LOG_* setting
         print(f"sia-controller: {err}", file=sys.stderr)
         return 2
-    # after the config: its errors are plain lines
-    configure_logging(fmt=args.log_format, level=args.log_level)
     log = structlog.get_logger("sia.controller")
     log.info("telemetry", traces=telemetry.traces_exporter, metrics=telemetry.metrics_exporter)
     try:

@@ -236,6 +236,9 @@ class _JobRec:
     grad: GradParams | None = None
     profiled: set[str] = field(default_factory=set)  # types with a finished profiling pass
     usable: set[str] = field(default_factory=set)  # types whose profile had samples
+    # type -> why its pass failed, as the agent said (kept for the job's message if no
+    # type can run it; not persisted: a restart profiles again).
+    profile_errors: dict[str, str] = field(default_factory=dict)
     profiling: dict[str, tuple[str, int]] = field(default_factory=dict)  # type -> (node, gpu)
     # type -> the last directive id issued before its request was sent: the agent
     # applies requests and directives in order, so a STOP with a higher id ends it.
@@ -629,6 +632,8 @@ class ControllerState:
             del node.holder[where[1]]
             self._capacity_changed(node.gpu_type)
         rec.profiled.add(node.gpu_type)
+        if t.profile_error:
+            rec.profile_errors[node.gpu_type] = t.profile_error[:1000]  # what an agent sends
         if rec.grad is None and t.HasField("grad") and _valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         for s in t.samples:
@@ -1171,6 +1176,10 @@ class ControllerState:
                     out.append(WantRound())
                 out.append(Persist((rec.job_id,)))
             elif rec.profiled and not self._profile_types(rec):
+                # The agents' reasons (a command that is not found, a script that
+                # crashed) are what the user must fix: `sia get` shows them.
+                rec.job.status.message = "\n".join(
+                    f"{t}: {e}" for t, e in sorted(rec.profile_errors.items()))
                 self._finish(rec, pb.JOB_STATE_FAILED, at, "failed: no GPU type in the "
                              "cluster can run it (profiling found none)", out)
 

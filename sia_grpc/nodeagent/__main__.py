@@ -52,7 +52,7 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sia_grpc.nodeagent",
+    p = argparse.ArgumentParser(prog="sia-nodeagent",
                                 description="sia node agent: one node, one GPU type")
     p.add_argument("--controller", required=True, metavar="HOST:PORT")
     p.add_argument("--node-id", default=socket.gethostname(),
@@ -193,11 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                                keepalive_s=args.keepalive, tls_ca=args.tls_ca,
                                tls_cert=args.tls_cert, tls_key=args.tls_key)
                    for name in names]
+        # Before the back-end is built: it binds its logger to the configuration then.
+        configure_logging(fmt=args.log_format, level=args.log_level)
         backend = _torch_backend(args, inventory) if args.backend == "torch" else None
-    except ValueError as exc:
+    except ValueError as exc:  # also a bad SIA_LOG_FORMAT / SIA_LOG_LEVEL
         print(f"sia nodeagent: {exc}", file=sys.stderr)
         return 2
-    configure_logging(fmt=args.log_format, level=args.log_level)
     try:
         import uvloop
     except ImportError:

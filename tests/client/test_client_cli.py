@@ -223,6 +223,12 @@ def test_cluster_report(target, fake, capsys):
     assert lines[-1].split()[-1] == "2026-01-05T09:32:01Z" and lines[-2].split()[0] == "2"
 
 
+def test_a_skipped_round_is_listed_without_a_number():
+    skipped = pb.Round(trigger="drain", note="skipped: no ready node (1 draining)")
+    lines = client_cli.cluster_report(pb.Cluster(policy="sia"), [skipped]).splitlines()
+    assert lines[-1].split()[:3] == ["-", "-", "drain"] and lines[-1].endswith("draining)")
+
+
 def test_cluster_json_holds_the_cluster_and_its_rounds(target, fake, capsys):
     assert sia("cluster", "-o", "json", "--controller", target) == 0
     data = json.loads(capsys.readouterr().out)

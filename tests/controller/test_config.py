@@ -161,3 +161,14 @@ def test_controller_start_up_error_is_one_line(tmp_path, capsys):
     assert main(["--policy-set", "sia.p=0"]) == 2
     assert capsys.readouterr().err == \
         "sia-controller: --policy-set sia.p: must be a non-zero finite number, got 0\n"
+
+
+@pytest.mark.parametrize(("var", "value"), [("SIA_LOG_FORMAT", "bogus"),
+                                            ("SIA_LOG_LEVEL", "loud")])
+def test_a_bad_log_setting_in_the_environment_is_one_line(var, value, monkeypatch, capsys):
+    from sia_grpc.controller.__main__ import main
+
+    monkeypatch.setenv(var, value)
+    assert main(["--listen", "127.0.0.1:0", "--db", ":memory:"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sia-controller: {var}: unknown log") and err.count("\n") == 1

@@ -70,6 +70,25 @@ def test_profile_request_uses_batch_sizes_within_the_types_limits():
     assert min(p.local_batch_sizes) == lo and max(p.local_batch_sizes) == hi
 
 
+def test_a_job_whose_passes_all_fail_says_why_in_its_message():
+    """Regression: a job whose command the agents cannot run (not found, a crash)
+    failed with only "profiling found none"; the agents' reasons were in their logs."""
+    h = Harness({"rtx-0": ("rtx", 4), "aws-0": ("aws", 4)})
+    for a in h.agents.values():
+        a.hold_profiles = True
+    h.submit("j1")
+    h.deliver()
+    for a in h.agents.values():
+        (p,) = a.passes.values()
+        h.feed(AgentMessage(h.now, a.name, pb.AgentMessage(telemetry=pb.Telemetry(
+            job_id="j1", generation=p.generation, profile=True, profile_gpu=p.local_gpu,
+            profile_error=f"RuntimeError: no train.py on {a.name}"))))
+    status = h.state.jobs["j1"].job.status
+    assert status.state == pb.JOB_STATE_FAILED and "profiling found none" in status.reason
+    assert status.message == ("aws: RuntimeError: no train.py on aws-0\n"
+                              "rtx: RuntimeError: no train.py on rtx-0")
+
+
 def test_a_job_that_grows_is_stopped_before_it_runs_again():
     h = Harness(NODES)
     h.submit("j1")

@@ -23,12 +23,22 @@ def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+    assert "usage: sia-nodeagent " in capsys.readouterr().err  # the installed command's name
 
 
 def test_bad_controller_address_exits_2(capsys):
     assert main(["--controller", "nohost", "--gpus", "rtx:8"]) == 2
     assert "controller: expected HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("var", "value"), [("SIA_LOG_FORMAT", "bogus"),
+                                            ("SIA_LOG_LEVEL", "loud")])
+def test_a_bad_log_setting_in_the_environment_is_one_line_exit_2(var, value, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setenv(var, value)
+    assert main(["--controller", "127.0.0.1:1", "--gpus", "rtx:8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sia nodeagent: {var}: unknown log") and err.count("\n") == 1
 
 
 async def test_sigterm_checkpoints_the_running_job_and_exits_0(controller):

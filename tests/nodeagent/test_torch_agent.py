@@ -4,6 +4,7 @@ real stream; and the command line that selects it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 
@@ -121,6 +122,11 @@ async def test_emulating_agent_process_runs_and_stops_workers(controller, tmp_pa
         assert [(e.kind, e.progress) for e in s.of("exit")] == [(KIND.KIND_CHECKPOINTED, 0.4)]
         assert not any(alive(p) for p in pids)
         assert b"EMULATION: this agent has no GPUs" in err
+        # --log-format json holds for the back-end's lines too (it was built, and
+        # bound its logger, before the logging was configured).
+        lines = [json.loads(line) for line in err.decode().splitlines()]
+        assert {"worker service listening", "EMULATION: no GPU is used; workers run on the "
+                "CPU, paced as GPU type 'rtx'"} <= {line["event"] for line in lines}
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -457,6 +457,24 @@ def test_sia_certs_and_tokens_commands(tmp_path, capsys):
     assert main(["tokens", "add", "--file", str(tmp_path / "t.toml"), "--tenant", "a"]) == 0
     token = capsys.readouterr().out.strip()
     assert len(token) >= 43 and token not in (tmp_path / "t.toml").read_text()
+    assert main(["tokens", "add", "--file", str(tmp_path / "t.toml"), "--tenant", "ops",
+                 "--admin"]) == 0
+    assert capsys.readouterr().err.startswith("added an admin token for tenant 'ops'")
+
+
+def test_sia_certs_takes_names_separated_by_spaces_or_commas(tmp_path):
+    """As `--agents $(kubectl get nodes ... -o jsonpath=...)` gives them (deploy/k8s)."""
+    from cryptography import x509
+
+    from sia_grpc.cli import main
+
+    d = tmp_path / "pki"
+    assert main(["certs", "init", str(d), "--hosts", "ctl.svc", "ctl.svc.local,10.0.0.5",
+                 "--agents", "n1", "n2,n3"]) == 0
+    assert {"agent-n1.crt", "agent-n2.crt", "agent-n3.crt"} <= {p.name for p in d.iterdir()}
+    cert = x509.load_pem_x509_certificate((d / "controller.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"ctl.svc", "ctl.svc.local"} <= set(names.get_values_for_type(x509.DNSName))
 
 
 async def test_sia_cli_with_ca_and_token_file(controller, pki, tokens, tmp_path, capsys):
