@@ -141,7 +141,7 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
     from sia_grpc.sim.engine import simulate
     from sia_grpc.sim.workload import load_workload
 
-    configure_logging(level="warning")
+    configure_logging(level="error")  # (the embedded services: the replay prints its own story)
     jobs = sorted(load_workload(workload), key=lambda j: (j.time, j.name))
     if first is not None:
         jobs = jobs[:first]

@@ -82,8 +82,9 @@ def add_commands(sub: Any) -> None:
                       default=["saturn/workload-1", "newtrace/workload-1"],
                       help="CSV files or shipped workloads "
                            "(default: saturn/workload-1 newtrace/workload-1)")
-    bsim.add_argument("--policy", default="sia")
-    bsim.add_argument("--cluster", default="hetero64")
+    bsim.add_argument("--policy", default="sia", help="the policy (default sia)")
+    bsim.add_argument("--cluster", default="hetero64",
+                      help="hetero64, homo64, or a cluster TOML file (default hetero64)")
     count = positive(int)
     ld = command(bench_sub, "load", "many agents and many submitted jobs: none lost, "
                                     "controller memory and CPU recorded", _load)
@@ -114,8 +115,9 @@ def add_commands(sub: Any) -> None:
                     help="a CSV file or shipped workload (saturn/workload-1, ...)")
     rp.add_argument("--time-scale", type=positive(float), default=300.0,
                     help="cluster seconds per real second (default 300)")
-    rp.add_argument("--policy", default="sia")
-    rp.add_argument("--cluster", default="hetero64")
+    rp.add_argument("--policy", default="sia", help="the controller's policy (default sia)")
+    rp.add_argument("--cluster", default="hetero64",
+                    help="hetero64, homo64, or a cluster TOML file (default hetero64)")
     rp.add_argument("--first", type=int, help="only the first N jobs by arrival")
     rp.add_argument("--no-compare", action="store_true", help="skip the simulation")
     rp.add_argument("--json", help="write the comparison as JSON")

@@ -20,7 +20,7 @@ def _demo(args: argparse.Namespace) -> int:
         from sia_grpc.demo.modeled import live_demo
         from sia_grpc.observability import configure_logging
 
-        configure_logging(level="warning")
+        configure_logging(level="error")
         return asyncio.run(live_demo(rate=args.time_scale))
     from sia_grpc.demo.training import main
 

@@ -446,8 +446,8 @@ class Controller:
                 self._round_done(action.round)
             case sm.RoundSkipped():
                 self._publish_round(action.round)
-                log.warning("round skipped", trigger=action.round.trigger,
-                            why=action.round.note.removeprefix("skipped: "))
+                log.info("round skipped", trigger=action.round.trigger,
+                         why=action.round.note.removeprefix("skipped: "))
             case sm.RoundAcked():
                 self._round_acked(action.round_no)
             case sm.WantRound():

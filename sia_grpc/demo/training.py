@@ -182,7 +182,7 @@ def main(keep: str | None = None) -> int:
     from sia_grpc.controller.server import loop_factory
     from sia_grpc.observability import configure_logging
 
-    configure_logging(level="warning")
+    configure_logging(level="error")  # (the embedded services: the demo prints its own story)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(train_demo(keep=keep))
