@@ -759,3 +759,30 @@ def test_metric_views_count_nodes_capacity_and_the_longest_wait():
     assert h.state.nodes_by_state() == {"READY": 1, "DRAINING": 1, "LOST": 1}
     # Only ready nodes are capacity; a type with none left stays, at 0.
     assert h.state.gpus_capacity() == {"rtx": 4, "aws": 0}
+
+
+def test_job_states_change_only_along_the_transition_table():
+    from sia_grpc.controller.transitions import TRANSITIONS, IllegalTransition, set_state
+
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.submit("j1")
+    rec = h.state.jobs["j1"]
+    h.feed(JobCancelRequested(h.now, "j1"))
+    assert rec.state == pb.JOB_STATE_CANCELLED and not TRANSITIONS[pb.JOB_STATE_CANCELLED]
+    with pytest.raises(IllegalTransition, match=r"j1: CANCELLED -> RUNNING \('running'\)"):
+        set_state(rec, pb.JOB_STATE_RUNNING, h.now, "running")
+
+
+def test_a_stored_record_from_a_newer_controller_is_refused_and_an_older_one_read():
+    h = Harness({"rtx-0": ("rtx", 4)})
+    h.submit("j1")
+    h.deliver()
+    job = h.state.jobs["j1"].job
+    extra = json.loads(h.state.extra("j1"))
+    assert extra["v"] == 2
+    fresh = ControllerState(h.state.settings)
+    with pytest.raises(ValueError, match="'j1': its stored state has format 3, newer than"):
+        fresh.restore(job, json.dumps({**extra, "v": 3}).encode(), h.now)
+    del extra["v"], extra["held_gen"]  # what a controller before versions wrote
+    fresh.restore(job, json.dumps(extra).encode(), h.now)
+    assert fresh.jobs["j1"].usable == h.state.jobs["j1"].usable

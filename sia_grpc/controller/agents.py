@@ -1,0 +1,241 @@
+"""What agents say: registration and reconciliation (their workers, passes and
+drain state against the books), telemetry, acknowledgements, exits."""
+
+from __future__ import annotations
+
+import math
+
+from sia_grpc.api import pb
+from sia_grpc.api.convert import MAX_GPUS_PER_NODE
+from sia_grpc.controller.events import (
+    Action,
+    AgentMessage,
+    AgentRegistered,
+    Persist,
+    Reconnect,
+    Send,
+)
+from sia_grpc.controller.records import (
+    NodeRec,
+    sync_part,
+    valid_grad,
+    valid_sample,
+)
+from sia_grpc.controller.transitions import TERMINAL
+from sia_grpc.models.efficiency import GradParams
+from sia_grpc.policy.cluster import Node
+
+
+class Agents:
+    """A part of `ControllerState`: what agents say (the module docstring)."""
+
+    def _registered(self, ev: AgentRegistered, out: list[Action]) -> None:
+        try:  # what the policy's cluster will hold: else every round fails on this node
+            Node(ev.node_id, ev.gpu_type, ev.num_gpus)
+            if ev.num_gpus > MAX_GPUS_PER_NODE:
+                raise ValueError(f"num_gpus: at most {MAX_GPUS_PER_NODE}, got {ev.num_gpus}")
+        except ValueError:
+            out.append(Reconnect(ev.node_id))  # not taken: its stream is ended
+            return
+        node = self.nodes.get(ev.node_id)
+        self._type_arriving(ev.gpu_type)
+        if node is None:
+            node = self.nodes[ev.node_id] = NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
+        node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
+        node.restored = False  # (its report below settles the restored books)
+        # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
+        # booked on the missing ones is gone; a pass there is run again, a job requeued.
+        for g in sorted(g for g in node.holder if g >= node.num_gpus):
+            rec = self.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
+            self._capacity_changed(node.gpu_type)
+            if rec is None:
+                continue
+            for t, (name, gpu) in list(rec.profiling.items()):
+                if (name, gpu) == (node.name, g):
+                    del rec.profiling[t]
+                    self._want_profiles((rec.job_id,))
+            if node.name in rec.held:
+                stopping = node.name in rec.stopping
+                self._release(rec, node.name)
+                if not stopping:
+                    self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
+        node.state, node.last_seen = self._up_state(node.name), ev.at
+        self._capacity_changed(node.gpu_type)
+        # Its drain state, where the agent's differs: one that restarted forgot a
+        # drain, one whose stream broke may have missed its end.
+        if ev.draining != (node.name in self.drained):
+            out.append(self._drain_message(node.name))
+        reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
+        # Re-deliver what it may have missed; the agent ignores ids it already applied.
+        unacked = set()
+        for did, (job_id, name, action, msg) in list(self._pending_acks.items()):
+            if name != ev.node_id:
+                continue
+            rec = self.jobs.get(job_id)
+            d = msg.directive
+            if action == pb.Directive.ACTION_RUN and (
+                    rec is None or rec.state in TERMINAL or d.generation != rec.generation
+                    or ev.node_id not in rec.held):
+                # Obsolete: the job moved on while the agent was away. Sent now, it
+                # would start a fenced generation on GPUs the books give to others.
+                del self._pending_acks[did]
+                self._round_acked(d.round, did, out)
+                continue
+            unacked.add(job_id)
+            out.append(Send(name, msg))
+        # Profiling passes in flight here: the request may have been lost with the old
+        # stream (or the agent restarted), and nothing else would ever end the pass.
+        # Sent again; an agent still running that pass ignores the copy.
+        # (An ended job's passes are being stopped: its STOP is re-sent above.)
+        for job_id in sorted(set(node.holder.values())):
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state in TERMINAL:
+                continue
+            for t, (name, gpu) in sorted(rec.profiling.items()):
+                if name == ev.node_id:
+                    out.append(self._profile_request(rec, t, name, gpu))
+        # Jobs we believe run here but the agent does not have: their workers are gone.
+        # (Also jobs whose restored books name this node while another job's booking
+        # of the same GPU won: the agent's report settles it.)
+        for job_id in sorted({*node.holder.values(),
+                              *(j for j, r in self.jobs.items() if ev.node_id in r.held)}):
+            rec = self.jobs.get(job_id)
+            if rec is None or job_id in reported or job_id in unacked:
+                continue
+            if ev.node_id in rec.held and ev.node_id not in rec.stopping:
+                self._release(rec, ev.node_id)
+                self._interrupt(rec, ev.at, f"requeued: its workers on {ev.node_id} are gone", out)
+            elif ev.node_id in rec.stopping:  # it stopped while we were apart
+                self._release(rec, ev.node_id)
+        # Workers the agent runs that we did not place there (or of an older generation): fence.
+        for job_id, (gen, gpus) in reported.items():
+            if job_id in unacked:
+                continue
+            rec = self.jobs.get(job_id)
+            ours = (rec is not None and rec.state not in TERMINAL and gen == rec.generation
+                    and rec.held.get(ev.node_id) == tuple(sorted(gpus)))
+            if not ours:
+                # Only GPUs the node has, and not booked for another job: an agent's
+                # report must not push its GPU count past what it registered.
+                mine = tuple(sorted({g for g in gpus if g < node.num_gpus
+                                     and node.holder.get(g, job_id) == job_id}))
+                node.holder.update(dict.fromkeys(mine, job_id))
+                self._send_stop(job_id, gen, ev.node_id, out)
+                if rec is not None:
+                    if ev.node_id not in rec.held:
+                        rec.held[ev.node_id], rec.held_gen[ev.node_id] = mine, gen
+                    rec.stopping.add(ev.node_id)
+        self._reported_passes(node, ev, out)
+
+    def _agent_message(self, ev: AgentMessage, out: list[Action]) -> None:
+        node = self.nodes.get(ev.node_id)
+        if node is None:
+            return
+        if node.state == pb.NODE_STATE_LOST:
+            out.append(Reconnect(node.name))
+            return
+        node.last_seen = ev.at
+        msg = ev.message
+        kind = msg.WhichOneof("kind")
+        if kind == "telemetry":
+            self._telemetry(node, msg.telemetry, ev.at, out)
+        elif kind == "ack":
+            self._ack(node, msg.ack, ev.at, out)
+        elif kind == "exit":
+            self._exit(node, msg.exit, ev.at, out)
+
+    def _telemetry(self, node: NodeRec, t: pb.Telemetry, at: float, out: list[Action]) -> None:
+        rec = self.jobs.get(t.job_id)
+        if rec is None:  # a deleted job's pass that ran to its end: its GPU is free
+            g = t.profile_gpu if t.profile and t.HasField("profile_gpu") else -1
+            if g in node.holder and node.holder[g] == t.job_id:
+                del node.holder[g]
+                self._capacity_changed(node.gpu_type)
+            return
+        if t.profile:
+            self._profiled(rec, node, t, at, out)
+            return
+        if t.generation != rec.generation or rec.state in TERMINAL:
+            return  # a fenced generation's late report
+        new_shape = False
+        for s in t.samples:
+            if not valid_sample(s):
+                continue
+            key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
+            old = rec.samples.get(key)
+            # A new shape, or one whose step time moved by more than 5% (a real
+            # worker warms up; modeled ones repeat themselves): fit it again.
+            if old is None or abs(s.step_time_s - old[0]) > 0.05 * old[0]:
+                sync = sync_part(s)
+                rec.samples[key] = (s.step_time_s, sync)
+                rec.estimator.add_observation(s.gpu_type, s.num_nodes, s.num_replicas,
+                                              s.atomic_batch_size, s.accum_steps,
+                                              s.step_time_s, sync)
+                new_shape = True
+        if t.HasField("grad") and valid_grad(t.grad):
+            rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
+        rec.job.status.progress = max(rec.job.status.progress, min(t.progress, 1.0))
+        if t.HasField("checkpoint"):
+            c = t.checkpoint
+            rec.checkpoint = max(rec.checkpoint, c.progress)
+            if c.restore_s > 0 and math.isfinite(c.restore_s + c.save_s):
+                # The restart cost the policy weighs is measured, not guessed.
+                rec.restart_cost = min(max(c.save_s, 0.0) + c.restore_s, 86400.0)
+                new_shape = True
+        if new_shape or at - rec.last_persist >= self.settings.persist_progress_every:
+            rec.last_persist = at
+            out.append(Persist((rec.job_id,)))
+
+    def _ack(self, node: NodeRec, ack: pb.DirectiveAck, at: float, out: list[Action]) -> None:
+        pending = self._pending_acks.get(ack.directive_id)
+        if pending is None or pending[1] != node.name:
+            return  # a re-delivered directive's second ack (or another node's: ignored)
+        del self._pending_acks[ack.directive_id]
+        if pending[2] == pb.Directive.ACTION_STOP:
+            key = pending[0], pending[1]
+            self._stops_due[key] -= 1
+            if self._stops_due[key] <= 0:
+                del self._stops_due[key]
+        self._round_acked(pending[3].directive.round, ack.directive_id, out)
+        job_id, node_id, action, msg = pending
+        rec = self.jobs.get(job_id)
+        if action == pb.Directive.ACTION_STOP:
+            self._stopped(rec, node, job_id, msg.directive.generation, ack.directive_id)
+        elif rec is None:
+            return
+        elif not ack.ok and ack.generation == rec.generation and node_id in rec.held:
+            # The agent refused to start it (bad GPUs, draining): run it elsewhere, and
+            # tell it again whether it is drained (it may have missed the news).
+            self.refused += 1
+            out.append(self._drain_message(node_id))
+            self._release(rec, node_id)
+            self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
+
+    def _round_acked(self, round_no: int, directive_id: int, out: list[Action]) -> None:
+        self._round_acks.get(round_no, set()).discard(directive_id)
+
+    def _exit(self, node: NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:
+        rec = self.jobs.get(ex.job_id)
+        if rec is None or node.name not in rec.held:
+            return  # only a node the job runs on may end it (or report its checkpoint)
+        if ex.kind == pb.JobExit.KIND_CHECKPOINTED:
+            rec.checkpoint = max(rec.checkpoint, ex.progress)
+            rec.job.status.progress = max(rec.job.status.progress, ex.progress)
+            return
+        if ex.generation != rec.generation or rec.state in TERMINAL:
+            return
+        # A RUN still on its way there (a batch change) would start the finished job
+        # again: then its GPUs stay booked until a STOP behind that RUN is acknowledged.
+        rerun = any(j == rec.job_id and n == node.name and act == pb.Directive.ACTION_RUN
+                    for j, n, act, _ in self._pending_acks.values())
+        done_here = "" if rerun else node.name
+        if not rerun:
+            self._release(rec, node.name)
+        if ex.kind == pb.JobExit.KIND_COMPLETED:
+            rec.job.status.progress = 1.0
+            self._finish(rec, pb.JOB_STATE_SUCCEEDED, at, "completed", out, except_node=done_here)
+        else:
+            msg = ex.message or "worker failed"
+            rec.job.status.message = msg
+            self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}", out,
+                         except_node=done_here)

@@ -1,0 +1,164 @@
+"""What the controller's state machine takes in (events: each carries its time) and
+gives out (actions the async shell carries out), and its settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sia_grpc.api import pb
+from sia_grpc.controller.validation import Resolved
+from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # wall-clock seconds (injected clock)
+
+
+@dataclass(frozen=True)
+class JobCreated(Event):
+    job: pb.Job  # durable already
+    resolved: Resolved | None = None  # its validated spec, if the caller has it
+
+
+@dataclass(frozen=True)
+class JobCancelRequested(Event):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobDeleted(Event):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class AgentRegistered(Event):
+    node_id: str
+    gpu_type: str
+    num_gpus: int
+    version: str = ""
+    running: tuple[tuple[str, int, tuple[int, ...]], ...] = ()  # (job, generation, gpus)
+    profiling: tuple[tuple[str, int, int], ...] = ()  # passes in flight: (job, generation, gpu)
+    draining: bool = False  # what the agent believes
+
+
+@dataclass(frozen=True)
+class AgentMessage(Event):
+    node_id: str
+    message: pb.AgentMessage  # heartbeat, telemetry, ack or exit
+
+
+@dataclass(frozen=True)
+class AgentDisconnected(Event):
+    node_id: str
+
+
+@dataclass(frozen=True)
+class NodeDrainChanged(Event):
+    """An admin drained a node (`reason` set) or ended its drain (`reason` None)."""
+
+    node_id: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class NodeForgotten(Event):
+    """An admin removed a LOST node (ClusterService.ForgetNode)."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Liveness(Event):
+    """Periodic check: agents silent past the heartbeat timeout are lost."""
+
+
+@dataclass(frozen=True)
+class Tick(Event):
+    trigger: str = "timer"  # or "arrival", "requeue", ...
+    # An early round (WantRound): it only places waiting jobs on idle GPUs.
+    early: bool = False
+
+
+@dataclass(frozen=True)
+class SolveFinished(Event):
+    round_no: int
+    result: RoundResult | None
+    error: str = ""  # set when the solve failed or timed out: nothing changes
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Send:
+    node_id: str
+    message: pb.ControllerMessage
+
+
+@dataclass(frozen=True)
+class Persist:
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Solve:
+    round_no: int
+    trigger: str
+    cluster: Cluster
+    jobs: tuple[PolicyJob, ...]
+    previous: Mapping[str, JobAllocation]
+
+
+@dataclass(frozen=True)
+class RoundAcked:
+    """Every directive a round sent (including RUNs that waited for stops) is
+    acknowledged: the round's effects are in place."""
+
+    round_no: int
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """End the agent's stream: it was judged lost while still talking, so it must
+    register again (and be reconciled) before it gets work."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    round: pb.Round
+
+
+@dataclass(frozen=True)
+class RoundSkipped:
+    """A round that did not run, and why (`round.note`): for the log and history."""
+
+    round: pb.Round
+
+
+@dataclass(frozen=True)
+class WantRound:
+    """Ask the shell for an early (debounced) round: a job became schedulable."""
+
+    trigger: str = "arrival"
+
+
+Action = Send | Persist | Solve | RoundDone | RoundSkipped | WantRound | Reconnect | RoundAcked
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    heartbeat_timeout: float = 15.0  # seconds without a message: the agent is lost
+    profile_batch_sizes: int = 10  # micro-batch sizes per profiling pass
+    persist_progress_every: float = 10.0  # seconds between progress-only writes
+    checkpoint_root: str = "/var/lib/sia/checkpoints"
+    master_port_base: int = 29500
+    # A job that has waited this long for a GPU to profile on gets one from the next
+    # timer round (a profiling slot); until then, passes use GPUs that free up.
+    profile_wait: float = 60.0

@@ -1,0 +1,81 @@
+"""The rules the controller's books keep after every event (`check_invariants`), in
+the manner of dask's `validate_state()`: the state-machine tests and the chaos runs
+call it after each event, so a rule broken anywhere is caught where it breaks."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+from sia_grpc.api import pb, state_name
+from sia_grpc.controller.transitions import REASONS, TERMINAL
+
+if TYPE_CHECKING:
+    from sia_grpc.controller.state import ControllerState
+
+
+class InvariantError(AssertionError):
+    """The controller's books broke a rule (`check_invariants`)."""
+
+
+def check_invariants(self: ControllerState) -> None:
+    """Raise `InvariantError` naming the first rule the books break.
+
+    The rules hold after every event, whatever order events arrive in; the
+    state-machine tests and the chaos runs call this after each one. The
+    central one: every GPU held belongs to a live job that runs or profiles on
+    it, or to a STOP in flight whose acknowledgement will free it. A GPU held by
+    a job that no longer exists, with nothing to free it, is a leak for ever."""
+    due = collections.Counter((j, n) for j, n, act, _ in self._pending_acks.values()
+                              if act == pb.Directive.ACTION_STOP)
+    if due != self._stops_due:
+        raise InvariantError(f"STOPs due {dict(self._stops_due)}, pending {dict(due)}")
+    stops = set(due)
+    for node in self.nodes.values():
+        if node.state == pb.NODE_STATE_LOST and node.holder:
+            raise InvariantError(f"lost node {node.name} holds GPUs {node.holder}")
+        for g, job_id in node.holder.items():
+            if not 0 <= g < node.num_gpus:
+                raise InvariantError(f"{node.name}/{g}: booked past its {node.num_gpus} GPUs")
+            rec = self.jobs.get(job_id)
+            explained = (job_id, node.name) in stops or rec is not None and (
+                g in rec.held.get(node.name, ()) or (node.name, g) in rec.profiling.values())
+            if not explained and not node.restored:
+                what = "deleted" if rec is None else state_name(rec.state)
+                raise InvariantError(
+                    f"{node.name}/{g} held by {job_id!r} ({what}), which neither runs nor "
+                    "profiles there and has no STOP in flight")
+    active: collections.Counter[str] = collections.Counter()
+    for job_id, rec in self.jobs.items():
+        ended = rec.state in TERMINAL
+        if not ended:
+            active[rec.job.spec.tenant] += 1
+        passes = {n for n, _ in rec.profiling.values()}
+        for name, gpu in rec.profiling.values():
+            node = self.nodes.get(name)
+            if node is None or (node.holder.get(gpu) != job_id and not node.restored):
+                raise InvariantError(f"{job_id}: profiling on {name}/{gpu}, not booked to it")
+        for name, gpus in rec.held.items():
+            node = self.nodes.get(name)
+            if node is None:
+                raise InvariantError(f"{job_id}: holds GPUs on unknown node {name}")
+            if not node.restored and any(node.holder.get(g) != job_id for g in gpus):
+                raise InvariantError(f"{job_id}: holds {name}/{gpus}, booked to "
+                                     f"{[node.holder.get(g) for g in gpus]}")
+        for name in rec.stopping:
+            if (job_id, name) not in stops:
+                raise InvariantError(f"{job_id}: stopping on {name} with no STOP in flight")
+        if ended and not (rec.held.keys() | passes) <= rec.stopping:
+            loose = sorted((rec.held.keys() | passes) - rec.stopping)
+            raise InvariantError(f"{job_id} is {state_name(rec.state)} but holds GPUs on "
+                                 f"{loose} not being stopped")
+        if rec.moving and job_id not in self._moving:
+            raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
+        if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):
+            raise InvariantError(f"{job_id}: RUNNING without a settled allocation")
+        if not rec.job.status.reason.startswith(REASONS.get(rec.state, ("",))):
+            raise InvariantError(f"{job_id}: {state_name(rec.state)} with reason "
+                                 f"{rec.job.status.reason!r}")
+    if +self.active_by_tenant != active:
+        raise InvariantError(f"active jobs per tenant {dict(self.active_by_tenant)}, "
+                             f"counted {dict(active)}")

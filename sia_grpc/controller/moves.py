@@ -1,0 +1,212 @@
+"""Moving GPUs: two-phase moves (STOP, wait for every GPU of the target to be
+released, then RUN the next generation), batch changes in place, preemptions and
+requeues, directives and their acknowledgements, lost agents."""
+
+from __future__ import annotations
+
+import zlib
+
+from sia_grpc.api import pb
+from sia_grpc.api.convert import allocation_to_pb
+from sia_grpc.controller.events import (
+    Action,
+    Persist,
+    Send,
+    WantRound,
+)
+from sia_grpc.controller.records import (
+    JobRec,
+    by_node,
+    timestamp,
+)
+from sia_grpc.controller.transitions import TERMINAL, set_state
+from sia_grpc.policy.types import JobAllocation
+
+
+class Moves:
+    """A part of `ControllerState`: moving GPUs (the module docstring)."""
+
+    def _dispatch_pending(self, at: float, out: list[Action]) -> None:
+        """Start every job whose target's GPUs are all released."""
+        if self._dispatch_scanned == self._capacity_epoch:
+            return  # nothing freed, no move wanted or dropped: none can start now
+        self._dispatch_scanned = self._capacity_epoch
+        for job_id in list(self._moving):
+            rec = self.jobs.get(job_id)
+            if rec is None or not rec.moving or rec.state in TERMINAL:
+                self._moving.pop(job_id, None)
+                continue
+            if rec.held:
+                continue
+            target = rec.target
+            gone = target and sorted({g.node for g in target.gpus if g.node not in self.nodes
+                                      or self.nodes[g.node].state != pb.NODE_STATE_READY})
+            if gone:  # lost or drained since the round chose it: the move is void
+                target = rec.target = None
+                rec.next_reason = (f"requeued: {', '.join(gone)} left the pool before the "
+                                   "move could start")
+                out.append(WantRound("requeue"))
+            if target is None:  # preempted, and now fully stopped
+                self._set_moving(rec, False)
+                self._account(rec, at)
+                rec.alloc = None
+                rec.job.status.ClearField("allocation")
+                set_state(rec, pb.JOB_STATE_QUEUED, at, rec.next_reason or "preempted")
+                out.append(Persist((rec.job_id,)))
+                continue
+            if any(self.nodes[g.node].holder.get(g.index) is not None for g in target.gpus):
+                continue
+            self._run(rec, target, at, out)
+
+    def _run(self, rec: JobRec, alloc: JobAllocation, at: float, out: list[Action]) -> None:
+        self._account(rec, at)
+        rec.generation += 1
+        rec.alloc, rec.target = alloc, None
+        self._set_moving(rec, False, started=True)
+        rec.run_since = rec.started_at = at
+        status = rec.job.status
+        status.generation = rec.generation
+        status.allocation.CopyFrom(allocation_to_pb(alloc))
+        status.goodput = alloc.goodput
+        if not status.HasField("start_time"):
+            status.start_time.CopyFrom(timestamp(at))
+        for name, gpus in by_node(alloc):
+            self.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
+            rec.held[name], rec.held_gen[name] = gpus, rec.generation
+        out.extend(self._run_directives(rec))
+        set_state(rec, pb.JOB_STATE_RUNNING, at, rec.next_reason or "running")
+        rec.next_reason = ""
+        out.append(Persist((rec.job_id,)))
+
+    def _rebatch(self, rec: JobRec, alloc: JobAllocation, out: list[Action]) -> None:
+        """Same GPUs, new batch size: the workers change it between steps, no restart
+        (a RUN of the same generation with the new allocation)."""
+        rec.alloc = alloc
+        rec.job.status.allocation.CopyFrom(allocation_to_pb(alloc))
+        rec.job.status.goodput = alloc.goodput
+        out.extend(self._run_directives(rec))
+        out.append(Persist((rec.job_id,)))
+
+    def _run_directives(self, rec: JobRec) -> list[Send]:
+        """A RUN of the job's current generation and allocation for each of its nodes."""
+        layout = by_node(rec.alloc)
+        nodes = [name for name, _ in layout]
+        world = sum(len(g) for _, g in layout)
+        port = self.settings.master_port_base + zlib.crc32(
+            f"{rec.job_id}/{rec.generation}".encode()) % 1000
+        sends, offset = [], 0
+        for name, gpus in layout:
+            sends.append(self._directive(name, pb.Directive(
+                round=self.round_no, job_id=rec.job_id, generation=rec.generation,
+                action=pb.Directive.ACTION_RUN, spec=rec.job.spec, local_gpus=gpus,
+                world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
+                                     master_port=port, nodes=nodes),
+                allocation=rec.job.status.allocation,
+                checkpoint_path=f"{self.settings.checkpoint_root}/{rec.job_id}",
+                restore_progress=rec.checkpoint)))
+            offset += len(gpus)
+        return sends
+
+    def _stop_everywhere(self, rec: JobRec, out: list[Action], except_node: str = "") -> None:
+        for name in rec.held:
+            if name != except_node and name not in rec.stopping:
+                rec.stopping.add(name)
+                self._send_stop(rec.job_id, rec.generation, name, out)
+
+    def _stop_passes(self, rec: JobRec, out: list[Action]) -> None:
+        """An ended job's profiling passes are stopped, not left to finish: the
+        record may be deleted before a pass reports, and a pending STOP is what
+        frees the GPU then (its ack, `_ack`)."""
+        for name in sorted({n for n, _ in rec.profiling.values()} - rec.stopping):
+            rec.stopping.add(name)
+            self._send_stop(rec.job_id, rec.generation, name, out)
+
+    def _send_stop(self, job_id: str, generation: int, node: str, out: list[Action]) -> None:
+        out.append(self._directive(node, pb.Directive(
+            round=self.round_no, job_id=job_id, generation=generation,
+            action=pb.Directive.ACTION_STOP)))
+
+    def _interrupt(self, rec: JobRec, at: float, reason: str, out: list[Action]) -> None:
+        """Its allocation broke (node lost, workers gone): requeue from its checkpoint."""
+        if rec.state in TERMINAL:
+            return
+        self._account(rec, at)
+        rec.alloc, rec.target = None, None
+        self._set_moving(rec, bool(rec.held))
+        if rec.held:
+            self._stop_everywhere(rec, out)
+        rec.job.status.ClearField("allocation")
+        rec.job.status.restarts += 1
+        rec.generation += 1  # fence whatever still runs of the old generation
+        rec.job.status.generation = rec.generation
+        set_state(rec, pb.JOB_STATE_QUEUED, at, reason)
+        out.append(Persist((rec.job_id,)))
+        out.append(WantRound("requeue"))
+
+    def _unplaceable(self, rec: JobRec, ready: set[str], at: float, out: list[Action]) -> None:
+        """A job no ready node can run (none of its types is there). It waits, saying
+        why; if it still holds GPUs on a node that left the pool (drained), it is
+        checkpointed and requeued, so the drain completes."""
+        why = self._type_gap(rec)
+        if rec.moving or not rec.held or set(rec.held) <= ready:
+            if rec.state == pb.JOB_STATE_QUEUED and not rec.moving:
+                rec.job.status.reason = f"waiting: {why}"
+            return
+        left = sorted(set(rec.held) - ready)
+        rec.target = None
+        self._set_moving(rec, True)
+        rec.job.status.restarts += 1
+        self._stop_everywhere(rec, out)
+        rec.next_reason = f"requeued: {', '.join(left)} left the pool and {why}"
+        set_state(rec, pb.JOB_STATE_RESTARTING, at, f"checkpointing: {rec.next_reason}")
+        out.append(Persist((rec.job_id,)))
+
+    def _directive(self, node: str, d: pb.Directive) -> Send:
+        """Number the directive, remember it until acknowledged, and send it."""
+        self._next_directive += 1
+        d.directive_id = self._next_directive
+        self._round_acks.setdefault(d.round, set()).add(d.directive_id)
+        msg = pb.ControllerMessage(directive=d)
+        self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
+        if d.action == pb.Directive.ACTION_STOP:
+            self._stops_due[d.job_id, node] += 1
+        return Send(node, msg)
+
+    def _account(self, rec: JobRec, at: float) -> None:
+        """Credit the time it held its allocation (Gavel's time shares)."""
+        if rec.alloc is not None and rec.run_since is not None:
+            t = rec.alloc.config.gpu_type
+            rec.attained[t] = rec.attained.get(t, 0.0) + max(at - rec.run_since, 0.0)
+        rec.run_since = at if rec.alloc is not None else None
+
+    @staticmethod
+    def _attained(rec: JobRec, at: float) -> dict[str, float]:
+        """Time held per GPU type up to `at`, the current stint included."""
+        out = dict(rec.attained)
+        if rec.alloc is not None and rec.run_since is not None:
+            t = rec.alloc.config.gpu_type
+            out[t] = out.get(t, 0.0) + max(at - rec.run_since, 0.0)
+        return out
+
+    def _check_liveness(self, at: float, out: list[Action]) -> None:
+        for node in self.nodes.values():
+            if node.state == pb.NODE_STATE_LOST:
+                continue
+            if at - node.last_seen > self.settings.heartbeat_timeout:
+                node.state = pb.NODE_STATE_LOST
+                for job_id in set(node.holder.values()):
+                    rec = self.jobs.get(job_id)
+                    if rec is None:
+                        continue
+                    for t, (n, _) in list(rec.profiling.items()):
+                        if n == node.name:
+                            del rec.profiling[t]
+                            self._want_profiles((job_id,))
+                    if node.name not in rec.held:  # (a pass being stopped: gone with it)
+                        rec.stopping.discard(node.name)
+                    if node.name in rec.held:
+                        self._release(rec, node.name)
+                        if rec.alloc is not None and not rec.moving:
+                            self._interrupt(rec, at, f"requeued: node {node.name} lost", out)
+                node.holder.clear()
+                self._capacity_changed(node.gpu_type)

@@ -1,0 +1,193 @@
+"""The controller's records of jobs and nodes, and their persisted form.
+
+A job is stored as its `pb.Job` (what clients read) plus a controller-private
+`extra` blob (JSON: samples, gradient statistics, profiles, the GPUs it holds and
+for which generation, checkpoint, attained time, measured restart cost), written
+with a format version (`EXTRA_VERSION`) so a later controller can read an older
+blob or refuse one from the future.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from google.protobuf import timestamp_pb2
+
+from sia_grpc.api import pb
+from sia_grpc.controller.validation import Resolved
+from sia_grpc.models.bootstrap import ThroughputEstimator
+from sia_grpc.models.efficiency import GradParams
+from sia_grpc.policy.cluster import Config, GpuId
+from sia_grpc.policy.types import JobAllocation
+
+# Until a job reports gradient statistics: no statistical gain from a larger
+# batch (gain = 1), so the policy keeps it near its initial batch size.
+NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
+
+# What a tenant sees for a GPU another tenant's job holds (not a valid job id).
+OTHER_TENANT = "(other tenant)"
+
+
+@dataclass
+class NodeRec:
+    name: str
+    gpu_type: str
+    num_gpus: int
+    version: str = ""
+    state: int = pb.NODE_STATE_READY
+    last_seen: float = 0.0
+    holder: dict[int, str] = field(default_factory=dict)  # GPU index -> job physically on it
+    # Books restored from the store, not yet confirmed by the agent's registration
+    # (two restored jobs may both name a GPU: the agent's report settles it).
+    restored: bool = False
+
+
+@dataclass
+class JobRec:
+    job: pb.Job
+    res: Resolved
+    estimator: ThroughputEstimator = field(default_factory=ThroughputEstimator)
+    samples: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    grad: GradParams | None = None
+    profiled: set[str] = field(default_factory=set)  # types with a finished profiling pass
+    usable: set[str] = field(default_factory=set)  # types whose profile had samples
+    # type -> why its pass failed, as the agent said (kept for the job's message if no
+    # type can run it; not persisted: a restart profiles again).
+    profile_errors: dict[str, str] = field(default_factory=dict)
+    profiling: dict[str, tuple[str, int]] = field(default_factory=dict)  # type -> (node, gpu)
+    # type -> the last directive id issued before its request was sent: the agent
+    # applies requests and directives in order, so a STOP with a higher id ends it.
+    pass_sent: dict[str, int] = field(default_factory=dict)
+    alloc: JobAllocation | None = None  # what it runs on (RUN sent)
+    target: JobAllocation | None = None  # what it moves to once GPUs are released
+    moving: bool = False  # target set by a round (None target = preempted)
+    held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # node -> its GPUs there
+    # node -> the generation its GPUs there were taken for: a late ack of an older
+    # STOP must not free what a newer generation holds.
+    held_gen: dict[str, int] = field(default_factory=dict)
+    stopping: set[str] = field(default_factory=set)  # nodes sent STOP, not acknowledged yet
+    generation: int = 0
+    checkpoint: float = 0.0  # progress fraction of its last checkpoint
+    attained: dict[str, float] = field(default_factory=dict)
+    run_since: float | None = None  # attained time is accounted up to here
+    started_at: float = 0.0  # when its current generation was started
+    last_persist: float = 0.0
+    restart_cost: float | None = None  # measured checkpoint + restore seconds, once known
+    # The round's reason for a move, shown once the move lands (RUNNING, or QUEUED if
+    # preempted); until then the job says it is checkpointing or starting.
+    next_reason: str = ""
+
+    def restart_s(self) -> float:
+        """S_i of Sia's restart factor: measured when known, else the spec's hint."""
+        return self.restart_cost if self.restart_cost is not None else self.res.restart_cost
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    @property
+    def state(self) -> int:
+        return self.job.status.state
+
+
+def stored_allocation(a: pb.Allocation, goodput: float = 0.0) -> JobAllocation:
+    """An allocation as this controller stored it (trusted: it was placed here, so
+    unlike `convert.allocation_from_pb` it needs no cluster to check against)."""
+    return JobAllocation(
+        config=Config(a.gpu_type, num_nodes=a.num_nodes, num_gpus=a.num_gpus),
+        gpus=tuple(GpuId(g.node, g.index) for g in a.gpus), num_replicas=a.num_replicas,
+        batch_size=a.batch_size, atomic_bsz=a.atomic_batch_size, accum_steps=a.accum_steps,
+        goodput=goodput)
+
+
+def by_node(a: JobAllocation) -> list[tuple[str, tuple[int, ...]]]:
+    """(node, its GPU indices) in node order."""
+    out: dict[str, list[int]] = {}
+    for g in a.gpus:
+        out.setdefault(g.node, []).append(g.index)
+    return [(n, tuple(sorted(out[n]))) for n in sorted(out)]
+
+
+def batch_key(a: JobAllocation | None) -> tuple[int, int, int] | None:
+    return None if a is None else (a.batch_size, a.atomic_bsz, a.accum_steps)
+
+
+def same_gpus(a: JobAllocation | None, b: JobAllocation | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.config == b.config and tuple(sorted(a.gpus)) == tuple(sorted(b.gpus))
+
+
+def seconds(ts: timestamp_pb2.Timestamp) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
+def timestamp(at: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(at * 1e9))
+    return ts
+
+
+def valid_sample(s: pb.ThroughputSample) -> bool:
+    """What the throughput model can take; anything else is an agent's bug, dropped."""
+    return (math.isfinite(s.step_time_s) and 0 < s.step_time_s < 86400 and s.num_nodes >= 1
+            and s.num_replicas >= s.num_nodes and s.atomic_batch_size >= 1
+            and math.isfinite(s.sync_time_s))
+
+
+def valid_grad(g: pb.GradientStats) -> bool:
+    """Gradient statistics the goodput model can use: finite, non-negative, not both 0
+    (an fp16 overflow reports inf; taken, it would starve the job of GPUs for good)."""
+    return (math.isfinite(g.sqr) and math.isfinite(g.var) and g.sqr >= 0 and g.var >= 0
+            and (g.sqr > 0 or g.var > 0))
+
+
+def sync_part(s: pb.ThroughputSample) -> float:
+    """The sync part of a step, strictly less than the step (the model needs compute)."""
+    return min(max(s.sync_time_s, 0.0), 0.999 * s.step_time_s)
+
+
+# The extra blob's format: 1 (no "v": before versions were written), 2 (+ held_gen).
+EXTRA_VERSION = 2
+
+
+def dump_extra(rec: JobRec) -> dict:
+    return {
+        "v": EXTRA_VERSION,
+        "samples": [[*k, *v] for k, v in rec.samples.items()],
+        "grad": [rec.grad.sqr, rec.grad.var] if rec.grad else None,
+        "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
+        "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
+        "generation": rec.generation, "checkpoint": rec.checkpoint,
+        "attained": rec.attained, "restart_cost": rec.restart_cost,
+    }
+
+
+def load_extra(rec: JobRec, d: Mapping) -> None:
+    version = int(d.get("v", 1))
+    if version > EXTRA_VERSION:  # written by a newer controller: not guessed at
+        raise ValueError(f"job {rec.job_id!r}: its stored state has format {version}, newer "
+                         f"than this controller's {EXTRA_VERSION}; run the newer controller")
+    for t, nodes, reps, atomic, accum, step, sync in d.get("samples", ()):
+        rec.samples[(t, nodes, reps, atomic, accum)] = (step, sync)
+        if nodes == reps == 1 and accum == 0:
+            rec.estimator.add_profile(t, atomic, step, sync)
+        else:
+            rec.estimator.add_observation(t, nodes, reps, atomic, accum, step, sync)
+    if d.get("grad"):
+        rec.grad = GradParams(*d["grad"])
+    rec.profiled, rec.usable = set(d.get("profiled", ())), set(d.get("usable", ()))
+    rec.held = {n: tuple(g) for n, g in d.get("held", {}).items()}
+    rec.generation = int(d.get("generation", 0))
+    rec.held_gen = {n: int(d.get("held_gen", {}).get(n, rec.generation)) for n in rec.held}
+    rec.checkpoint = float(d.get("checkpoint", 0.0))
+    rec.attained = dict(d.get("attained", {}))
+    if d.get("restart_cost") is not None:
+        rec.restart_cost = float(d["restart_cost"])
+    st = rec.job.status
+    if st.HasField("allocation") and rec.held:
+        rec.alloc = stored_allocation(st.allocation, st.goodput)
+    if st.state == pb.JOB_STATE_PROFILING:  # the pass was cut short: profile again
+        rec.profiling.clear()

@@ -1,0 +1,205 @@
+"""Scheduling rounds: a tick becomes a solve of the policy over the ready nodes and
+the schedulable jobs (early rounds only fill idle GPUs), a solve's result becomes
+moves, and a round that cannot run says why."""
+
+from __future__ import annotations
+
+import collections
+
+from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.controller.events import (
+    Action,
+    Persist,
+    RoundDone,
+    RoundSkipped,
+    Solve,
+    SolveFinished,
+    Tick,
+    WantRound,
+)
+from sia_grpc.controller.records import (
+    NEUTRAL_GRAD,
+    JobRec,
+    NodeRec,
+    batch_key,
+    same_gpus,
+    seconds,
+    timestamp,
+)
+from sia_grpc.controller.transitions import TERMINAL, set_state
+from sia_grpc.models.bootstrap import JobGoodputModel
+from sia_grpc.policy.cluster import Cluster, Node
+from sia_grpc.policy.types import PolicyJob
+
+
+class Rounds:
+    """A part of `ControllerState`: scheduling rounds (the module docstring)."""
+
+    def _tick(self, ev: Tick, out: list[Action]) -> None:
+        self._check_liveness(ev.at, out)
+        if self.solving is not None:
+            if ev.early:  # run it once the solve in flight is done, not a round later
+                self._early_after_solve = ev.trigger
+            else:  # a solve longer than a round: worth saying
+                self._skip(ev, f"round {self.solving} is still being solved", out)
+            return
+        # (a node restored from the store without its type waits for its agent)
+        ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY and n.gpu_type]
+        jobs = [r for r in self.jobs.values() if self._schedulable(r)]
+        cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready) \
+            if ready else None
+        names = {n.name for n in ready}
+        policy_jobs, previous, unplaceable = [], {}, []
+        # An early round only fills idle GPUs: every job that has GPUs keeps them
+        # (reshuffling is the timer round's job, at most once per round length).
+        for rec in jobs:
+            pj = None if cluster is None else self._policy_job(rec, cluster, ev.at,
+                                                                pinned=ev.early)
+            if pj is None:
+                unplaceable.append(rec)
+                continue
+            policy_jobs.append(pj)
+            cur = rec.target if rec.moving else rec.alloc
+            if cur is not None and all(g.node in names for g in cur.gpus):
+                previous[rec.job_id] = cur
+        for rec in unplaceable:
+            self._unplaceable(rec, names, ev.at, out)
+        if not policy_jobs:
+            self._skip(ev, self._why_no_round(ready, jobs), out)
+            return
+        if not ev.early:
+            policy_jobs.extend(self._profile_slots(cluster, ev.at))
+        self._last_skip = ""
+        self.round_no += 1
+        self.solving = self.round_no
+        self._round_started, self._round_trigger = ev.at, ev.trigger
+        out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous))
+
+    def _skip(self, ev: Tick, why: str, out: list[Action]) -> None:
+        """A round that did not run says why, once per reason (an idle cluster with
+        nothing to schedule says nothing)."""
+        if not why or why == self._last_skip:
+            return
+        self._last_skip = why
+        rnd = pb.Round(trigger=ev.trigger, note=f"skipped: {why}")
+        rnd.start_time.CopyFrom(timestamp(ev.at))
+        out.append(RoundSkipped(rnd))
+
+    def _why_no_round(self, ready: list[NodeRec], jobs: list[JobRec]) -> str:
+        waiting = collections.Counter(state_name(r.state) for r in self.jobs.values()
+                                      if r.state not in TERMINAL)
+        if not waiting:
+            return ""
+        if not ready:
+            states = collections.Counter(node_state_name(n.state).lower()
+                                         for n in self.nodes.values())
+            return "no ready node" + (f" ({counts_text(states)})" if states else "")
+        if not jobs:
+            return f"no job has a profile yet ({counts_text(waiting)})"
+        return (f"none of the {len(jobs)} schedulable jobs can run on the ready nodes' GPU "
+                f"types ({', '.join(sorted({n.gpu_type for n in ready}))})")
+
+    def _type_gap(self, rec: JobRec) -> str:
+        """Why no ready node can run the job, in the words of `kubectl describe`'s
+        "0/N nodes are available": the types it needs, and what the cluster has."""
+        have = sorted(self._present_types())
+        allowed = rec.res.allowed_types
+        runnable = set(rec.res.local_bsz_limits) & (allowed if allowed is not None else
+                                                    set(rec.res.local_bsz_limits))
+        want = sorted(rec.usable & runnable) or sorted(runnable) or sorted(allowed or ())
+        has = f"the cluster has {', '.join(have)}" if have else "no node is ready"
+        if not want:
+            return f"no node it can run on ({has})"
+        return f"no ready node of type {' or '.join(want)} ({has})"
+
+    def _solved(self, ev: SolveFinished, out: list[Action]) -> None:
+        if ev.round_no != self.solving:
+            return
+        self.solving = None
+        if self._early_after_solve:
+            out.append(WantRound(self._early_after_solve))
+            self._early_after_solve = ""
+        self._round_acks.setdefault(ev.round_no, set())
+        rnd = pb.Round(round=ev.round_no, trigger=self._round_trigger, note=ev.error)
+        rnd.start_time.CopyFrom(timestamp(self._round_started))
+        if ev.result is None:
+            rnd.note = ev.error or "solve failed: previous allocation kept"
+            out.append(RoundDone(rnd))
+            return
+        res = ev.result
+        moved = 0
+        for job_id, reason in res.reasons.items():
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state in TERMINAL:
+                continue
+            new = res.allocations.get(job_id)
+            if same_gpus(rec.target if rec.moving else rec.alloc, new):
+                if not rec.moving and (new is not None or rec.state == pb.JOB_STATE_QUEUED):
+                    rec.job.status.reason = reason
+                    if batch_key(new) != batch_key(rec.alloc) and rec.held:
+                        self._rebatch(rec, new, out)
+                continue
+            # Any GPU of the new allocation on a node that is no longer ready: skip.
+            if new is not None and any(self.nodes.get(g.node) is None or
+                                       self.nodes[g.node].state != pb.NODE_STATE_READY
+                                       for g in new.gpus):
+                continue
+            moved += 1
+            rec.target = new
+            self._set_moving(rec, True)
+            rec.next_reason = reason
+            if rec.held and rec.state != pb.JOB_STATE_QUEUED:
+                # one checkpoint-restart cycle: a move, resize or preemption
+                rec.job.status.restarts += 1
+                self._stop_everywhere(rec, out)
+                set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, f"checkpointing: {reason}")
+            elif new is not None:
+                # Waiting (a requeued job's old workers may still be stopping: that
+                # restart is counted already), or a restored PROFILING job with a profile.
+                set_state(rec, pb.JOB_STATE_QUEUED, ev.at,
+                          f"starting: on {new.config.num_gpus} {new.config.gpu_type} "
+                          "once its GPUs are released")
+            out.append(Persist((job_id,)))
+        t = res.timings
+        rnd.jobs = len(res.reasons)
+        rnd.gpus_allocated = sum(a.config.num_gpus for a in res.allocations.values())
+        rnd.jobs_moved = moved
+        rnd.objective = float(res.objective)
+        rnd.estimate_ms = 1e3 * t.get("estimate", 0.0)
+        rnd.solve_ms = 1e3 * (t.get("build", 0.0) + t.get("solve", 0.0))
+        rnd.place_ms = 1e3 * t.get("place", 0.0)
+        out.append(RoundDone(rnd))
+
+    def _schedulable(self, rec: JobRec) -> bool:
+        return rec.state not in TERMINAL and bool(rec.usable) and rec.state != pb.JOB_STATE_FAILED
+
+    def _policy_job(self, rec: JobRec, cluster: Cluster, at: float, *,
+                    pinned: bool = False) -> PolicyJob | None:
+        res = rec.res
+        types = rec.usable & set(cluster.gpu_types)
+        if res.allowed_types is not None:
+            types &= res.allowed_types
+        if not types:
+            return None
+        model = JobGoodputModel(
+            estimator=rec.estimator, grad=rec.grad or NEUTRAL_GRAD,
+            init_batch_size=res.init_batch_size, max_batch_size=res.max_batch_size,
+            local_bsz_limits={t: res.local_bsz_limits[t] for t in types
+                              if t in res.local_bsz_limits})
+        created = seconds(rec.job.status.create_time)
+        return PolicyJob(
+            job_id=rec.job_id, model=model, adaptivity=res.adaptivity, min_gpus=res.min_gpus,
+            max_gpus=res.max_gpus, allowed_types=frozenset(types),
+            pipeline_gpus=res.pipeline_gpus, batch_size=res.batch_size, num_gpus=res.num_gpus,
+            age=max(at - created, 0.0), num_restarts=rec.job.status.restarts,
+            restart_cost=rec.restart_s(), submit_time=created, attained=self._attained(rec, at),
+            progress=rec.job.status.progress,
+            # Still paying its restore (as far as the controller knows): Sia keeps it in
+            # place rather than make it start the restore over (the artifact's rule).
+            restoring=rec.alloc is not None and not rec.moving
+            and at - rec.started_at < rec.restart_s(), pinned=pinned)
+
+
+def counts_text(c: collections.Counter[str]) -> str:
+    """"2 draining, 1 lost"."""
+    return ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
