@@ -1,0 +1,107 @@
+"""CreateJob: validated, admitted under the tenant's limits, and made durable in
+group commits (concurrent creates share one transaction) before it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import structlog
+
+from sia_grpc.api import pb
+from sia_grpc.api.errors import (
+    ApiError,
+    already_exists,
+    invalid,
+    unavailable,
+)
+from sia_grpc.controller import state as sm
+from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.validation import Resolved, check_job_id, resolve
+
+log = structlog.get_logger("sia.controller")
+
+
+class Creates:
+    """A part of `Controller`: CreateJob (the module docstring)."""
+
+    async def create_job(self, request: pb.CreateJobRequest) -> pb.Job:
+        resolved = resolve(request.spec)
+        if request.job_id:
+            check_job_id(request.job_id)
+        if len(request.request_id) > 128:
+            raise invalid("request_id", "at most 128 characters")
+        tenant = request.spec.tenant
+        # Exact under concurrency: jobs the state machine counts, plus creates on
+        # their way to it (each leaves `_pending_creates` when its event is handled).
+        self._limits.admit(tenant, self.state.active_by_tenant[tenant]
+                           + self._pending_creates[tenant], self.clock.time())
+        self._pending_creates[tenant] += 1
+        try:
+            return await self._create(request, resolved)
+        except BaseException:
+            self._pending_creates[tenant] -= 1
+            raise
+
+    async def _create(self, request: pb.CreateJobRequest, resolved: Resolved) -> pb.Job:
+        job = pb.Job(job_id=request.job_id or f"{request.spec.name or 'job'}-"
+                     f"{uuid.uuid4().hex[:8]}", spec=request.spec)
+        if not request.job_id and len(job.job_id) > 63:
+            job.job_id = f"job-{uuid.uuid4().hex[:12]}"
+        now = self.clock.time()
+        # As the state machine will have it, so the store, WatchJobs and the reply
+        # agree with `sia ls` from the start (it profiles first).
+        job.status.state = pb.JOB_STATE_PROFILING
+        job.status.reason = "waiting: profiling on each GPU type"
+        job.status.create_time.FromNanoseconds(int(now * 1e9))
+        job.status.update_time.CopyFrom(job.status.create_time)
+        fut = asyncio.get_running_loop().create_future()
+        # Group commit: concurrent creates share one transaction.
+        self._creates.append((job, request.request_id, fut))
+        if self._create_flush is None or self._create_flush.done():
+            self._create_flush = asyncio.create_task(self._flush_creates())
+        stored, created = await fut
+        if created:
+            # Durable now; the state machine takes it up in order (no need to wait).
+            self.post(sm.JobCreated(now, stored, resolved))
+            log.debug("job created", job_id=stored.job_id, application=stored.spec.application)
+            return stored
+        if request.job_id and stored.job_id != request.job_id:
+            raise already_exists("request", request.request_id,
+                                 f"request_id: already used for job {stored.job_id!r}, "
+                                 f"not {request.job_id!r}")
+        self._pending_creates[request.spec.tenant] -= 1  # a repeat: nothing new to count
+        current = self.state.job(stored.job_id)
+        return pb.Job.FromString(current.SerializeToString()) if current else stored
+
+    async def _flush_creates(self) -> None:
+        while self._creates:
+            batch, self._creates = self._creates, []
+            try:
+                results = await self._in_store(self._store.create_jobs,
+                                               [(j, r) for j, r, _ in batch])
+            except Exception as err:  # StoreError, or a bug: no create may hang
+                if not isinstance(err, StoreError):
+                    log.exception("create batch failed", jobs=len(batch))
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            self._notify_watchers()
+            for (job, _, fut), res in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(res, Exception):
+                    fut.set_exception(_store_conflict(res, job.job_id))
+                else:
+                    fut.set_result(res)
+
+
+def _store_conflict(err: Exception, job_id: str) -> ApiError:
+    from sia_grpc.controller.store import JobExists, RequestConflict
+
+    if isinstance(err, JobExists):
+        return already_exists("job", job_id)
+    if isinstance(err, RequestConflict):
+        return already_exists("request", job_id, "request_id: already used for a different spec")
+    return unavailable(str(err), "STORE_UNAVAILABLE")

@@ -1,0 +1,139 @@
+"""Where the controller listens and who may talk to it: the gRPC ports (TLS,
+mutual TLS for agents, one controller per port and per store), bearer tokens, and the
+Prometheus endpoint."""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+
+from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.controller.config import ConfigError
+from sia_grpc.controller.exclusive import StoreLock, check_bindable
+from sia_grpc.observability import MetricsServer
+from sia_grpc.security import auth
+from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
+from sia_grpc.security.tokens import TokenError, TokenStore
+
+log = structlog.get_logger("sia.controller")
+# The state names the sia_jobs / sia_nodes gauges always report (the CLI's names).
+_JOB_STATES = tuple(state_name(v) for v in pb.JobState.values() if v)
+_NODE_STATES = tuple(node_state_name(v) for v in pb.NodeState.values() if v)
+
+
+class Listeners:
+    """A part of `Controller`: listening, security and metrics (the module docstring)."""
+
+    def _observe(self) -> None:
+        """The gauges' callables. They run on the metric reader's thread (a scrape, an
+        OTLP export), so each reads a snapshot (the state's views copy what they scan)."""
+        state = self.state
+        self.telemetry.observe(
+            queue_length=lambda: state.jobs_by_state().get("QUEUED", 0),
+            queue_max_wait=lambda: state.queue_max_wait(self.clock.time()),
+            events_pending=self._events.qsize,
+            # Every state, 0 included: a series that vanished would hide from alerts.
+            jobs_by_state=lambda: dict.fromkeys(_JOB_STATES, 0) | state.jobs_by_state(),
+            nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | state.nodes_by_state(),
+            gpus_allocated=state.gpus_allocated, gpus_capacity=state.gpus_capacity,
+            agents_connected=lambda: len(self._agents),
+            solve_timeout=lambda: self.config.solve_timeout)
+
+    def _serve_metrics(self) -> None:
+        """Register the gauges and, with metrics_listen, bind and serve /metrics."""
+        if self.telemetry is None:
+            return
+        self._observe()
+        address = self.config.metrics_listen
+        if not address:
+            return
+        registry = getattr(self.telemetry, "prometheus_registry", None)
+        if registry is None:
+            raise ConfigError("metrics_listen: the controller's telemetry has no Prometheus "
+                              "reader; make it with setup_telemetry(prometheus=True)")
+        try:
+            self._metrics = MetricsServer(registry, address)
+        except OSError as err:
+            raise OSError(f"metrics_listen: cannot bind {address}: {err}") from None
+        self.metrics_port = self._metrics.port
+        log.info("serving Prometheus metrics over plain HTTP, unauthenticated",
+                 metrics_listen=address, metrics_port=self.metrics_port)
+
+    def _security(self) -> auth.AuthInterceptor:
+        """Load the tokens, say how the controller is exposed, build the interceptor."""
+        cfg = self.config
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            try:
+                read_pem(getattr(cfg, name), name)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        if cfg.tokens_file:
+            try:
+                self.tokens = TokenStore(cfg.tokens_file)
+            except TokenError as err:
+                raise ConfigError(f"tokens_file: {err}") from None
+            log.info("clients authenticate with bearer tokens", tokens_file=cfg.tokens_file,
+                     tokens=len(self.tokens))
+        else:
+            log.warning("no tokens_file: every caller is an anonymous admin "
+                        "(development mode; see docs/security.md)")
+        exposed = not all(is_loopback(a) for a in (cfg.listen, cfg.agent_address) if a)
+        if not cfg.tls and exposed:
+            log.warning("INSECURE: serving WITHOUT TLS on a non-loopback address because "
+                        "allow_insecure is set; anyone on the network can read and forge "
+                        "requests and register agents", listen=cfg.listen)
+        elif not cfg.tls:
+            log.info("serving WITHOUT TLS on loopback only", listen=cfg.listen)
+        elif not cfg.tls_client_ca:
+            log.warning("TLS without tls_client_ca: node agents cannot register")
+        return auth.AuthInterceptor(self.tokens, tls=cfg.tls, agent_hint=cfg.agent_address)
+
+    def _claim(self) -> None:
+        """Lock the store file and check that the ports are free, so a second
+        controller refuses to start with one line naming the other holder."""
+        cfg = self.config
+        check_bindable(cfg.listen, "listen")  # first: a refused start leaves no lock file
+        for name, address in (("agent_listen", cfg.agent_address),
+                              ("metrics_listen", cfg.metrics_listen)):
+            if address:
+                check_bindable(address, name)
+        if cfg.db_path != ":memory:":
+            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
+
+    def _bind(self, server: grpc.aio.Server) -> None:
+        cfg = self.config
+        try:
+            # the files are re-read when they change: rotation needs no restart
+            certs = (ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+                     if cfg.tls else None)
+            self.port = _add_port(server, "listen", cfg.listen,
+                                  certs and certs.credentials())
+            agent_listen = cfg.agent_address
+            if not agent_listen:
+                return
+            # every connection here presents a certificate from tls_client_ca
+            self.agent_port = _add_port(server, "agent_listen", agent_listen,
+                                        certs and certs.credentials(require_client_cert=True))
+        except ValueError as err:  # an unreadable or malformed PEM file
+            raise ConfigError(str(err)) from None
+        self._auth.agent_hint = f"{agent_listen.rpartition(':')[0]}:{self.agent_port}"
+
+    def reload_tokens(self) -> bool:
+        """Read the tokens file again now (SIGHUP); False if it failed or is not set."""
+        return self.tokens.reload() if self.tokens is not None else False
+
+
+def _add_port(server: grpc.aio.Server, what: str, address: str,
+              creds: grpc.ServerCredentials | None) -> int:
+    """Bind `address` (TLS with `creds`); the bound port, or OSError naming it."""
+    try:
+        port = (server.add_secure_port(address, creds) if creds is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as err:
+        if "bind" not in str(err):  # grpc: a malformed certificate or key
+            raise ConfigError(f"tls_cert/tls_key: {err}") from None
+        port = 0  # taken since check_bindable looked: the same answer
+    if port == 0:
+        check_bindable(address, what)  # says why, when it can
+        raise OSError(f"{what} {address}: cannot bind")
+    return port

@@ -1,0 +1,95 @@
+"""Publishing rounds: a round is published once every directive it caused is
+acknowledged (its `total_ms` is tick to last ack), kept in the history (saved to the
+store with the timer), streamed to WatchRounds, logged and traced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+
+from sia_grpc.api import pb
+
+log = structlog.get_logger("sia.controller")
+ROUNDS_KEPT = 1000  # published rounds kept (in memory and in the store) for ListRounds
+
+
+class RoundLog:
+    """A part of `Controller`: publishing rounds (the module docstring)."""
+
+    def _round_done(self, rnd: pb.Round) -> None:
+        """The round's decisions are made and its directives sent; it is published
+        once they are all acknowledged (`_round_acked`)."""
+        clock = self._round_clock.get(rnd.round)
+        if clock is not None:
+            clock[1] = time.time_ns()
+        self._unacked_rounds[rnd.round] = rnd
+
+    def _publish_round(self, rnd: pb.Round) -> None:
+        """Into the round history (saved to the store with the timer) and to
+        WatchRounds streams."""
+        if not rnd.HasField("end_time"):
+            rnd.end_time.FromNanoseconds(int(self.clock.time() * 1e9))
+        self.rounds.append(rnd)
+        self._unsaved_rounds.append(rnd)
+        for q in list(self._round_watchers):
+            q.put_nowait(rnd)
+
+    async def _save_rounds(self) -> None:
+        """The rounds published since the last save into the store, in one write per
+        timer round (`_store_upkeep`) and at close, not one per round: a slow or locked
+        store would hold up the creates queued behind each. A crash loses those."""
+        batch, self._unsaved_rounds = self._unsaved_rounds, []
+        if not batch:
+            return
+        try:
+            await self._in_store(self._store.add_rounds, batch)
+        except Exception:  # StoreError: kept for the next try, as many as the store keeps
+            log.exception("rounds not saved", rounds=len(batch))
+            self._unsaved_rounds[:0] = batch
+            del self._unsaved_rounds[:-ROUNDS_KEPT]
+
+    async def watch_rounds(self) -> AsyncIterator[pb.Round]:
+        """Every round published from now on, while the controller serves."""
+        q: asyncio.Queue = asyncio.Queue()
+        self._round_watchers.add(q)
+        try:
+            while self.serving:
+                yield await q.get()
+        finally:
+            self._round_watchers.discard(q)
+
+    def _round_acked(self, round_no: int) -> None:
+        rnd = self._unacked_rounds.pop(round_no, None)
+        clock = self._round_clock.pop(round_no, None)
+        if rnd is None or clock is None:
+            return  # a late directive of an already published round
+        tick, solved = clock
+        end = time.time_ns()
+        rnd.dispatch_ms = (end - solved) / 1e6
+        rnd.total_ms = (end - tick) / 1e6
+        self._publish_round(rnd)
+        log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
+                 gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
+                 total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
+        if self.telemetry is not None:
+            # estimate, solve and place ran in the solver process: laid end to end from
+            # the tick; the rest of the solve wait is queueing and transfer. A solve that
+            # timed out or failed reported no timings: its phase is the whole wait (else
+            # the solve histogram would count the slowest solves as 0 s).
+            solve_ms = rnd.solve_ms
+            if rnd.note and not (rnd.estimate_ms or solve_ms or rnd.place_ms):
+                solve_ms = (solved - tick) / 1e6
+            phases, t = [], tick
+            for name, ms in (("estimate", rnd.estimate_ms), ("solve", solve_ms),
+                             ("place", rnd.place_ms)):
+                phases.append((name, t, t + int(ms * 1e6)))
+                t += int(ms * 1e6)
+            phases.append(("dispatch", max(t, solved), max(t, end)))
+            self.telemetry.record_round(
+                rnd.round, trigger=rnd.trigger, start_ns=tick, phases=phases,
+                attributes={"jobs": rnd.jobs, "gpus": rnd.gpus_allocated,
+                            "jobs_moved": rnd.jobs_moved, "objective": rnd.objective},
+                error=rnd.note or None, end_ns=end)

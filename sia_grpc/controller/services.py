@@ -1,0 +1,180 @@
+"""The gRPC services: each RPC checks who calls (`sia_grpc.security.auth`) and what
+it asks, then calls the controller's public methods; typed errors become statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import structlog
+
+from sia_grpc import api
+from sia_grpc.api import pb
+from sia_grpc.api.errors import (
+    ApiError,
+    invalid,
+    not_found,
+    permission_denied,
+    unavailable,
+)
+from sia_grpc.controller.store import StoreError
+from sia_grpc.security import auth
+
+if TYPE_CHECKING:
+    from sia_grpc.controller.server import Controller
+
+log = structlog.get_logger("sia.controller")
+
+
+def rpc(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
+    """Typed errors become statuses; anything else is INTERNAL, logged, never a crash."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())
+        except StoreError as err:
+            log.error("store error", error=str(err), rpc=method.__name__)
+            await context.abort_with_status(unavailable(str(err), "STORE_UNAVAILABLE").to_status())
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("internal error", rpc=method.__name__)
+            await context.abort_with_status(ApiError(
+                grpc.StatusCode.INTERNAL, "internal error; the controller logged it",
+                reason="INTERNAL").to_status())
+    return wrapper
+
+
+class JobService(api.JobServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    # Authorization: the caller (auth.current(), set by the interceptor) sees only
+    # its tenant's jobs unless it is an admin. Another tenant's job answers
+    # NOT_FOUND, exactly as a job that does not exist, so job ids do not leak.
+
+    async def _own_job(self, job_id: str) -> pb.Job:
+        job = await self.c.get_job(job_id)
+        caller = auth.current()
+        if not caller.admin and job.spec.tenant != caller.tenant:
+            raise not_found("job", job_id)
+        return job
+
+    @rpc
+    async def CreateJob(self, request, context):
+        caller = auth.current()
+        spec = request.spec
+        if spec.tenant and spec.tenant != caller.tenant and not caller.admin:
+            raise permission_denied(
+                f"spec.tenant: {spec.tenant!r} is not your tenant; this token creates jobs "
+                f"for tenant {caller.tenant!r} (leave spec.tenant empty or set it to that)",
+                "TENANT_MISMATCH")
+        if not spec.tenant and caller.tenant:
+            spec.tenant = caller.tenant  # stamped before validation and the store see it
+        return await self.c.create_job(request)
+
+    @rpc
+    async def GetJob(self, request, context):
+        return await self._own_job(request.job_id)
+
+    @rpc
+    async def ListJobs(self, request, context):
+        if request.page_size > 1000:
+            raise invalid("page_size", "at most 1000")
+        caller = auth.current()
+        tenant = request.tenant
+        if not caller.admin:
+            if tenant and tenant != caller.tenant:
+                raise permission_denied(
+                    f"tenant: {tenant!r} is not your tenant; this token lists only the jobs "
+                    f"of tenant {caller.tenant!r}", "TENANT_MISMATCH")
+            tenant = caller.tenant
+        try:
+            jobs, token = await self.c.list_jobs(
+                states=tuple(request.states), tenant=tenant,
+                page_size=request.page_size or 100, page_token=request.page_token)
+        except ValueError as err:  # the store's word on a malformed token
+            raise invalid("page_token", str(err).split(": ", 1)[-1]) from None
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
+
+    @rpc
+    async def CancelJob(self, request, context):
+        await self._own_job(request.job_id)
+        return await self.c.cancel_job(request.job_id)
+
+    @rpc
+    async def DeleteJob(self, request, context):
+        await self._own_job(request.job_id)
+        await self.c.delete_job(request.job_id)
+        return pb.DeleteJobResponse()
+
+    async def WatchJobs(self, request, context):
+        try:
+            async for ev in self.c.watch_jobs(request, auth.current()):
+                yield ev
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())
+
+
+class ClusterService(api.ClusterServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    @rpc
+    async def GetCluster(self, request, context):
+        caller = auth.current()
+        out = self.c.state.cluster_pb(None if caller.admin else caller.tenant)
+        out.policy = self.c.config.policy
+        out.round_duration_s = self.c.config.round_duration
+        return out
+
+    @rpc
+    async def ListRounds(self, request, context):
+        limit = request.limit or 20
+        return pb.ListRoundsResponse(rounds=list(self.c.rounds)[-limit:])
+
+    @rpc
+    async def DrainNode(self, request, context):
+        _admin_only("DrainNode")
+        if len(request.reason) > 256:
+            raise invalid("reason", "at most 256 characters")
+        return await self.c.set_drain(request.node, request.reason or "drained by an admin")
+
+    @rpc
+    async def UndrainNode(self, request, context):
+        _admin_only("UndrainNode")
+        return await self.c.set_drain(request.node, None)
+
+    @rpc
+    async def ForgetNode(self, request, context):
+        _admin_only("ForgetNode")
+        return await self.c.forget_node(request.node)
+
+    async def WatchRounds(self, request, context):
+        async for rnd in self.c.watch_rounds():
+            yield rnd
+
+
+def _admin_only(what: str) -> None:
+    caller = auth.current()
+    if not caller.admin:
+        raise permission_denied(f"{what}: only an admin may do this; this token is a "
+                                f"{caller.role} of tenant {caller.tenant!r}", "ADMIN_ONLY")
+
+
+class AgentService(api.AgentServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    async def Connect(self, request_iterator, context):
+        try:
+            async for msg in self.c.agent_stream(request_iterator, context):
+                yield msg
+        except ApiError as err:
+            await context.abort_with_status(err.to_status())
