@@ -48,9 +48,9 @@ def reference(model, x, y) -> tuple[float, float]:
 def fresh_runtime():
     import sys
     hook = sys.excepthook
-    runtime._RUNTIME = None
+    runtime.reset()
     yield
-    runtime._RUNTIME = None
+    runtime.reset()
     sys.excepthook = hook
 
 
