@@ -3,9 +3,6 @@ job state, the profiling pass's stages and the agreement at world size 1."""
 
 from __future__ import annotations
 
-import sys
-
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as s
@@ -17,15 +14,6 @@ from sia_grpc.train.noise import GradientNoise
 from sia_grpc.train.profiling import PROFILE_MEASURED_STEPS, PROFILE_WARMUP_STEPS, ProfilePass
 from sia_grpc.train.sampler import Position, StepShape
 from sia_grpc.train.telemetry import Overheads, SampleKey
-
-
-@pytest.fixture
-def fresh_runtime():
-    hook = sys.excepthook
-    runtime.reset()
-    yield
-    runtime.reset()
-    sys.excepthook = hook
 
 
 def test_init_is_idempotent_and_reset_forgets_the_runtime(fresh_runtime):
