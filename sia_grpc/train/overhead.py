@@ -58,7 +58,7 @@ def _library(data, steps: int, batch: int) -> tuple[float, dict]:
     import sia_grpc.train as st
     from sia_grpc.train import runtime
 
-    runtime._RUNTIME = None
+    runtime.reset()
     st.init(environ={})
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -73,7 +73,7 @@ def _library(data, steps: int, batch: int) -> tuple[float, dict]:
             opt.step()
             done += 1
     out = (time.perf_counter() - t0) / done, st.overheads()
-    runtime._RUNTIME = None
+    runtime.reset()
     return out
 
 

@@ -1,7 +1,17 @@
-"""The per-process training runtime behind the public API (one per process).
+"""The per-process training runtime behind the public API.
 
-It owns the job's position and progress, the step protocol, checkpoints,
-telemetry and exits. The data loader drives it around every step:
+It drives one worker through the job and decides how the process exits. What it
+holds is grouped by concern, each in its own module:
+
+    worker       worker.Worker            rank, world, device, settings (fixed)
+    job          jobstate.JobState        data position and progress (checkpointed)
+    agreement    agreement.Agreement      the per-step stop/batch agreement
+    checkpoints  checkpointing.Checkpointer  registered states, saves, resume
+    reports      telemetry.Reports        rank 0's reports to the agent
+    profile      profiling.ProfilePass    a profiling pass's stages
+    overheads    telemetry.Overheads      what the library costs
+
+The data loader drives it around every step:
 
     boundary()                      stop / stale / profiling done → exit here;
                                     periodic checkpoint and report (rank 0)
@@ -14,11 +24,14 @@ and the patched `optimizer.step()` runs `optimizer_step` on the last micro-step:
 the agreement collective, gradient statistics, LR scaling, the real step and
 the position's commit.
 
-The agreement collective is one all-reduce (sum) of a few float64s per step:
-[SIGTERM seen, stale reply, wanted micro-batch, wanted accumulation, this rank's
-sum of squared micro-batch gradient norms]. Only rank 0 contributes the agent's
-wishes (the others send zeros), so the sum is rank 0's; a SIGTERM on any rank
-stops all. Every rank then acts on the same values at the same step boundary.
+One runtime per process, reached through `current()`. It is process-wide on
+purpose, as torch.distributed's process group is: the public API (`init()`,
+`AdaptiveDataParallel(model, optimizer)`, `AdaptiveDataLoader(dataset, ...)`,
+`remaining_epochs_until()`, `rank()`) is AdaptDL's and passes no handle between
+its parts, and what the runtime owns is process-wide itself (the process group,
+the SIGTERM handler, sys.excepthook, an atexit hook). `init()` sets it up once,
+`current()` returns it (setting it up with defaults if need be), and `reset()`
+forgets it, for tests and benchmarks that run the library twice in one process.
 """
 
 from __future__ import annotations
@@ -32,41 +45,30 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from sia_grpc.api import pb
-from sia_grpc.train import checkpoint as ckpt
 from sia_grpc.train import contract as c
-from sia_grpc.train.distributed import all_reduce_sum, device_for, init_process_group, shutdown
+from sia_grpc.train.agreement import Agreement, OnSum
+from sia_grpc.train.checkpointing import Checkpointer
+from sia_grpc.train.distributed import all_reduce_sum, shutdown
 from sia_grpc.train.env import WorkerEnv
+from sia_grpc.train.gradients import StepGradients
+from sia_grpc.train.jobstate import JobState
 from sia_grpc.train.noise import GradientNoise
-from sia_grpc.train.sampler import Position, StepPlan, StepShape, plan_step, shape_for
+from sia_grpc.train.profiling import ProfilePass
+from sia_grpc.train.sampler import StepPlan, StepShape, plan_step, shape_for
 from sia_grpc.train.scaling import lr_factor
-from sia_grpc.train.telemetry import AgentClient, SampleKey, SampleTable
+from sia_grpc.train.telemetry import AgentClient, Overheads, Reports, SampleKey
+from sia_grpc.train.worker import Worker, join
 
-__all__ = ["Runtime", "current", "init"]
+__all__ = ["Runtime", "current", "init", "reset"]
 
 LOG = logging.getLogger("sia_grpc.train")
-
-PROFILE_WARMUP_STEPS = 2
-PROFILE_MEASURED_STEPS = 3
-_STATE_VERSION = 1
-
-
-def _process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0 elsewhere)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -91,50 +93,8 @@ class _Step:
     last_micro_s: float = 0.0
 
 
-@dataclass
-class _Measured:
-    """A step's gradient measurement waiting for the agreement's summed squares."""
-
-    grads: Any        # gradients.StepGradients or None
-    micro: float      # samples per micro-batch
-    regular: bool
-
-
-@dataclass
-class Overheads:
-    """What the library itself costs, summed over this process's steps."""
-
-    steps: int = 0
-    step_s: float = 0.0         # wall time of optimizer steps (all micro-steps)
-    agree_s: float = 0.0        # the per-step agreement all-reduce
-    agrees: int = 0
-    stats_s: float = 0.0        # gradient statistics: hooks + finalisation
-    report_s: float = 0.0
-    reports: int = 0
-    checkpoint_save_s: list[float] = field(default_factory=list)
-    restore_s: float = 0.0      # loading the checkpoint file
-    startup_s: float = 0.0      # process start to the end of the first step
-
-    def summary(self) -> dict[str, float]:
-        n = max(self.steps, 1)
-        step = self.step_s / n
-        return {
-            "steps": self.steps,
-            "step_ms": 1e3 * step,
-            "grad_stats_ms_per_step": 1e3 * self.stats_s / n,
-            "grad_stats_fraction": self.stats_s / self.step_s if self.step_s else 0.0,
-            "agreement_ms_per_step": 1e3 * self.agree_s / max(self.agrees, 1),
-            "agreement_fraction": self.agree_s / self.step_s if self.step_s else 0.0,
-            "report_ms_each": 1e3 * self.report_s / max(self.reports, 1),
-            "checkpoint_save_ms_last": 1e3 * (self.checkpoint_save_s[-1]
-                                              if self.checkpoint_save_s else 0.0),
-            "checkpoint_restore_ms": 1e3 * self.restore_s,
-            "startup_s": self.startup_s,
-        }
-
-
-_RUNTIME: Runtime | None = None
-_LOCK = threading.Lock()
+_current: Runtime | None = None
+_lock = threading.Lock()
 
 
 def init(*, backend: str | None = None, timeout_s: float = 300.0,
@@ -151,186 +111,115 @@ def init(*, backend: str | None = None, timeout_s: float = 300.0,
     Keyword arguments override the environment's checkpoint directory and
     intervals.
     """
-    global _RUNTIME
-    with _LOCK:
-        if _RUNTIME is None:
+    global _current
+    with _lock:
+        if _current is None:
             env = WorkerEnv.from_environ(environ)
-            _RUNTIME = Runtime(env, backend=backend, timeout_s=timeout_s,
-                               checkpoint_dir=checkpoint_dir,
-                               report_interval_s=report_interval_s,
-                               checkpoint_interval_s=checkpoint_interval_s)
-        return _RUNTIME
+            _current = Runtime(join(env, backend=backend, timeout_s=timeout_s,
+                                    checkpoint_dir=checkpoint_dir,
+                                    report_interval_s=report_interval_s,
+                                    checkpoint_interval_s=checkpoint_interval_s))
+        return _current
 
 
 def current() -> Runtime:
     """The runtime, set up with defaults if `init()` was not called."""
-    return _RUNTIME if _RUNTIME is not None else init()
+    return _current if _current is not None else init()
+
+
+def reset() -> None:
+    """Forget the runtime: the next `init()` or `current()` sets up a fresh one.
+
+    For tests and benchmarks that train twice in one process. The old runtime's
+    process hooks stay installed (its atexit hook still runs)."""
+    global _current
+    with _lock:
+        _current = None
+
+
+def _view(group: str, name: str) -> property:
+    """A read-only attribute of the runtime that is `self.<group>.<name>`."""
+    return property(lambda self: getattr(getattr(self, group), name),
+                    doc=f"`{group}.{name}`")
 
 
 class Runtime:
-    def __init__(self, env: WorkerEnv, *, backend: str | None, timeout_s: float,
-                 checkpoint_dir: str | None, report_interval_s: float | None,
-                 checkpoint_interval_s: float | None) -> None:
-        self.t_init = time.monotonic()
-        self.age_at_init = _process_age_s()
-        self.env = env
-        self.profiling = env.profiling
-        self.device = device_for(env)
-        self.distributed = False if self.profiling else init_process_group(env, backend, timeout_s)
-        if self.distributed:
-            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            self.rank, self.world_size = 0, 1
-        self.num_nodes = env.num_nodes if self.world_size == env.world_size else 1
-        self.report_interval_s = (env.report_interval_s if report_interval_s is None
-                                  else report_interval_s)
-        self.checkpoint_interval_s = (env.checkpoint_interval_s if checkpoint_interval_s is None
-                                      else checkpoint_interval_s)
-        self.checkpoint_dir = None if self.profiling else (checkpoint_dir or env.checkpoint_dir
-                                                           or None)
-        self.generation = env.generation
+    """One worker's runtime (see the module doc); `init()` makes it."""
 
-        # The job's state (checkpointed).
-        self.position = Position()
-        self.samples_done = 0
-        self.steps = 0
-        self.si_steps = 0.0        # scale-invariant steps: the sum of the gains
-        self.init_batch_size: int | None = None
-        self.dataset_len: int | None = None
-        self.seed = 0
-        self.noise: GradientNoise | None = None
-        self.table = SampleTable()
+    # What the loader, the model wrapper, the epoch loop and the public API read.
+    env = _view("worker", "env")
+    rank = _view("worker", "rank")
+    world_size = _view("worker", "world_size")
+    profiling = _view("worker", "profiling")
+    position = _view("job", "position")
+    steps = _view("job", "steps")
+    samples_done = _view("job", "samples_done")
+    si_steps = _view("job", "si_steps")
+    seed = _view("job", "seed")
+    init_batch_size = _view("job", "init_batch_size")
+    noise = _view("job", "noise")
 
-        self.shape: StepShape | None = None
-        self.script_epochs: float | None = None
-        self.model: Any = None
-        self.loader: Any = None
-        self.rule = "none"
-        self._states: dict[str, Any] = {}
-        self._step: _Step | None = None
-        self._warm: set[StepShape] = set()
+    def __init__(self, worker: Worker) -> None:
+        env = worker.env
+        self.worker = worker
         self.overheads = Overheads()
+        self.profile = ProfilePass.of(env.profile_sizes)
+        self.agreement = Agreement(worker.rank, worker.world_size, worker.device,
+                                   self.overheads)
+        self.reports = Reports(AgentClient(env.agent_socket) if env.agent_socket else None,
+                               worker.report_interval_s)
+        self.checkpoints = Checkpointer(worker.checkpoint_dir, worker.checkpoint_interval_s,
+                                        worker.generation, self.overheads)
+        resumed = self.checkpoints.resume(worker.rank, worker.device)
+        self.job = JobState() if resumed is None else JobState.from_state_dict(resumed)
+
+        self.shape: StepShape | None = None       # the shape the steps take now
+        self.script_epochs: float | None = None   # the script's own target
+        self.model: Any = None                    # the AdaptiveDataParallel
+        self.loader: Any = None                   # the AdaptiveDataLoader
+        self.rule = "none"                        # the LR scaling rule
+        self._step: _Step | None = None
+        self._warm: set[StepShape] = set()        # shapes whose first (untimed) step is done
         self.completed = False
         self._together = False  # every rank ends at the same point (barrier at exit)
         self._warned: set[str] = set()
 
-        # Requests, local until the next agreement, then agreed (all ranks).
-        self._sigterm = False
-        self._want_stale = False
-        self._want_shape: StepShape | None = None
-        self._stop = False
-        self._stale = False
-        self._agreed_shape: StepShape | None = None
-        self._pending: tuple | None = None  # the agreement all-reduce in flight
-
-        # Telemetry.
-        self.client = AgentClient(env.agent_socket) if env.agent_socket else None
-        self._last_report = 0.0
-        self._startup_s: float | None = None
-        self._startup_sent = False
-        self._last_checkpoint = time.monotonic()
-        self._ckpt_steps = 0  # steps at the last checkpoint
-
-        # Profiling pass: stages of (micro-batch) and steps done in the current one.
-        self._profile_sizes = sorted(set(env.profile_sizes))
-        self._profile_stage = 0
-        self._profile_stage_steps = 0
-        self._profile_done = False
-        self._oom: pb.OomEvent | None = None
-
-        # Resume.
-        self._restored: dict[str, Any] | None = None
-        self.restored_from: tuple[int, str] | None = None
-        self._restore()
-
-        if self.checkpoint_dir and threading.current_thread() is threading.main_thread():
+        if worker.checkpoint_dir and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
         atexit.register(self._atexit)
-        LOG.info("sia_grpc.train: rank %d/%d on %s, generation %d%s%s", self.rank,
-                 self.world_size, self.device, self.generation,
-                 f", resuming {self.restored_from[1]}" if self.restored_from else "",
-                 f", profiling micro-batches {self._profile_sizes}" if self.profiling else "")
+        restored = self.checkpoints.restored_from
+        LOG.info("sia_grpc.train: rank %d/%d on %s, generation %d%s%s", worker.rank,
+                 worker.world_size, worker.device, worker.generation,
+                 f", resuming {restored[1]}" if restored else "",
+                 f", profiling micro-batches {self.profile.sizes}" if worker.profiling else "")
 
     # ---- state registry and checkpoints ------------------------------------------------
 
     def register_state(self, name: str, obj: Any) -> None:
         """Checkpoint `obj` (anything with state_dict/load_state_dict) as `name`;
         restore it now if the checkpoint being resumed holds `name`."""
-        if name == "sia":
-            raise ValueError("the name 'sia' is reserved")
-        if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-            raise TypeError(f"{name}: {type(obj).__name__} has no state_dict/load_state_dict")
-        self._states[name] = obj
-        if self._restored is not None and name in self._restored:
-            obj.load_state_dict(self._restored[name])
-
-    def _restore(self) -> None:
-        if not self.checkpoint_dir:
-            return
-        t0 = time.perf_counter()
-        # Rank 0 chooses; everyone loads that one (the directory is shared).
-        found = None
-        if self.rank == 0:
-            found = ckpt.newest_loadable(self.checkpoint_dir,
-                                         self.generation if self.generation else None)
-        gen = all_reduce_sum([found[0] + 1 if found else 0.0], self.device)[0]
-        if gen <= 0:
-            return
-        gen = int(gen) - 1
-        if found is None:
-            path = ckpt.checkpoint_path(self.checkpoint_dir, gen)
-            found = (gen, path, ckpt.load_checkpoint(path))
-        _, path, data = found
-        s = data["sia"]
-        self.position = Position(s["epoch"], s["pos"], s.get("carry", 0))
-        self.samples_done = s["samples_done"]
-        self.steps = s["steps"]
-        self.si_steps = s["si_steps"]
-        self.init_batch_size = s["init_batch_size"]
-        self.dataset_len = s["dataset_len"]
-        self.seed = s["seed"]
-        if s.get("noise"):
-            self.noise = GradientNoise(s["init_batch_size"])
-            self.noise.load_state_dict(s["noise"])
-        self.table.load_state_dict(s.get("samples", {}))
-        self._restored = data
-        self.restored_from = (gen, str(path))
-        self.overheads.restore_s = time.perf_counter() - t0
+        self.checkpoints.register(name, obj)
 
     def state_dict(self) -> dict:
-        p = self.position
-        return {
-            "version": _STATE_VERSION, "epoch": p.epoch, "pos": p.pos, "carry": p.carry,
-            "samples_done": self.samples_done, "steps": self.steps, "si_steps": self.si_steps,
-            "init_batch_size": self.init_batch_size, "dataset_len": self.dataset_len,
-            "seed": self.seed, "noise": self.noise.state_dict() if self.noise else None,
-            "samples": self.table.state_dict(), "generation": self.generation,
-            "world_size": self.world_size,
-            "shape": [self.shape.replicas, self.shape.atomic, self.shape.accum]
-            if self.shape else None,
-            "time": time.time(),
-        }
+        """The library's own entry ("sia") of a checkpoint."""
+        shape = self.shape
+        return {**self.job.state_dict(), "generation": self.worker.generation,
+                "world_size": self.worker.world_size,
+                "shape": [shape.replicas, shape.atomic, shape.accum] if shape else None,
+                "time": time.time()}
 
     def save_checkpoint(self) -> pb.CheckpointEvent:
         """Rank 0: write the checkpoint of this generation now (atomically)."""
-        assert self.checkpoint_dir and self.rank == 0
-        data = {"sia": self.state_dict()}
-        for name, obj in self._states.items():
-            data[name] = obj.state_dict()
-        path = ckpt.checkpoint_path(self.checkpoint_dir, self.generation)
-        save_s = ckpt.save_atomic(data, path)
-        ckpt.prune_checkpoints(self.checkpoint_dir, keep=2, generation=self.generation)
-        self.overheads.checkpoint_save_s.append(save_s)
-        self._last_checkpoint = time.monotonic()
-        self._ckpt_steps = self.steps
+        assert self.worker.checkpoint_dir and self.worker.rank == 0
+        path, save_s = self.checkpoints.save(self.state_dict(), self.job.steps)
         LOG.info("checkpoint %s: %.1f%% of the target, %.3f s", path, 100 * self.progress(),
                  save_s)
-        return pb.CheckpointEvent(generation=self.generation, path=str(path),
+        return pb.CheckpointEvent(generation=self.worker.generation, path=str(path),
                                   progress=self.progress(), save_s=save_s,
-                                  restore_s=(self._startup_s or 0.0)
-                                  if self.restored_from else 0.0)
+                                  restore_s=(self.reports.startup_s or 0.0)
+                                  if self.checkpoints.restored_from else 0.0)
 
     # ---- attachments ---------------------------------------------------------------------
 
@@ -341,121 +230,99 @@ class Runtime:
         self.rule = rule
 
     def attach_loader(self, loader: Any, dataset_len: int, batch_size: int, seed: int) -> None:
+        job, world_size = self.job, self.worker.world_size
         if self.loader is not None:
             raise RuntimeError("only one AdaptiveDataLoader per process (use a plain "
                                "DataLoader for evaluation)")
         if dataset_len < 1:
             raise ValueError("the dataset is empty")
-        if self.dataset_len is not None and self.dataset_len != dataset_len:
-            raise RuntimeError(f"the checkpoint was taken with {self.dataset_len} samples, "
+        if job.dataset_len is not None and job.dataset_len != dataset_len:
+            raise RuntimeError(f"the checkpoint was taken with {job.dataset_len} samples, "
                                f"the dataset now has {dataset_len}: cannot resume")
-        if self.init_batch_size is not None and self.init_batch_size != batch_size:
+        if job.init_batch_size is not None and job.init_batch_size != batch_size:
             LOG.warning("batch_size=%d differs from the initial batch %d the job began with; "
-                        "keeping %d", batch_size, self.init_batch_size, self.init_batch_size)
-        if self.restored_from is not None and self.seed != seed:
+                        "keeping %d", batch_size, job.init_batch_size, job.init_batch_size)
+        if self.checkpoints.restored_from is not None and job.seed != seed:
             LOG.warning("seed %d differs from the checkpoint's %d; keeping %d", seed,
-                        self.seed, self.seed)
+                        job.seed, job.seed)
         else:
-            self.seed = seed
+            job.seed = seed
         self.loader = loader
-        self.dataset_len = dataset_len
-        self.init_batch_size = self.init_batch_size or batch_size
-        if self.noise is None:
-            self.noise = GradientNoise(self.init_batch_size)
-        env = self.env
-        if self.profiling:
-            self.shape = StepShape(1, self._profile_sizes[0], 0)
+        job.dataset_len = dataset_len
+        job.init_batch_size = job.init_batch_size or batch_size
+        if job.noise is None:
+            job.noise = GradientNoise(job.init_batch_size)
+        env = self.worker.env
+        if self.worker.profiling:
+            self.shape = self.profile.first_shape()
         elif env.atomic_batch_size or env.batch_size:
-            self.shape = shape_for(self.world_size, env.batch_size, env.atomic_batch_size,
+            self.shape = shape_for(world_size, env.batch_size, env.atomic_batch_size,
                                    env.accum_steps)
         else:
-            self.shape = shape_for(self.world_size, self.init_batch_size, 0, env.accum_steps)
-        if dataset_len < self.world_size:
-            raise ValueError(f"{dataset_len} samples cannot feed {self.world_size} replicas")
+            self.shape = shape_for(world_size, job.init_batch_size, 0, env.accum_steps)
+        if dataset_len < world_size:
+            raise ValueError(f"{dataset_len} samples cannot feed {world_size} replicas")
 
     # ---- targets and progress ------------------------------------------------------------
 
     def target_samples(self) -> int | None:
-        env = self.env
-        if env.target_samples:
-            return env.target_samples
-        if self.dataset_len is None:
-            return None
-        epochs = env.target_epochs or self.script_epochs
-        if not epochs:
-            return None
-        return max(1, round(epochs * self.dataset_len))
+        return self.job.target_samples(self.worker.env, self.script_epochs)
 
     def progress(self) -> float:
         """Fraction of the target's samples trained on (0 without a target)."""
-        target = self.target_samples()
-        if not target:
-            return 0.0
-        return min(1.0, self.samples_done / target)
+        return self.job.progress(self.target_samples())
 
     def target_reached(self) -> bool:
-        if self.profiling:
+        if self.worker.profiling:
             return False
         target = self.target_samples()
         if target is None:
             return False
-        replicas = self.shape.replicas if self.shape else self.world_size
-        return target - self.samples_done < replicas
+        replicas = self.shape.replicas if self.shape else self.worker.world_size
+        return target - self.job.samples_done < replicas
 
     # ---- the step protocol -----------------------------------------------------------------
 
     def boundary(self) -> None:
         """Between steps: act on what all ranks agreed; periodic work on rank 0."""
-        if self._stale:
+        if self.agreement.stale:
             LOG.warning("the agent says generation %d is no longer current: exiting "
-                        "without a checkpoint", self.generation)
+                        "without a checkpoint", self.worker.generation)
             self._exit(c.EXIT_STALE)
-        if self.profiling:
-            if self._profile_done:
+        if self.worker.profiling:
+            if self.profile.done:
                 self._finish_profile()
             return
-        if self._stop and not self.target_reached():
+        if self.agreement.stop and not self.target_reached():
             self._stop_with_checkpoint()
-        if self.rank != 0:
+        if self.worker.rank != 0:
             return
         now = time.monotonic()
-        if (self.checkpoint_dir and self.checkpoint_interval_s > 0
-                and now - self._last_checkpoint >= self.checkpoint_interval_s
-                and self.steps > self._ckpt_steps):
+        if self.checkpoints.due(now, self.job.steps):
             self.report(checkpoint=self.save_checkpoint(), force=True)
-        elif self.client is not None and self.steps > 0 and (
-                now - self._last_report >= self.report_interval_s
-                or not self._startup_sent):
+        elif self.reports.due(now, self.job.steps):
             self.report()
 
     def next_plan(self) -> StepPlan | None:
-        if self._agreed_shape is not None:
-            self.shape, self._agreed_shape = self._agreed_shape, None
-        assert self.shape is not None and self.dataset_len is not None
-        target = None if self.profiling else self.target_samples()
-        limit = None if target is None else target - self.samples_done
-        plan = plan_step(self.position, self.dataset_len, self.shape, limit)
+        if (new := self.agreement.take_shape()) is not None:
+            self.shape = new
+        job = self.job
+        assert self.shape is not None and job.dataset_len is not None
+        target = None if self.worker.profiling else self.target_samples()
+        limit = None if target is None else target - job.samples_done
+        plan = plan_step(job.position, job.dataset_len, self.shape, limit)
         if plan is not None:
             self._step = _Step(plan)
         return plan
 
     def end_epoch(self) -> None:
         """The loader found no further step in this epoch."""
-        if self.target_reached():
-            return
-        p = self.position
-        # Any step of the epoch took the carried samples first, and the dataset holds
-        # at least as many samples as there are replicas: nothing is carried twice.
-        assert p.carry == 0, p
-        self.position = Position(p.epoch + 1, 0, self.dataset_len - p.pos)
-        if self.position.carry:
-            LOG.info("%d sample(s) left at the end of epoch %d go into epoch %d's first step",
-                     self.position.carry, p.epoch, p.epoch + 1)
+        if not self.target_reached():
+            self.job.end_epoch()
 
     def skip_epoch(self) -> None:
         """The script moved on without finishing the epoch: start the next one."""
-        p = self.position
-        self.position = Position(p.epoch + 1, 0, 0)
+        self.job.skip_epoch()
 
     def begin_micro(self, micro: int, t_fetch: float) -> contextlib.AbstractContextManager:
         st = self._step
@@ -475,14 +342,15 @@ class Runtime:
         assert st is not None
         if self.model is not None:
             self.model.tracker.active = False
-        if self.device.type == "cuda":
+        if self.worker.device.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         last = micro == st.plan.k - 1
-        if self.env.pace > 1.0:
+        pace = self.worker.env.pace
+        if pace > 1.0:
             compute = (t1 - st.t_yield) - (st.sync_s if last else 0.0)
             if compute > 0:
-                time.sleep((self.env.pace - 1.0) * compute)
+                time.sleep((pace - 1.0) * compute)
             t1 = time.perf_counter()
         self.overheads.step_s += t1 - st.t_fetch
         if last:
@@ -501,41 +369,39 @@ class Runtime:
         assert st is not None
         plan = st.plan
         if not st.stepped:
-            if "nostep" not in self._warned:
-                self._warned.add("nostep")
-                LOG.warning("a step ended without optimizer.step(); its samples count as done")
+            self.warn_once("nostep", "a step ended without optimizer.step(); its samples "
+                           "count as done")
             if not st.agreed:
                 self._agree(0.0, None)
             if self.model is not None:
                 self.model.tracker.reset()
-            self._commit(plan, gain=0.0)
+            self.job.commit(plan, gain=0.0)
         self._step = None
         self.overheads.steps += 1
         if self.model is not None:
             self.overheads.stats_s += self.model.tracker.hook_s
             self.model.tracker.hook_s = 0.0
-        if self._startup_s is None:
-            self._startup_s = self.age_at_init + time.monotonic() - self.t_init
-            self.overheads.startup_s = self._startup_s
-        shape = plan.shape
-        if self.profiling:
-            self._profile_stage_steps += 1
-            if self._profile_stage_steps > PROFILE_WARMUP_STEPS and plan.regular:
+        if self.reports.startup_s is None:
+            self.reports.startup_s = self.overheads.startup_s = self.worker.startup_s()
+        if self.worker.profiling:
+            timed, next_shape = self.profile.end_step()
+            if timed and plan.regular:
                 self._record(plan, st)
-            if self._profile_stage_steps >= PROFILE_WARMUP_STEPS + PROFILE_MEASURED_STEPS:
-                self._next_profile_stage()
+            if next_shape is not None:
+                self.agreement.next_shape = next_shape
             return
         if plan.regular:
-            if shape in self._warm:
+            if plan.shape in self._warm:
                 self._record(plan, st)
             else:
-                self._warm.add(shape)  # the first step of a shape warms up: not timed
+                self._warm.add(plan.shape)  # the first step of a shape warms up: not timed
 
     def _record(self, plan: StepPlan, st: _Step) -> None:
         s = plan.shape
-        key = SampleKey(self.env.gpu_type, self.num_nodes if s.replicas > 1 else 1,
+        key = SampleKey(self.worker.env.gpu_type,
+                        self.worker.num_nodes if s.replicas > 1 else 1,
                         s.replicas, s.atomic, s.accum)
-        self.table.add(key, st.last_micro_s, st.sync_s)
+        self.job.table.add(key, st.last_micro_s, st.sync_s)
 
     def may_zero_grad(self) -> bool:
         """zero_grad() only between steps, never between accumulating micro-steps."""
@@ -562,11 +428,12 @@ class Runtime:
         local = tracker.local_sum() if count > 1 else 0.0  # unused by the single case
         grads = tracker.finalize(plan.k, count)
         t1 = time.perf_counter()
-        self._agree(local, _Measured(grads, plan.n / count, plan.regular))
+        self._agree(local, self._noise_update(grads, plan.n / count)
+                    if grads is not None and plan.regular else None)
         t2 = time.perf_counter()
         st.sync_s = wait + (t2 - t1)
-        scale = plan.n / self.init_batch_size
-        noise = self.noise
+        scale = plan.n / self.job.init_batch_size
+        noise = self.job.noise
         factor = lr_factor(self.rule, scale, noise)
         gain = noise.gain(scale)
         self.overheads.stats_s += (t1 - t0) + (time.perf_counter() - t2)
@@ -580,72 +447,25 @@ class Runtime:
         finally:
             for g, lr in zip(opt.param_groups, saved, strict=True):
                 g["lr"] = lr
-        self._commit(plan, gain)
+        self.job.commit(plan, gain)
         st.stepped = True
         return out
 
-    def _commit(self, plan: StepPlan, gain: float) -> None:
-        self.position = plan.end()
-        self.samples_done += plan.n
-        self.steps += 1
-        self.si_steps += gain
+    def _agree(self, local_sqr: float, on_sum: OnSum | None) -> None:
+        """Join this step's agreement (sia_grpc.train.agreement)."""
+        if self._step is not None:
+            self._step.agreed = True
+        self.agreement.agree(local_sqr, on_sum, self.shape, self.job.steps)
 
-    def _agree(self, local_sqr: float, measured: _Measured | None) -> None:
-        """The per-step agreement (see the module doc).
-
-        With one replica it takes effect at once. With several, the all-reduce
-        is started without waiting and collected at the next step, so its latency
-        hides behind a step of compute: what it carries (a stop, a new batch,
-        this step's summed squares) takes effect one step later, on every rank
-        at the same step."""
-        st = self._step
-        if st is not None:
-            st.agreed = True
-        want = self._want_shape if self.rank == 0 else None
-        self._want_shape = None
-        vec = [1.0 if self._sigterm else 0.0,
-               1.0 if (self.rank == 0 and self._want_stale) else 0.0,
-               float(want.atomic) if want else 0.0,
-               float(want.accum) if want else 0.0,
-               local_sqr]
-        if self.world_size == 1:
-            self._apply(vec, measured)
-            return
-        t0 = time.perf_counter()
-        self._collect(decide=True)
-        t = torch.tensor(vec, dtype=torch.float64, device=self.device)
-        self._pending = (dist.all_reduce(t, async_op=True), t, measured)
-        self.overheads.agree_s += time.perf_counter() - t0
-        self.overheads.agrees += 1
-
-    def _collect(self, decide: bool) -> None:
-        """Finish the agreement in flight, if any (see _agree)."""
-        if self._pending is None:
-            return
-        work, t, measured = self._pending
-        self._pending = None
-        work.wait()
-        self._apply(t.tolist(), measured, decide)
-
-    def _apply(self, vec: list[float], measured: _Measured | None, decide: bool = True) -> None:
-        if measured is not None and measured.grads is not None and measured.regular:
-            g = measured.grads
+    def _noise_update(self, g: StepGradients, micro: float) -> OnSum:
+        """What the step's squared norms summed over all ranks update: the gradient
+        noise estimate. `micro`: samples per micro-batch."""
+        def update(total_sqr: float) -> None:
             if g.local is None:
-                g.local = vec[4] / g.count
-            self.noise.update(g.local, g.total, g.count, g.count * measured.micro
-                              / self.init_batch_size, biased=g.biased)
-        if not decide:
-            return
-        if vec[0] > 0:
-            self._stop = True
-        if vec[1] > 0:
-            self._stale = True
-        if vec[2] > 0:
-            new = StepShape(self.world_size, int(round(vec[2])), int(round(vec[3])))
-            if new != self.shape:
-                LOG.info("batch change after step %d: %d × %d × %d = %d", self.steps + 1,
-                         new.replicas, new.atomic, new.accum + 1, new.batch_size)
-                self._agreed_shape = new
+                g.local = total_sqr / g.count
+            self.job.noise.update(g.local, g.total, g.count,
+                                  g.count * micro / self.job.init_batch_size, biased=g.biased)
+        return update
 
     # ---- telemetry ---------------------------------------------------------------------------
 
@@ -653,71 +473,71 @@ class Runtime:
                oom: pb.OomEvent | None = None, profile: bool = False,
                force: bool = False) -> pb.WorkerReply | None:
         """Send a WorkerReport now (rank 0, or any rank for an OOM); None on failure."""
-        if self.client is None:
+        if self.reports.client is None:
             return None
         t0 = time.perf_counter()
-        samples, raw = self.table.take()
-        t = pb.Telemetry(job_id=self.env.job_id, generation=self.generation,
+        table, noise = self.job.table, self.job.noise
+        samples, raw = table.take()
+        t = pb.Telemetry(job_id=self.worker.env.job_id, generation=self.worker.generation,
                          samples=samples, progress=self.progress(), profile=profile)
-        if self.noise is not None and self.noise.known:
-            t.grad.CopyFrom(pb.GradientStats(sqr=self.noise.sqr, var=self.noise.var))
+        if noise is not None and noise.known:
+            t.grad.CopyFrom(pb.GradientStats(sqr=noise.sqr, var=noise.var))
         if checkpoint is not None:
             t.checkpoint.CopyFrom(checkpoint)
-        report = pb.WorkerReport(telemetry=t, rank=self.rank,
-                                 startup_s=self._startup_s or 0.0)
+        report = pb.WorkerReport(telemetry=t, rank=self.worker.rank,
+                                 startup_s=self.reports.startup_s or 0.0)
         if oom is not None:
             report.oom.CopyFrom(oom)
-        reply = self.client.report(report, force=force)
-        self._last_report = time.monotonic()
+        reply = self.reports.send(report, force=force)
         self.overheads.report_s += time.perf_counter() - t0
         self.overheads.reports += 1
         if reply is None:
-            self.table.put_back(raw)
+            table.put_back(raw)
             return None
-        if self._startup_s is not None:
-            self._startup_sent = True
         if not profile:
             self._on_reply(reply)
         return reply
 
     def _on_reply(self, reply: pb.WorkerReply) -> None:
+        ag = self.agreement
         if not reply.current:
-            self._want_stale = True
+            ag.want_stale = True
             return
         if reply.batch_size or reply.atomic_batch_size or reply.accum_steps:
             try:
-                want = shape_for(self.world_size, reply.batch_size, reply.atomic_batch_size,
-                                 reply.accum_steps)
+                want = shape_for(self.worker.world_size, reply.batch_size,
+                                 reply.atomic_batch_size, reply.accum_steps)
             except ValueError as e:
                 LOG.warning("ignoring the agent's batch %s: %s", reply, e)
                 return
-            cur = self._agreed_shape or self.shape
-            self._want_shape = None if want == cur else want
+            cur = ag.next_shape or self.shape
+            ag.want_shape = None if want == cur else want
 
     # ---- stopping ------------------------------------------------------------------------------
 
     def _on_sigterm(self, signum, frame) -> None:
-        self._sigterm = True
+        self.agreement.sigterm = True
 
     def _stop_with_checkpoint(self) -> None:
-        self._collect(decide=False)  # the last step's statistics, on every rank
+        self.agreement.collect()  # the last step's statistics, on every rank
         ok = 1.0
-        if self.rank == 0 and self.checkpoint_dir:
+        if self.worker.rank == 0 and self.worker.checkpoint_dir:
             try:
                 self.report(checkpoint=self.save_checkpoint(), force=True)
             except Exception:
                 LOG.exception("checkpoint failed")
                 ok = 0.0
-        failed = all_reduce_sum([1.0 - ok], self.device)[0] if self.world_size > 1 else 1.0 - ok
+        failed = (all_reduce_sum([1.0 - ok], self.worker.device)[0]
+                  if self.worker.world_size > 1 else 1.0 - ok)
         if failed > 0:
             self._exit(1)
-        LOG.info("stopped at step %d (epoch %d, %d samples in): exiting %d", self.steps,
-                 self.position.epoch, self.position.pos, c.EXIT_CHECKPOINTED)
+        LOG.info("stopped at step %d (epoch %d, %d samples in): exiting %d", self.job.steps,
+                 self.job.position.epoch, self.job.position.pos, c.EXIT_CHECKPOINTED)
         self._exit(c.EXIT_CHECKPOINTED)
 
     def finish(self) -> None:
         """The target is reached: final report; a later SIGTERM exits 0."""
-        if self.completed or self.profiling:
+        if self.completed or self.worker.profiling:
             return
         self.completed = True
         self._together = True
@@ -725,33 +545,25 @@ class Runtime:
             # Nothing left to checkpoint: a stop that arrives now (the scheduler did not
             # know yet) must not turn a finished job into a killed one while it exits.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self._collect(decide=False)
-        if self.rank == 0:
+        self.agreement.collect()
+        if self.worker.rank == 0:
             self.report(force=True)
-        LOG.info("target reached after %d steps (%.1f scale-invariant): %s", self.steps,
-                 self.si_steps, self.overheads.summary())
+        LOG.info("target reached after %d steps (%.1f scale-invariant): %s", self.job.steps,
+                 self.job.si_steps, self.overheads.summary())
 
     def _exit(self, code: int) -> None:
         # Every rank exits at this same boundary: the agreement in flight completes.
         with contextlib.suppress(Exception):
-            self._collect(decide=False)
+            self.agreement.collect()
         self._together = True
         raise SystemExit(code)
 
     # ---- profiling ---------------------------------------------------------------------------
 
-    def _next_profile_stage(self) -> None:
-        self._profile_stage += 1
-        self._profile_stage_steps = 0
-        if self._profile_stage >= len(self._profile_sizes):
-            self._profile_done = True
-        else:
-            self._agreed_shape = StepShape(1, self._profile_sizes[self._profile_stage], 0)
-
     def _finish_profile(self) -> None:
-        self.report(profile=True, oom=self._oom, force=True)
+        self.report(profile=True, oom=self.profile.oom, force=True)
         LOG.info("profiling done: %s", [(s.atomic_batch_size, round(s.step_time_s, 5))
-                                        for s in self.table.totals()])
+                                        for s in self.job.table.totals()])
         self._exit(c.EXIT_PROFILED)
 
     def current_atomic(self) -> int:
@@ -765,8 +577,8 @@ class Runtime:
         if exc is not None and _is_oom(exc):
             oom = pb.OomEvent(atomic_batch_size=self.current_atomic(), message=str(exc)[:1000])
             LOG.error("out of memory at micro-batch %d", oom.atomic_batch_size)
-            if self.profiling:
-                self._oom = oom
+            if self.worker.profiling:
+                self.profile.oom = oom
                 self._prev_excepthook(exc_type, exc, tb)
                 with contextlib.suppress(Exception):
                     self.report(profile=True, oom=oom, force=True)
@@ -778,12 +590,12 @@ class Runtime:
         self._prev_excepthook(exc_type, exc, tb)
 
     def _atexit(self) -> None:
-        if self.rank == 0 and self.overheads.steps:
+        if self.worker.rank == 0 and self.overheads.steps:
             LOG.info("overheads: %s", self.overheads.summary())
-        if self.client is not None:
+        if self.reports.client is not None:
             with contextlib.suppress(Exception):
-                self.client.close()
-        if self._together and self.world_size > 1:
+                self.reports.client.close()
+        if self._together and self.worker.world_size > 1:
             # All ranks are leaving at the same point: tear the group down together
             # (a rank that destroys its group while a peer still talks to it may
             # abort at interpreter shutdown).

@@ -1,5 +1,6 @@
-"""Telemetry to the node agent: a small synchronous WorkerService client, and the
-table of measured step times it reports.
+"""Telemetry to the node agent: a small synchronous WorkerService client, the
+table of measured step times it reports, when rank 0 reports, and what the library
+itself costs (`Overheads`, logged and returned by `sia_grpc.train.overheads()`).
 
 A report that fails (the agent restarting, a full queue) is logged and
 dropped: training never stops for it, and the samples it carried go into the
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 
 from sia_grpc.api import WorkerServiceStub, pb
 
-__all__ = ["AgentClient", "SampleKey", "SampleTable"]
+__all__ = ["AgentClient", "Overheads", "Reports", "SampleKey", "SampleTable"]
 
 LOG = logging.getLogger(__name__)
 
@@ -117,3 +118,61 @@ class SampleTable:
 
     def load_state_dict(self, state: dict) -> None:
         self.total = {SampleKey(*k): list(v) for k, v in state.get("total", [])}
+
+
+@dataclass
+class Reports:
+    """Rank 0's reports: where they go and when the last one went."""
+
+    client: AgentClient | None   # None without an agent: nothing is reported
+    interval_s: float
+    last: float = 0.0            # time.monotonic() of the last attempt
+    startup_s: float | None = None  # process start to the end of the first step
+    startup_sent: bool = False   # a report carrying startup_s got through
+
+    def due(self, now: float, steps: int) -> bool:
+        """A periodic report is due (and the first after start-up as soon as can be)."""
+        return self.client is not None and steps > 0 and (
+            now - self.last >= self.interval_s or not self.startup_sent)
+
+    def send(self, report: pb.WorkerReport, *, force: bool) -> pb.WorkerReply | None:
+        """The agent's reply, None if the report did not get through."""
+        assert self.client is not None
+        reply = self.client.report(report, force=force)
+        self.last = time.monotonic()
+        if reply is not None and self.startup_s is not None:
+            self.startup_sent = True
+        return reply
+
+
+@dataclass
+class Overheads:
+    """What the library itself costs, summed over this process's steps."""
+
+    steps: int = 0
+    step_s: float = 0.0         # wall time of optimizer steps (all micro-steps)
+    agree_s: float = 0.0        # the per-step agreement all-reduce
+    agrees: int = 0
+    stats_s: float = 0.0        # gradient statistics: hooks + finalisation
+    report_s: float = 0.0
+    reports: int = 0
+    checkpoint_save_s: list[float] = field(default_factory=list)
+    restore_s: float = 0.0      # loading the checkpoint file
+    startup_s: float = 0.0      # process start to the end of the first step
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.steps, 1)
+        step = self.step_s / n
+        return {
+            "steps": self.steps,
+            "step_ms": 1e3 * step,
+            "grad_stats_ms_per_step": 1e3 * self.stats_s / n,
+            "grad_stats_fraction": self.stats_s / self.step_s if self.step_s else 0.0,
+            "agreement_ms_per_step": 1e3 * self.agree_s / max(self.agrees, 1),
+            "agreement_fraction": self.agree_s / self.step_s if self.step_s else 0.0,
+            "report_ms_each": 1e3 * self.report_s / max(self.reports, 1),
+            "checkpoint_save_ms_last": 1e3 * (self.checkpoint_save_s[-1]
+                                              if self.checkpoint_save_s else 0.0),
+            "checkpoint_restore_ms": 1e3 * self.restore_s,
+            "startup_s": self.startup_s,
+        }

@@ -13,7 +13,6 @@ import torch
 from train_support import Workers, read_log
 
 from sia_grpc.train import noise as noise_mod
-from sia_grpc.train import runtime
 
 N, DIM, B0 = 512, 6, 32
 
@@ -42,16 +41,6 @@ def reference(model, x, y) -> tuple[float, float]:
     mean = g.mean(0)
     var = ((g - mean) ** 2).sum(1).sum() / (N - 1)
     return float(mean @ mean), float(var) / B0
-
-
-@pytest.fixture
-def fresh_runtime():
-    import sys
-    hook = sys.excepthook
-    runtime._RUNTIME = None
-    yield
-    runtime._RUNTIME = None
-    sys.excepthook = hook
 
 
 @pytest.mark.timeout(60)

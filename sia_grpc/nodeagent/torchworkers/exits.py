@@ -1,0 +1,68 @@
+"""How a worker group ended, from its workers' exit statuses.
+
+All ranks EXIT_COMPLETED: completed. EXIT_CHECKPOINTED after a stop the agent
+asked for: checkpointed. Some ranks completed and the rest stopped on the
+agent's SIGTERM: completed. Anything else failed, with the first failing rank's
+log tail (and an out-of-memory report, if a worker sent one) in the message.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from sia_grpc.api import pb
+from sia_grpc.nodeagent.workers import WorkerProcess, describe_exit, log_tail
+from sia_grpc.train import contract as c
+
+if TYPE_CHECKING:
+    from sia_grpc.nodeagent.torchworkers.group import WorkerGroup
+
+__all__ = ["group_exit", "oom_text"]
+
+_OK_EXITS = (c.EXIT_COMPLETED, c.EXIT_CHECKPOINTED)
+
+
+def group_exit(g: WorkerGroup) -> pb.JobExit:
+    """The group's JobExit; a worker still running counts as SIGKILLed."""
+    launch = g.launch
+    ckpt = g.accum.checkpoint_progress
+    held = launch.restore_progress if ckpt is None else ckpt
+    out = pb.JobExit(job_id=launch.job_id, generation=launch.generation)
+    order = g.exits + [p for p in g.procs if p not in g.exits]
+    codes = {p.rank: -signal.SIGKILL if p.returncode is None else p.returncode
+             for p in order}
+    bad = [p for p in order if codes[p.rank] not in _OK_EXITS]
+    if bad:
+        out.kind, out.progress = pb.JobExit.KIND_FAILED, held
+        out.message = _failure(g, bad, codes)
+    elif all(code == c.EXIT_COMPLETED for code in codes.values()):
+        out.kind, out.progress = pb.JobExit.KIND_COMPLETED, 1.0
+    elif g.stop_requested:
+        out.kind, out.progress = pb.JobExit.KIND_CHECKPOINTED, held
+    elif any(code == c.EXIT_COMPLETED for code in codes.values()):
+        out.kind, out.progress = pb.JobExit.KIND_COMPLETED, 1.0  # the rest on our SIGTERM
+    else:
+        out.kind, out.progress = pb.JobExit.KIND_FAILED, held
+        out.message = (f"workers exited {c.EXIT_CHECKPOINTED} (checkpointed) without being "
+                       f"asked to stop; log {g.log_dir}")
+    return out
+
+
+def _failure(g: WorkerGroup, bad: list[WorkerProcess], codes: dict[int, int]) -> str:
+    first = bad[0]
+    what = f"rank {first.rank} {describe_exit(codes[first.rank])}"
+    if first.rank in g.killed_after_grace:
+        what += f" (still running {g.stop_grace_s:g} s after SIGTERM)"
+    parts = [what]
+    if others := [f"rank {p.rank} {describe_exit(codes[p.rank])}" for p in bad[1:]]:
+        parts.append("also " + ", ".join(others))
+    if g.oom is not None:
+        parts.append(oom_text(g.oom))
+    tail = log_tail(first.log_path)
+    return "; ".join(parts) + f"\nlog {first.log_path}:\n{tail}"
+
+
+def oom_text(oom: pb.OomEvent) -> str:
+    text = f"out of memory at atomic_batch_size={oom.atomic_batch_size}"
+    return f"{text}: {oom.message}" if oom.message else text
