@@ -13,8 +13,8 @@ import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.api.convert import (
-    DEFAULT_GRAD,
     DEFAULT_RESTART_COST_S,
+    NEUTRAL_GRAD,
     allocation_from_pb,
     allocation_to_pb,
     cluster_from_pb,
@@ -187,11 +187,11 @@ def test_goodput_model_equals_the_simulators(name):
 
 def test_missing_grad_keeps_the_initial_batch():
     """No statistics: a bigger batch earns nothing, so the model stays at init."""
-    assert float(gain(DEFAULT_GRAD, 4096, 128)) == 1.0
+    assert float(gain(NEUTRAL_GRAD, 4096, 128)) == 1.0
     samples = [sample(atomic_batch_size=b, step_time_s=0.05 + 0.001 * b) for b in (32, 128, 512)]
     model = goodput_model(samples, None, init_batch_size=128, max_batch_size=4096,
                           local_bsz_limits={"aws": (32, 512)})
-    assert model.grad == DEFAULT_GRAD
+    assert model.grad == NEUTRAL_GRAD
     est = model.evaluate("aws", np.array([1, 1]), np.array([1, 2]))
     assert est.batch_size.tolist() == [128, 128]
     noisy = goodput_model(samples, pb.GradientStats(sqr=0.0, var=1.0), init_batch_size=128,
@@ -229,7 +229,7 @@ def test_policy_job_defaults():
     assert j.submit_time == -90.0  # FIFO: the oldest job first
     # Limits inferred from the samples of the type: the measured micro-batch range.
     assert j.model.local_bsz_limits == {"aws": (16, 256)}
-    assert j.model.grad == DEFAULT_GRAD
+    assert j.model.grad == NEUTRAL_GRAD
     assert (j.model.init_batch_size, j.model.max_batch_size) == (64, 1024)
 
 

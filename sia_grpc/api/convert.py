@@ -19,12 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from sia_grpc.api import pb
 from sia_grpc.api.errors import ApiError, invalid
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
-from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.efficiency import NEUTRAL_GRAD, GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
+from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 __all__ = [
-    "DEFAULT_GRAD",
+    "NEUTRAL_GRAD",
     "DEFAULT_RESTART_COST_S",
     "MAX_GPUS_PER_NODE",
     "adaptivity_from_pb",
@@ -48,7 +49,6 @@ DEFAULT_RESTART_COST_S = 30.0  # the core's PolicyJob default, until a job has m
 # batch on a guess. (sqr = 0, var > 0 would be the opposite, "perfectly efficient at
 # any batch", and push every unknown job to max_batch_size.) Fixed-batch jobs never
 # consult the statistics, so the choice does not change them at all.
-DEFAULT_GRAD = GradParams(sqr=1.0, var=0.0)
 
 # A node bigger than this is a typo, and an odd count that large would make the
 # cluster model split it into that many one-GPU virtual nodes.
@@ -71,11 +71,10 @@ _NODE_FIELDS = {"node.name": "name", "node.gpu_type": "gpu_type", "node.num_gpus
 
 
 def _from_core(path: str, err: ValueError, fields: Mapping[str, str]) -> ApiError:
-    """A core ValueError ("field: message") as INVALID_ARGUMENT on `path.<wire field>`;
-    on `path` itself when the message names no field we know."""
-    head, sep, rest = str(err).partition(": ")
-    if sep and head in fields:
-        return invalid(f"{path}.{fields[head]}", rest)
+    """A core error as INVALID_ARGUMENT on `path.<wire field>` (a `FieldError` for a
+    field we know), else on `path` itself."""
+    if isinstance(err, FieldError) and err.field in fields:
+        return invalid(f"{path}.{fields[err.field]}", err.problem)
     return invalid(path, str(err))
 
 
@@ -166,9 +165,9 @@ def allocation_from_pb(a: pb.Allocation, cluster: Cluster, path: str) -> JobAllo
 
 
 def grad_from_pb(grad: pb.GradientStats | None, path: str = "grad") -> GradParams:
-    """Gradient statistics; None (not reported yet) gives `DEFAULT_GRAD`."""
+    """Gradient statistics; None (not reported yet) gives `NEUTRAL_GRAD`."""
     if grad is None:
-        return DEFAULT_GRAD
+        return NEUTRAL_GRAD
     return GradParams(sqr=_finite_nonneg(grad.sqr, f"{path}.sqr"),
                       var=_finite_nonneg(grad.var, f"{path}.var"))
 
@@ -204,7 +203,7 @@ def goodput_model(samples: Sequence[pb.ThroughputSample], grad: pb.GradientStats
     (`add_profile`), the rest observations of the job's own runs
     (`add_observation`); repeated shapes are averaged, each sample counting once
     whatever its `count` (the simulator likewise reports each shape once). Missing
-    `grad` gives `DEFAULT_GRAD`. Types without `local_bsz_limits` get no estimate.
+    `grad` gives `NEUTRAL_GRAD`. Types without `local_bsz_limits` get no estimate.
 
     Sample and grad problems are INVALID_ARGUMENT on `path[i].<field>` /
     `grad_path.<field>`; the batch arguments are the caller's to validate (a

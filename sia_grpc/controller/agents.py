@@ -79,7 +79,7 @@ class Agents:
                 # Obsolete: the job moved on while the agent was away. Sent now, it
                 # would start a fenced generation on GPUs the books give to others.
                 del self._pending_acks[did]
-                self._round_acked(d.round, did, out)
+                self._round_acked(d.round, did)
                 continue
             unacked.add(job_id)
             out.append(Send(name, msg))
@@ -153,7 +153,7 @@ class Agents:
                 self._capacity_changed(node.gpu_type)
             return
         if t.profile:
-            self._profiled(rec, node, t, at, out)
+            self._profiled(rec, node, t, out)
             return
         if t.generation != rec.generation or rec.state in TERMINAL:
             return  # a fenced generation's late report
@@ -196,7 +196,7 @@ class Agents:
             self._stops_due[key] -= 1
             if self._stops_due[key] <= 0:
                 del self._stops_due[key]
-        self._round_acked(pending[3].directive.round, ack.directive_id, out)
+        self._round_acked(pending[3].directive.round, ack.directive_id)
         job_id, node_id, action, msg = pending
         rec = self.jobs.get(job_id)
         if action == pb.Directive.ACTION_STOP:
@@ -211,7 +211,7 @@ class Agents:
             self._release(rec, node_id)
             self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
 
-    def _round_acked(self, round_no: int, directive_id: int, out: list[Action]) -> None:
+    def _round_acked(self, round_no: int, directive_id: int) -> None:
         self._round_acks.get(round_no, set()).discard(directive_id)
 
     def _exit(self, node: NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia_grpc.api import pb
+from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.validation import Resolved
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
@@ -154,11 +155,20 @@ Action = Send | Persist | Solve | RoundDone | RoundSkipped | WantRound | Reconne
 
 @dataclass(frozen=True)
 class ControllerSettings:
-    heartbeat_timeout: float = 15.0  # seconds without a message: the agent is lost
+    """What the state machine needs of the controller's configuration; the defaults
+    of the settings it shares with `ControllerConfig` are that class's (one place)."""
+
+    # seconds without a message: the agent is lost
+    heartbeat_timeout: float = ControllerConfig.heartbeat_timeout
     profile_batch_sizes: int = 10  # micro-batch sizes per profiling pass
     persist_progress_every: float = 10.0  # seconds between progress-only writes
-    checkpoint_root: str = "/var/lib/sia/checkpoints"
+    checkpoint_root: str = ControllerConfig.checkpoint_root
     master_port_base: int = 29500
     # A job that has waited this long for a GPU to profile on gets one from the next
     # timer round (a profiling slot); until then, passes use GPUs that free up.
-    profile_wait: float = 60.0
+    profile_wait: float = ControllerConfig.round_duration
+
+    @classmethod
+    def of(cls, config: ControllerConfig) -> ControllerSettings:
+        return cls(heartbeat_timeout=config.heartbeat_timeout,
+                   checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration)

@@ -14,7 +14,6 @@ from sia_grpc.controller.events import (
     WantRound,
 )
 from sia_grpc.controller.records import (
-    NEUTRAL_GRAD,
     JobRec,
     NodeRec,
     seconds,
@@ -25,7 +24,7 @@ from sia_grpc.controller.records import (
 from sia_grpc.controller.transitions import TERMINAL, set_state
 from sia_grpc.controller.validation import profile_batch_sizes
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
-from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.efficiency import NEUTRAL_GRAD, GradParams
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.types import Adaptivity, PolicyJob
 
@@ -35,7 +34,7 @@ PROFILE_SLOT = "~profile:"  # no job id can start with "~"
 class Profiling:
     """A part of `ControllerState`: profiling passes (the module docstring)."""
 
-    def _profiled(self, rec: JobRec, node: NodeRec, t: pb.Telemetry, at: float,
+    def _profiled(self, rec: JobRec, node: NodeRec, t: pb.Telemetry,
                   out: list[Action]) -> None:
         where = rec.profiling.get(node.gpu_type)
         if t.HasField("profile_gpu") and (where is None or where != (node.name, t.profile_gpu)):
@@ -133,7 +132,7 @@ class Profiling:
         self._to_profile.update(dict.fromkeys(job_ids))
         self._freed_all = True  # they may want a type whose idle GPUs nobody wanted
 
-    def _start_profiles(self, at: float, out: list[Action]) -> None:
+    def _start_profiles(self, out: list[Action]) -> None:
         """Give every job still missing a profile one idle GPU of that type.
 
         Only jobs in `_to_profile` are looked at, and only for the types whose GPUs

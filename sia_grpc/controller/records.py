@@ -22,10 +22,6 @@ from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.types import JobAllocation
 
-# Until a job reports gradient statistics: no statistical gain from a larger
-# batch (gain = 1), so the policy keeps it near its initial batch size.
-NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
-
 # What a tenant sees for a GPU another tenant's job holds (not a valid job id).
 OTHER_TENANT = "(other tenant)"
 

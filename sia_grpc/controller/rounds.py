@@ -18,7 +18,6 @@ from sia_grpc.controller.events import (
     WantRound,
 )
 from sia_grpc.controller.records import (
-    NEUTRAL_GRAD,
     JobRec,
     NodeRec,
     batch_key,
@@ -28,6 +27,7 @@ from sia_grpc.controller.records import (
 )
 from sia_grpc.controller.transitions import TERMINAL, set_state
 from sia_grpc.models.bootstrap import JobGoodputModel
+from sia_grpc.models.efficiency import NEUTRAL_GRAD
 from sia_grpc.policy.cluster import Cluster, Node
 from sia_grpc.policy.types import PolicyJob
 

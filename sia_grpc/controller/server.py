@@ -84,9 +84,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
             telemetry = setup_telemetry(env={}, prometheus=True)
         self.telemetry = telemetry
         self.status = Status.CREATED
-        self.state = sm.ControllerState(sm.ControllerSettings(
-            heartbeat_timeout=config.heartbeat_timeout,
-            checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration))
+        self.state = sm.ControllerState(sm.ControllerSettings.of(config))
         self._limits = TenantLimits(config.max_active_jobs, config.create_rate,
                                     config.create_burst)
         self._pending_creates: collections.Counter[str] = collections.Counter()
@@ -98,6 +96,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
         self._events: asyncio.Queue = asyncio.Queue()
         self._unpersisted: set[str] = set()  # jobs whose last write failed
+        self._solves: set[asyncio.Task] = set()  # solves in flight
         self._persist_retry_at = 0.0  # (monotonic) when to write them again
         self._agents: dict[str, _Agent] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
@@ -205,10 +204,11 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self.status = Status.CLOSING
         self._notify_watchers()  # open WatchJobs streams see CLOSING and end
         await self._health.enter_graceful_shutdown()
-        for t in [*self._tasks, self._early, self._create_flush]:
+        for t in [*self._tasks, *self._solves, self._early, self._create_flush]:
             if t is not None:
                 t.cancel()
-        await asyncio.gather(*[t for t in self._tasks if t], return_exceptions=True)
+        await asyncio.gather(*[t for t in (*self._tasks, *self._solves) if t],
+                             return_exceptions=True)
         for agent in self._agents.values():
             agent.outbox.put_nowait(None)
         await self._release(grace)
@@ -303,7 +303,10 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
                     agent.outbox.put_nowait(action.message)
             case sm.Solve():
                 self._round_clock[action.round_no] = [time.time_ns(), 0]
-                asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
+                # Kept, so close() can wait for it (a dropped task may be collected).
+                task = asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
+                self._solves.add(task)
+                task.add_done_callback(self._solves.discard)
             case sm.RoundDone():
                 self._round_done(action.round)
             case sm.RoundSkipped():

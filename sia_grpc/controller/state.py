@@ -210,7 +210,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                 self._solved(event, out)
             case _:
                 raise TypeError(f"unknown event {event!r}")
-        self._start_profiles(event.at, out)
+        self._start_profiles(out)
         self._profiles_done(event.at, out)
         self._dispatch_pending(event.at, out)
         if self._released:  # else a restart would book their GPUs to them again

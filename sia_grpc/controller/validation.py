@@ -9,16 +9,15 @@ unset field has a default, the default is stated here and nowhere else.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia_grpc.api import pb
 from sia_grpc.api.errors import ApiError, invalid
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, AppInfo, application
+from sia_grpc.names import MAX_ID, is_name
 from sia_grpc.policy.types import Adaptivity
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _MAX_GPUS = 1 << 16
 _MAX_BATCH = 1 << 24
 _MAX_LABELS = 64
@@ -61,7 +60,7 @@ def _app_limits(name: str) -> Mapping[str, tuple[int, int]]:
 
 
 def check_job_id(job_id: str, field: str = "job_id") -> None:
-    if not _NAME.match(job_id):
+    if not is_name(job_id, MAX_ID):
         raise invalid(field, f"{job_id!r} is not a valid id ([A-Za-z0-9._-], 1 to 63 characters, "
                              "starting with a letter or digit)")
 
@@ -72,7 +71,7 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     def bad(field: str, message: str) -> ApiError:
         return invalid(f"{path}.{field}", message)
 
-    if spec.name and not _NAME.match(spec.name):
+    if spec.name and not is_name(spec.name, MAX_ID):
         raise bad("name", f"{spec.name!r} is not a valid name ([A-Za-z0-9._-], at most 63)")
     if spec.adaptivity not in ADAPTIVITY:
         raise bad("adaptivity", "must be set to adaptive, strong-scaling or rigid")
@@ -116,12 +115,12 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     if adaptivity is not Adaptivity.ADAPTIVE and not spec.batch_size:
         raise bad("batch_size", f"required for {adaptivity.value} jobs")
     for i, t in enumerate(spec.allowed_gpu_types):
-        if not _NAME.match(t):
+        if not is_name(t, MAX_ID):
             raise bad(f"allowed_gpu_types[{i}]", f"{t!r} is not a valid GPU type name")
     limits = dict(_app_limits(spec.application))
     for i, lim in enumerate(spec.type_batch_limits):
         f = f"type_batch_limits[{i}]"
-        if not _NAME.match(lim.gpu_type):
+        if not is_name(lim.gpu_type, MAX_ID):
             raise bad(f"{f}.gpu_type", f"{lim.gpu_type!r} is not a valid GPU type name")
         if not 1 <= lim.min_local_batch_size <= lim.max_local_batch_size <= _MAX_BATCH:
             raise bad(f, "needs 1 <= min_local_batch_size <= max_local_batch_size")
@@ -145,12 +144,12 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     if not (math.isfinite(spec.restart_cost_s) and 0 <= spec.restart_cost_s <= 86400):
         raise bad("restart_cost_s", f"must be within [0, 86400] seconds, got {spec.restart_cost_s}")
     restart = spec.restart_cost_s or (app.restart_delay if app is not None else 30.0)
-    if spec.tenant and not _NAME.match(spec.tenant):
+    if spec.tenant and not is_name(spec.tenant, MAX_ID):
         raise bad("tenant", f"{spec.tenant!r} is not a valid tenant name")
     if len(spec.labels) > _MAX_LABELS:
         raise bad("labels", f"at most {_MAX_LABELS} labels")
     for key, value in spec.labels.items():
-        if not _NAME.match(key) or len(value) > 256:
+        if not is_name(key, MAX_ID) or len(value) > 256:
             raise bad(f"labels[{key!r}]", "keys are names ([A-Za-z0-9._-]), values at most 256")
     return Resolved(
         adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,

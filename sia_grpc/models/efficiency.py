@@ -26,6 +26,11 @@ class GradParams:
     var: float  # Var[g] at the initial batch size
 
 
+# No gradient statistics yet: no statistical gain from a larger batch (gain = 1), so
+# a policy keeps the job near its initial batch size until it reports some.
+NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
+
+
 def gain(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
     """Progress per step at `batch_size` relative to a step at `init_batch_size`."""
     scale = np.asarray(batch_size, dtype=float) / np.asarray(init_batch_size, dtype=float)

@@ -21,14 +21,14 @@ odd hardware but never produces an allocation the placer cannot honour.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+from sia_grpc.names import is_name
+from sia_grpc.policy.errors import FieldError
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +40,12 @@ class Node:
     num_gpus: int
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise ValueError(f"node.name: {self.name!r} is not a valid node name")
-        if not _NAME.match(self.gpu_type):
-            raise ValueError(f"node.gpu_type: {self.gpu_type!r} is not a valid GPU type name")
+        if not is_name(self.name):
+            raise FieldError("node.name", f"{self.name!r} is not a valid node name")
+        if not is_name(self.gpu_type):
+            raise FieldError("node.gpu_type", f"{self.gpu_type!r} is not a valid GPU type name")
         if not isinstance(self.num_gpus, int) or self.num_gpus <= 0:
-            raise ValueError(f"node.num_gpus: must be a positive integer, got {self.num_gpus!r}")
+            raise FieldError("node.num_gpus", f"must be a positive integer, got {self.num_gpus!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
+from sia_grpc.policy.errors import FieldError
 
 
 class Adaptivity(enum.Enum):
@@ -86,28 +87,28 @@ class PolicyJob:
 
     def __post_init__(self) -> None:
         if not self.job_id:
-            raise ValueError("job_id: must be non-empty")
+            raise FieldError("job_id", "must be non-empty")
         if self.pipeline_gpus < 1:
-            raise ValueError(f"pipeline_gpus: must be >= 1, got {self.pipeline_gpus}")
+            raise FieldError("pipeline_gpus", f"must be >= 1, got {self.pipeline_gpus}")
         if self.min_gpus < 1:
-            raise ValueError(f"min_gpus: must be >= 1, got {self.min_gpus}")
+            raise FieldError("min_gpus", f"must be >= 1, got {self.min_gpus}")
         if self.max_gpus is not None and self.max_gpus < self.min_gpus:
-            raise ValueError(f"max_gpus: {self.max_gpus} is below min_gpus {self.min_gpus}")
+            raise FieldError("max_gpus", f"{self.max_gpus} is below min_gpus {self.min_gpus}")
         if self.adaptivity is not Adaptivity.ADAPTIVE and not self.batch_size:
-            raise ValueError(f"batch_size: required for {self.adaptivity.value} jobs")
+            raise FieldError("batch_size", f"required for {self.adaptivity.value} jobs")
         if self.adaptivity is Adaptivity.RIGID and not self.num_gpus:
-            raise ValueError("num_gpus: required for rigid jobs")
+            raise FieldError("num_gpus", "required for rigid jobs")
         if self.num_gpus is not None and (self.num_gpus < 1
                                           or self.num_gpus % self.pipeline_gpus):
-            raise ValueError(f"num_gpus: {self.num_gpus} is not a positive multiple of "
+            raise FieldError("num_gpus", f"{self.num_gpus} is not a positive multiple of "
                              f"pipeline_gpus {self.pipeline_gpus}")
         if self.num_gpus is not None and not (
                 self.min_gpus <= self.num_gpus <= (self.max_gpus or self.num_gpus)):
-            raise ValueError(f"num_gpus: {self.num_gpus} is outside [min_gpus, max_gpus]")
+            raise FieldError("num_gpus", f"{self.num_gpus} is outside [min_gpus, max_gpus]")
         if self.restart_cost < 0 or self.age < 0 or self.num_restarts < 0:
-            raise ValueError("restart_cost/age/num_restarts: must be non-negative")
+            raise FieldError("restart_cost/age/num_restarts", "must be non-negative")
         if any(v < 0 for v in self.attained.values()):
-            raise ValueError("attained: time on a GPU type must be non-negative")
+            raise FieldError("attained", "time on a GPU type must be non-negative")
 
 
 @dataclass(frozen=True)

@@ -42,13 +42,14 @@ from pathlib import Path
 
 import structlog
 
+from sia_grpc.names import MAX_ID, is_name
+
 __all__ = ["ROLES", "Principal", "TokenError", "TokenInfo", "TokenStore", "add_token",
            "hash_token", "list_tokens", "revoke_token"]
 
 log = structlog.get_logger("sia.security")
 
 ROLES = ("user", "admin")
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as spec.tenant (validation.py)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER = re.compile(r"^[ \t]*\[\[[ \t]*token[ \t]*\]\]", re.MULTILINE)  # a [[token]] line
 ID_DIGITS = 12  # of the SHA-256 in hex: a token's id in `sia tokens list`
@@ -127,7 +128,7 @@ def _parse(path: Path, text: str | None = None) -> list[_Entry]:
         if role not in ROLES:
             raise TokenError(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
         tenant = e.get("tenant", "")
-        if not isinstance(tenant, str) or not _TENANT.match(tenant):
+        if not isinstance(tenant, str) or not is_name(tenant, MAX_ID):
             raise TokenError(f"{where}.tenant: {tenant!r} is not a valid tenant name")
         created = e.get("created")
         if created is not None and not isinstance(created, datetime.datetime):
@@ -202,7 +203,7 @@ class TokenStore:
 def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str = "",
               now: datetime.datetime | None = None) -> str:
     """Make a token for `tenant`, append its hash to `path` (created 0600), return it."""
-    if not _TENANT.match(tenant):
+    if not is_name(tenant, MAX_ID):
         raise TokenError(f"tenant: {tenant!r} is not a valid tenant name "
                          "(letters, digits, '-', '.', '_'; at most 63)")
     if name and not re.match(r"^[\w .@-]{1,64}$", name):
