@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from harness import Harness
+from harness import Harness, pass_result, refused_pass
 
 from sia_grpc.api import TERMINAL_STATES, pb
 from sia_grpc.controller.state import (
@@ -42,7 +42,6 @@ from sia_grpc.controller.state import (
     SolveFinished,
     Tick,
 )
-from sia_grpc.emulation import load_app
 from sia_grpc.policy import make_policy
 
 TIMEOUT = 30.0
@@ -87,10 +86,7 @@ class Agent:
         if kind == "profile":  # runs until `finish_pass`; refused on a busy GPU
             p = msg.profile
             if p.local_gpu in self.busy or self.passes.get(p.local_gpu, p).job_id != p.job_id:
-                return [pb.AgentMessage(telemetry=pb.Telemetry(
-                    job_id=p.job_id, generation=p.generation, profile=True,
-                    profile_refused=True, profile_error="GPU busy",
-                    profile_gpu=p.local_gpu))]
+                return [refused_pass(p)]
             self.passes[p.local_gpu] = p
             return []
         if kind == "drain":
@@ -156,17 +152,7 @@ class Agent:
         return out
 
     def finish_pass(self, gpu: int) -> pb.AgentMessage:
-        p = self.passes.pop(gpu)
-        app = load_app(p.spec.application)
-        t = pb.Telemetry(job_id=p.job_id, generation=p.generation, profile=True,
-                         profile_gpu=gpu)
-        if self.gpu_type in app.gpu_types:
-            for b in p.local_batch_sizes:
-                step, sync = app.step_time(self.gpu_type, 1, 1, b)
-                t.samples.add(gpu_type=self.gpu_type, num_nodes=1, num_replicas=1,
-                              atomic_batch_size=b, step_time_s=step, sync_time_s=sync,
-                              count=5)
-        return pb.AgentMessage(telemetry=t)
+        return pass_result(self.gpu_type, self.passes.pop(gpu))
 
 
 class Chaos:

@@ -123,11 +123,7 @@ class Harness:
         if kind == "profile":
             p = msg.profile
             if p.local_gpu in agent.busy or agent.passes.get(p.local_gpu, p).job_id != p.job_id:
-                # refused (the real agent's answer): an empty pass that never ran
-                return [pb.AgentMessage(telemetry=pb.Telemetry(
-                    job_id=p.job_id, generation=p.generation, profile=True,
-                    profile_refused=True, profile_error="GPU busy",
-                    profile_gpu=p.local_gpu))]
+                return [refused_pass(p)]
             agent.passes[p.local_gpu] = p
             return [] if agent.hold_profiles else self._profiled(agent, p.local_gpu)
         if kind == "drain":
@@ -181,18 +177,7 @@ class Harness:
 
     @staticmethod
     def _profiled(agent: FakeAgent, gpu: int) -> list[pb.AgentMessage]:
-        p = agent.passes.pop(gpu)
-        app = load_app(p.spec.application)
-        samples = []
-        if agent.gpu_type in app.gpu_types:
-            for b in p.local_batch_sizes:
-                step, sync = app.step_time(agent.gpu_type, 1, 1, b)
-                samples.append(pb.ThroughputSample(
-                    gpu_type=agent.gpu_type, num_nodes=1, num_replicas=1,
-                    atomic_batch_size=b, step_time_s=step, sync_time_s=sync, count=5))
-        return [pb.AgentMessage(telemetry=pb.Telemetry(
-            job_id=p.job_id, generation=p.generation, profile=True, samples=samples,
-            profile_gpu=gpu))]
+        return [pass_result(agent.gpu_type, agent.passes.pop(gpu))]
 
     @staticmethod
     def _drop(agent: FakeAgent, job_id: str) -> None:
@@ -214,3 +199,23 @@ class Harness:
 
     def state_of(self, job_id: str) -> int:
         return self.state.jobs[job_id].job.status.state
+
+
+def refused_pass(p: pb.ProfileRequest) -> pb.AgentMessage:
+    """The real agent's answer to a pass on a GPU it has busy: a pass that never ran."""
+    return pb.AgentMessage(telemetry=pb.Telemetry(
+        job_id=p.job_id, generation=p.generation, profile=True, profile_refused=True,
+        profile_error="GPU busy", profile_gpu=p.local_gpu))
+
+
+def pass_result(gpu_type: str, p: pb.ProfileRequest) -> pb.AgentMessage:
+    """A finished pass: the application's step times at each requested batch size."""
+    app = load_app(p.spec.application)
+    t = pb.Telemetry(job_id=p.job_id, generation=p.generation, profile=True,
+                     profile_gpu=p.local_gpu)
+    if gpu_type in app.gpu_types:
+        for b in p.local_batch_sizes:
+            step, sync = app.step_time(gpu_type, 1, 1, b)
+            t.samples.add(gpu_type=gpu_type, num_nodes=1, num_replicas=1, atomic_batch_size=b,
+                          step_time_s=step, sync_time_s=sync, count=5)
+    return pb.AgentMessage(telemetry=t)
