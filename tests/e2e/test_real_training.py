@@ -11,6 +11,9 @@ import pytest
 
 from sia_grpc.demo.training import DemoJob, train_demo
 
+# Heavy and timing-sensitive: the "heavy" xdist group (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("heavy")
+
 
 @pytest.mark.timeout(240)
 async def test_demo_trains_real_jobs_on_emulated_gpus_to_completion(tmp_path):
