@@ -186,6 +186,11 @@ def _read_toml(path: str | Path, fields: Mapping[str, object]) -> tuple[dict, di
         raise ConfigError(f"{path}: {err}") from None
 
 
+def _env_name(policy: str) -> str:
+    """How a policy is named in an environment variable: SIA_PARTITIONED."""
+    return policy.upper().replace("-", "_")
+
+
 def _env_settings(env: Mapping[str, str]) -> dict[str, dict[str, object]]:
     """`SIA_POLICY_SIA_P=-1` → {"sia": {"p": -1.0}}; any other SIA_POLICY_* is an error
     (`SIA_POLICY` itself names the policy)."""
@@ -194,11 +199,13 @@ def _env_settings(env: Mapping[str, str]) -> dict[str, dict[str, object]]:
         rest = var.removeprefix("SIA_POLICY_")
         if rest == var:
             continue
-        name = next((p for p in POLICIES if rest.startswith(p.upper() + "_")), None)
+        # (the longest first: SIA_PARTITIONED_P is sia-partitioned's p, not sia's)
+        name = next((p for p in sorted(POLICIES, key=len, reverse=True)
+                     if rest.startswith(_env_name(p) + "_")), None)
         if name is None:
             raise ConfigError(f"{var}: expected SIA_POLICY_<POLICY>_<SETTING> with POLICY "
-                              f"one of {', '.join(p.upper() for p in POLICIES)}")
-        setting = rest[len(name) + 1:].lower()
+                              f"one of {', '.join(_env_name(p) for p in POLICIES)}")
+        setting = rest[len(_env_name(name)) + 1:].lower()
         try:
             _merge(out, {name: policy_params.normalize(name, {setting: env[var]})})
         except SettingError as err:

@@ -48,6 +48,7 @@ from sia_grpc.policy.candidates import (
     estimate,
 )
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.rounds import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.solvers import lp_interior
@@ -63,6 +64,31 @@ from sia_grpc.policy.types import (
 # Pollux's power mean scores a job with speedup s as (s + ε)^p, ε = 1e-3: a job
 # left out (s = 0) costs ε^p = 1/ε at p = −1.
 POLLUX_NONE_PENALTY = 1e3
+
+
+@dataclass(frozen=True)
+class PartitionedSiaPolicy(SiaPolicy):
+    """Silos, the baseline for shared queues: each queue holds its guarantee as a
+    private partition (at most its guarantee of each type, nothing borrowed, nothing
+    lent) and Sia decides inside each. Jobs of a queue without a guarantee of a type
+    never run on it. Without queues it is Sia."""
+
+    name: str = "sia-partitioned"
+
+    def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation], *,
+                 queues: QueueSet | None = None) -> RoundResult:
+        if queues is not None:
+            queues = partitioned(queues, cluster.gpu_types)
+        return super().optimize(cluster, jobs, previous, queues=queues)
+
+
+def partitioned(queues: QueueSet, gpu_types: Sequence[str]) -> QueueSet:
+    """`queues` as private partitions: each may hold its guarantee of each type and
+    no more (the guarantees become caps; type-flexible units are not a partition)."""
+    return dataclasses.replace(queues, queues=tuple(
+        dataclasses.replace(q, guarantee={}, guarantee_units=0.0, borrow_limit={
+            t: q.guarantee.get(t, 0) for t in gpu_types}) for q in queues.queues))
 
 
 @dataclass(frozen=True)
@@ -106,7 +132,9 @@ class GavelPolicy(RoundFromConfig):
     name: str = "gavel"
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                 previous: Mapping[str, JobAllocation]) -> RoundResult:
+                 previous: Mapping[str, JobAllocation], *,
+                 queues: QueueSet | None = None) -> RoundResult:
+        """(Queues are not this baseline's: it schedules one flat pool.)"""
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         views = [rigid_view(cluster, j) for j in jobs]
@@ -231,7 +259,9 @@ class FifoPolicy(RoundFromConfig):
     name: str = "fifo"
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                 previous: Mapping[str, JobAllocation]) -> RoundResult:
+                 previous: Mapping[str, JobAllocation], *,
+                 queues: QueueSet | None = None) -> RoundResult:
+        """(Queues are not this baseline's: it schedules one flat pool.)"""
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         order = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))

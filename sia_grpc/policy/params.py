@@ -21,12 +21,17 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sia_grpc.policy.baselines import FifoPolicy, GavelPolicy, PolluxPolicy
+from sia_grpc.policy.baselines import (
+    FifoPolicy,
+    GavelPolicy,
+    PartitionedSiaPolicy,
+    PolluxPolicy,
+)
 from sia_grpc.policy.sia import SiaPolicy
 from sia_grpc.policy.types import Policy, SettingError
 
 POLICIES: dict[str, type] = {"sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy,
-                             "fifo": FifoPolicy}
+                             "fifo": FifoPolicy, "sia-partitioned": PartitionedSiaPolicy}
 
 # `lambda_` is the field (λ; `lambda` is a Python keyword), but `lambda` is what
 # people write in TOML and environment variables: both are accepted.

@@ -3,6 +3,8 @@ the chosen configurations on physical GPUs, and explain the outcome."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -12,6 +14,14 @@ from sia_grpc.policy.candidates import CandidateTable, current_index
 from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.placer import place
 from sia_grpc.policy.problem import ChoiceProblem
+from sia_grpc.policy.queue_rows import (
+    SideRows,
+    job_weights,
+    min_runtime_holds,
+    queue_rows,
+    queue_usage,
+)
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.solvers import solve, solve_reference
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
@@ -20,9 +30,11 @@ SOLVERS = ("highs", *REFERENCE_SOLVERS)
 
 
 def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.ndarray,
-             current: np.ndarray) -> tuple[ChoiceProblem, np.ndarray, np.ndarray]:
+             current: np.ndarray, side: SideRows | None = None,
+             ) -> tuple[ChoiceProblem, np.ndarray, np.ndarray]:
     """The ChoiceProblem over the table's rows whose value is finite (NaN = not
-    an option); `none_value` is one value for every job or one per job.
+    an option); `none_value` is one value for every job or one per job; `side`:
+    side rows over table rows (queues), mapped onto the columns.
 
     Returns the problem, `rows` (column → row of the table) and `start`: each
     job's current configuration as a column (-1 where it has none or it is not
@@ -31,7 +43,7 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.n
     cluster = table.cluster
     rows = np.flatnonzero(np.isfinite(values))
     job = table.job[rows]
-    problem = ChoiceProblem(
+    problem = ChoiceProblem(**_side_columns(side, rows, len(table)),
         num_jobs=table.num_jobs,
         col_job=job,
         col_type=table.types()[rows],
@@ -45,6 +57,21 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.n
     same = np.flatnonzero(table.config[rows] == current[job])
     start[job[same]] = same
     return problem, rows, start
+
+
+def _side_columns(side: SideRows | None, rows: np.ndarray, n_rows: int) -> dict:
+    """`side`'s rows in ChoiceProblem's terms: entries on table rows that are no
+    column (no option) drop out."""
+    if side is None or not len(side):
+        return {}
+    col_of = np.full(n_rows, -1, dtype=np.int64)
+    col_of[rows] = np.arange(len(rows))
+    col = col_of[side.row]
+    keep = col >= 0
+    entry_row = np.repeat(np.arange(len(side)), np.diff(side.ptr))[keep]
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(entry_row, minlength=len(side)))])
+    return dict(row_ptr=ptr.astype(np.int64), row_col=col[keep], row_coef=side.coef[keep],
+                row_rhs=side.rhs.astype(np.float64), row_penalty=side.penalty.astype(np.float64))
 
 
 def hold_current(table: CandidateTable, values: np.ndarray, none_value: np.ndarray,
@@ -88,26 +115,67 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
               values: Callable[[np.ndarray], np.ndarray], none_value: float,
               timings: dict[str, float], *, time_limit: float, rel_gap: float,
               solver: str, hold: np.ndarray | None = None,
-              grow: Grow | None = None) -> RoundResult:
+              grow: Grow | None = None, queues: QueueSet | None = None) -> RoundResult:
     """The rest of a round for an ILP policy: `values(current)` gives every
     candidate's value from each job's current configuration index (-1: none).
     Jobs where `hold` is true keep their current configuration (`hold_current`).
-    With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`)."""
+    With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`).
+    With `queues`, priority weights, minimum-runtime holds and the queues' rows
+    (`queue_rows`) join the program."""
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
     vals = values(current)
     none = np.full(table.num_jobs, float(none_value))
-    if hold is not None and np.any(hold):
-        vals, none = hold_current(table, vals, none, current, np.asarray(hold, dtype=bool))
-    problem, rows, start = assemble(table, vals, none, current)
+    hold = np.zeros(table.num_jobs, dtype=bool) if hold is None else np.asarray(hold, bool)
+    if queues is not None:
+        w = job_weights(jobs, queues)
+        vals, none = vals * w[table.job], none * w
+        hold = hold | min_runtime_holds(jobs, current, queues)
+    worth = none.copy()  # (before holds: what sizes the queues' penalties)
+    if np.any(hold):
+        vals, none = hold_current(table, vals, none, current, hold)
+    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues)
+    problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = time.perf_counter() - t0
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
     chosen, objective, stats = choose(problem, rows, start, timings, **kw)
     if grow is not None:
-        chosen = grow_into_idle(table, current, chosen, grow, timings, **kw)
+        stage2 = None if queues is None else functools.partial(
+            _stage2_rows, table, jobs, worth, current, queues, chosen)
+        chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2, **kw)
     by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
-    return finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
-                        solver_stats=stats)
+    result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
+                          solver_stats=stats)
+    if queues is None:
+        return result
+    return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
+                               rows=_row_report(side, table, chosen))
+
+
+def _stage2_rows(table, jobs, worth, current, queues, first, vals) -> SideRows:
+    """The queues' rows for the growth stage: restarts stage 1 spent count."""
+    job = table.job
+    stay = np.isfinite(vals) & (current[job] >= 0) & (table.config == current[job])
+    could = np.zeros(table.num_jobs, dtype=bool)
+    could[job[(current[job] >= 0) & (table.config == current[job])]] = True
+    kept = np.zeros(table.num_jobs, dtype=bool)
+    kept[job[stay]] = True
+    used = int(np.sum(could & ~kept & (current >= 0)))
+    return queue_rows(table, jobs, vals, worth, current, queues, restarts_used=used)
+
+
+def _row_report(side: SideRows | None, table: CandidateTable,
+                chosen: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Each side row's activity and bound at the choice: name -> (Σ coef·x, rhs)."""
+    if side is None:
+        return {}
+    picked = np.zeros(len(table))
+    picked[chosen[chosen >= 0]] = 1.0
+    activity = np.add.reduceat(side.coef * picked[side.row], side.ptr[:-1]) \
+        if len(side.row) else np.zeros(len(side))
+    activity = np.where(np.diff(side.ptr) > 0, activity, 0.0)
+    return {n: (float(a), float(b)) for n, a, b in zip(side.names, activity, side.rhs,
+                                                       strict=True)}
 
 
 def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
@@ -134,7 +202,9 @@ def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
 
 
 def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarray,
-                   grow: Grow, timings: dict[str, float], **solve_kw) -> np.ndarray:
+                   grow: Grow, timings: dict[str, float],
+                   side: Callable[[np.ndarray], SideRows] | None = None,
+                   **solve_kw) -> np.ndarray:
     """Stage 2: every job keeps its stage-1 row or takes one of the larger rows of
     the same type `grow` allows; the capacity is the cluster's, so what jobs take
     is what stage 1 left idle. Nothing to grow into: stage 1's answer."""
@@ -149,7 +219,9 @@ def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarra
     scale = float(np.max(np.abs(vals[finite]))) + 1.0 if np.any(finite) else 1.0
     none = np.full(table.num_jobs, -(table.num_jobs + 1) * scale)
     none[chosen < 0] = 0.0  # (not an option to them: they have no rows)
-    problem, rows, start = assemble(table, np.where(finite, vals, np.nan), none, current)
+    vals = np.where(finite, vals, np.nan)
+    problem, rows, start = assemble(table, vals, none, current,
+                                    None if side is None else side(vals))
     start = np.full(table.num_jobs, -1, dtype=np.int64)
     at = {int(r): k for k, r in enumerate(rows)}
     for i in np.flatnonzero(chosen >= 0):

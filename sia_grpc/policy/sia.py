@@ -30,6 +30,7 @@ import numpy as np
 
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.rounds import SOLVERS, ilp_round
 from sia_grpc.policy.types import (
     Adaptivity,
@@ -147,7 +148,8 @@ class SiaPolicy(RoundFromConfig):
     name: str = "sia"
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                 previous: Mapping[str, JobAllocation]) -> RoundResult:
+                 previous: Mapping[str, JobAllocation], *,
+                 queues: QueueSet | None = None) -> RoundResult:
         cfg = self.config
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -161,7 +163,8 @@ class SiaPolicy(RoundFromConfig):
             if cfg.grow_into_idle else None
         return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
                          -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
-                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow)
+                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
+                         queues=queues)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:

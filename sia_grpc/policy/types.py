@@ -6,12 +6,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
 from sia_grpc.policy.errors import FieldError
+
+if TYPE_CHECKING:
+    from sia_grpc.policy.queues import QueueSet
 
 
 class Adaptivity(enum.Enum):
@@ -71,6 +74,12 @@ class PolicyJob:
     attained: Mapping[str, float] = field(default_factory=dict)
     progress: float = 0.0
     restoring: bool = False
+    # Queues (`sia_grpc.policy.queues`): the job's queue and priority class ("": the
+    # default), and the seconds it has run on its current allocation (for the
+    # minimum runtime before it may be preempted).
+    queue: str = "default"
+    priority: str = ""
+    stint: float = 0.0
     pinned: bool = False
     required: bool = False  # must get GPUs if any configuration fits (a profiling slot)
 
@@ -134,6 +143,10 @@ class RoundResult:
     timings: Mapping[str, float]  # seconds: estimate, build, solve, place, total
     solver_stats: Mapping[str, float] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)  # per job, human-readable
+    # With queues: GPUs each queue holds per type, and each side row (guarantee,
+    # borrowing, restarts) as (activity, bound) of Σ coef·x ≤ bound.
+    queues: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    rows: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class SettingError(ValueError):
@@ -180,4 +193,5 @@ class Policy(Protocol):
     round_duration: float
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                 previous: Mapping[str, JobAllocation]) -> RoundResult: ...
+                 previous: Mapping[str, JobAllocation], *,
+                 queues: QueueSet | None = None) -> RoundResult: ...

@@ -129,7 +129,8 @@ def test_bad_policy_table_names_the_key(tmp_path, text, message):
                                         "lambda_?"),
     ({"SIA_POLICY_SIA_P": "soon"}, [], "SIA_POLICY_SIA_P: must be a finite number, got 'soon'"),
     ({"SIA_POLICY_SIAA_P": "1"}, [], "SIA_POLICY_SIAA_P: expected SIA_POLICY_<POLICY>_<SETTING> "
-                                     "with POLICY one of SIA, POLLUX, GAVEL, FIFO"),
+                                     "with POLICY one of SIA, POLLUX, GAVEL, FIFO, "
+                                     "SIA_PARTITIONED"),
     ({"SIA_POLICY_SIA_ROUND_DURATION": "5"}, [],
      "SIA_POLICY_SIA_ROUND_DURATION: not a policy setting"),
     ({}, ["sia.p"], "--policy-set sia.p: expected POLICY.SETTING=VALUE"),

@@ -308,7 +308,7 @@ async def test_malformed_request_is_invalid_argument_on_its_field(stub, case):
     assert err.code is grpc.StatusCode.INVALID_ARGUMENT
     assert err.field == field, err.message
     if case == "unknown policy":
-        assert "choose one of sia, pollux, gavel, fifo" in err.message
+        assert "choose one of sia, pollux, gavel, fifo, sia-partitioned" in err.message
     if case == "unknown param":
         assert err.message == "params[lamda]: unknown setting; did you mean lambda_?"
     if case == "bad param":
