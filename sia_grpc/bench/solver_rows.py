@@ -24,10 +24,15 @@ class QueueShape:
     guarantee_penalty: float = 1.0  # per GPU short of a guarantee
     borrow_prob: float = 0.5  # chance that a queue has borrowing limits
     borrow_share: tuple[float, float] = (0.0, 0.3)  # B as a share of capacity
-    borrow_penalty: float = np.inf  # per GPU over g + B (inf: a hard row)
+    # Per GPU over g + B (inf: a hard row). The policy's borrowing rows are soft
+    # at more than any job's whole term can change (values here are in [-2, 0]).
+    borrow_penalty: float = 5.0
     units_share: tuple[float, float] = (0.5, 1.0)  # U as a share of the weighted guarantees
     units_penalty: float = 0.5  # per unit short of the type-flexible guarantee
     restart_share: float | None = 0.05  # budget as a share of the jobs (None: no row)
+    # The budget over the running jobs that do not keep their configuration (as
+    # the policy's), or over those that move to another one.
+    count_preemptions: bool = True
     # Guarantees in proportion to each queue's share of the jobs (as an operator
     # would set them), or drawn apart from it (queues guaranteed far more or
     # less than their jobs could use: many rows bind).
@@ -175,7 +180,7 @@ def queue_rounds(rounds: int, *, scale: int = 32, num_jobs: int = 2000, seed: in
         stay = np.flatnonzero((cur >= 0) & (table.config[rows] == cur))
         cur_col = np.full(plain.num_jobs, -1, dtype=np.int64)
         cur_col[plain.col_job[stay]] = stay
-        q = queue_rows(plain, qs, cur_col)
+        q = queue_rows(plain, qs, cur_col, shape.count_preemptions)
         sol = solve(q, start=start, **(solve_kw or {}))
         if k >= warmup:
             yield plain, q, start
@@ -217,3 +222,67 @@ def run(rounds: int = 20, *, scale: int = 32, num_jobs: int = 2000, seed: int = 
             "ratio_p95": _pct(rows_s)["p95"] / _pct(plain_s)["p95"],
             "paths": {k: paths.count(k) for k in sorted(set(paths))},
             "max_gap": float(max(gaps))}
+
+
+def policy_queues(rng: np.random.Generator, cluster, num_queues: int = 16,
+                  share: float = 0.7, restart_share: float = 0.05, num_jobs: int = 2000):
+    """A QueueSet as an operator would set it: `share` of each type guaranteed
+    over `num_queues` queues in uneven shares, half of them with borrowing
+    limits, every fourth with a type-flexible guarantee, a restart budget; and
+    each queue's share of the jobs (to assign them)."""
+    from sia_grpc.policy.queues import Queue, QueueSet
+
+    split = rng.dirichlet(np.full(num_queues, 2.0))
+    queues = []
+    for k in range(num_queues):
+        g = {t: int(share * cluster.capacity[t] * split[k]) for t in cluster.gpu_types}
+        limit = ({t: int(0.2 * cluster.capacity[t]) for t in cluster.gpu_types}
+                 if k % 2 else {})
+        queues.append(Queue(f"q{k}", guarantee=g, borrow_limit=limit,
+                            guarantee_units=float(sum(g.values())) / 4 if k % 4 == 0 else 0.0))
+    return QueueSet(queues=tuple(queues),
+                    max_restarts_per_round=int(restart_share * num_jobs)), split
+
+
+def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
+               num_queues: int = 16, seed: int = 0, warmup: int = 1) -> dict:
+    """The whole Sia policy call with `num_queues` queues (`policy_queues`) round
+    after round, and without queues on each round's same jobs and previous
+    allocations: seconds (p50, p95) of both and of their solves."""
+    from sia_grpc.bench.scenarios import sample_jobs
+    from sia_grpc.policy.cluster import paper_hetero_cluster
+    from sia_grpc.policy.sia import SiaPolicy
+
+    rng = np.random.default_rng(seed)
+    cluster = paper_hetero_cluster(scale)
+    qs, split = policy_queues(rng, cluster, num_queues, num_jobs=num_jobs)
+    names = [q.name for q in qs.queues]
+    jobs = [dataclasses.replace(j, queue=names[int(k)]) for j, k in
+            zip(sample_jobs(rng, num_jobs, cluster), rng.choice(num_queues, size=num_jobs,
+                                                                 p=split), strict=True)]
+    policy = SiaPolicy()
+    out: dict[str, list[float]] = {"queues": [], "plain": [], "queues_solve": [],
+                                   "plain_solve": []}
+    previous: dict = {}
+    for k in range(warmup + rounds):
+        t0 = time.perf_counter()
+        res = policy.optimize(cluster, jobs, previous, queues=qs)
+        t_q = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        plain = policy.optimize(cluster, jobs, previous)
+        t_p = time.perf_counter() - t0
+        if k >= warmup:
+            out["queues"].append(t_q)
+            out["plain"].append(t_p)
+            out["queues_solve"].append(res.timings.get("solve", 0.0))
+            out["plain_solve"].append(plain.timings.get("solve", 0.0))
+        previous = dict(res.allocations)
+        jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,
+                                    num_restarts=j.num_restarts + (j.job_id in res.restarted),
+                                    stint=(j.stint + policy.round_duration
+                                           if j.job_id in previous
+                                           and j.job_id not in res.restarted else 0.0))
+                for j in jobs]
+    stats = {k: _pct(v) for k, v in out.items()}
+    return {"rounds": rounds, "gpus": int(64 * scale), "jobs": num_jobs, "queues": num_queues,
+            **stats, "ratio_p95": stats["queues"]["p95"] / stats["plain"]["p95"]}

@@ -261,7 +261,8 @@ def test_larger_queue_instances_are_proven(seed: int) -> None:
     # Dantzig-Wolfe with a block per queue, then the MIP on what is left.
     rng = np.random.default_rng(100 + seed)
     p = random_problem(rng, 400, {"a": 128, "b": 64, "c": 32})
-    shape = QueueShape(num_queues=8, proportional=seed % 2 == 0)
+    shape = QueueShape(num_queues=8, proportional=seed % 2 == 0,
+                       borrow_penalty=INF if seed < 2 else 5.0)
     q = queue_rows(p, draw_queues(rng, p.num_jobs, p.capacity, shape), random_current(rng, p),
                    count_preemptions=seed >= 2)
     sol = solve(q)

@@ -37,28 +37,35 @@ def _price_caps(c: _Cols) -> np.ndarray:
                 np.where(side.soft, side.pen, np.where(side.rhs < 0, big, np.inf)))
 
 
-def _blocks(c: _Cols, local: float = 0.5) -> np.ndarray:
-    """Jobs grouped into blocks for Dantzig-Wolfe: jobs that share a *local*
-    side row (one with at most `local` of the columns, a queue's row) are in
-    one block; the jobs in no local row form one more. Each block prices and
-    proposes on its own, so the master can mix the blocks' proposals: far fewer
-    iterations than one proposal for all jobs when many rows bind. Any
-    partition is valid; at most _MAX_BLOCKS blocks (the rest merged)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
+def _blocks(c: _Cols, share: float = 0.5) -> np.ndarray:
+    """Jobs grouped into blocks for Dantzig-Wolfe: the jobs that share side
+    rows (a queue's rows) are in one block, and the jobs in no such block form
+    one more. Each block prices and proposes on its own, so the master can mix
+    the blocks' proposals: far fewer iterations than one proposal for all jobs
+    when many rows bind. Rows join their jobs' blocks smallest first while the
+    block stays within `share` of the jobs, so that a row over many queues'
+    jobs (the restart budget) stays a coupling row of the master and does not
+    melt the queues into one block. Any partition is valid; at most
+    _MAX_BLOCKS blocks (the rest merged)."""
     side = c.side
-    count = np.diff(side.row_ptr)
-    rows = np.repeat(np.arange(side.R), count)
-    link = (count <= max(2.0, local * c.m))[rows]
-    # Components of the graph of jobs and local rows (a job and a row meet
-    # where one of the job's columns is in the row).
-    graph = coo_matrix((np.ones(int(link.sum())), (c.job[side.row_col[link]], c.n + rows[link])),
-                       shape=(c.n + side.R, c.n + side.R))
-    _, label = connected_components(graph, directed=False)
-    linked = np.zeros(c.n, dtype=bool)
-    linked[c.job[side.row_col[link]]] = True
-    label = np.where(linked, label[:c.n], -1)  # the jobs in no local row together
+    label = np.full(c.n, -1, dtype=np.int64)  # each job's block (a row's index; -1: none)
+    size = np.zeros(side.R, dtype=np.int64)  # jobs per block
+    entry_job = c.job[side.row_col]
+    cap = max(2, int(share * c.n))
+    counts = np.diff(side.row_ptr)
+    for r in np.argsort(counts, kind="stable").tolist():
+        jobs = entry_job[side.row_ptr[r]:side.row_ptr[r + 1]]
+        joined = np.unique(label[jobs])
+        joined = joined[joined >= 0]
+        fresh = len(np.unique(jobs[label[jobs] < 0]))
+        if fresh + int(size[joined].sum()) > cap:
+            continue
+        merge = np.zeros(side.R + 1, dtype=bool)  # indexed by label + 1
+        merge[joined + 1] = True
+        label[merge[label + 1]] = r
+        label[jobs] = r
+        size[r] = fresh + int(size[joined].sum())
+        size[joined[joined != r]] = 0
     _, block = np.unique(label, return_inverse=True)
     return block % _MAX_BLOCKS
 
