@@ -326,3 +326,25 @@ def test_property_feasible_optimal_excess_right(case) -> None:
     if p.is_feasible(start):
         assert sol.objective >= p.objective(start) - 1e-9
     assert exact is None or sol.objective == pytest.approx(exact, abs=1e-7)
+
+
+def test_a_row_over_most_jobs_does_not_melt_the_queues_into_one_block() -> None:
+    # Four queues' guarantee rows and a restart budget over every job's current
+    # column (a few of all columns): the budget stays a coupling row of the
+    # master, each queue is its own block (one block for everything made
+    # Dantzig-Wolfe ~8x slower at policy size).
+    from sia_grpc.policy.solvers._columns import _reduce
+    from sia_grpc.policy.solvers._lagrangian import _blocks
+
+    rng = np.random.default_rng(0)
+    p = random_problem(rng, 80, {"a": 32})
+    queue = np.arange(p.num_jobs) % 4
+    cols = np.arange(p.num_cols)
+    rows = [(cols[queue[p.col_job] == q], -p.col_gpus[queue[p.col_job] == q].astype(float),
+             -4.0, 1.0) for q in range(4)]
+    current = np.unique(p.col_job, return_index=True)[1]
+    rows.append((current, -np.ones(len(current)), -10.0, INF))
+    c = _reduce(add_rows(p, rows))
+    block = _blocks(c)
+    assert len(np.unique(block)) == 4
+    assert all(len(np.unique(queue[block == b])) == 1 for b in np.unique(block))
