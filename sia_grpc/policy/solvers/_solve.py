@@ -26,6 +26,27 @@ only the few capacity rows couple the jobs.
 6. What is left is solved exactly: by DP over the capacities that can still
    bind, or, when that state space is too large, by HiGHS MIP.
 
+With side rows (`ChoiceProblem.row_ptr`...: queues' guarantees, borrowing
+limits, a restart budget) the same steps run over every coupling row, and a
+problem without them takes exactly the path above:
+
+3'. Prices for all coupling rows: capacities, then side rows (a soft row's
+   price at most its penalty: beyond it, paying for the excess is cheaper; a
+   ≥ row's price rewards its columns). L(λ) adds λ_r·rhs_r over the side rows.
+   Dantzig-Wolfe with one convexity row per block of jobs (`_blocks`: the jobs
+   that share a queue's rows), so the master mixes the queues' proposals;
+   it stops once its bound proves the start or is within a twentieth of the gap.
+4'. Incumbents that keep the hard rows: the start, none, and the master's
+   primal rounded by a small MIP (the jobs it splits and the nearest-tied ones
+   reopened, everything else fixed); if the gap is still open, each job's
+   leanest best at λ moved one job at a time into the hard rows
+   (`_repair_rows`) and greedily improved with the penalties (`_fill_rows`).
+5'. Reduced-cost fixing as in 5 (it holds for every λ within the price limits).
+6'. HiGHS MIP on what is left, with the side rows (each soft one with a slack
+   that pays its penalty) over the right-hand sides the fixed jobs leave; the DP
+   knows only capacities. Hard rows that no choice keeps raise `FieldError`
+   naming `row_rhs`.
+
 Everything is local to the call (no module state), so calls are reentrant and
 can run in threads or a process pool.
 
