@@ -348,3 +348,16 @@ def test_a_row_over_most_jobs_does_not_melt_the_queues_into_one_block() -> None:
     block = _blocks(c)
     assert len(np.unique(block)) == 4
     assert all(len(np.unique(queue[block == b])) == 1 for b in np.unique(block))
+
+
+def test_time_limit_with_rows_returns_a_feasible_answer_and_a_bound() -> None:
+    rng = np.random.default_rng(7)
+    p = random_problem(rng, 300, {"a": 96, "b": 48})
+    current = random_current(rng, p)
+    q = queue_rows(p, draw_queues(rng, p.num_jobs, p.capacity, QueueShape(num_queues=6)),
+                   current, count_preemptions=True)
+    assert q.is_feasible(current)  # the running jobs as they are: the round's start
+    sol = solve(q, time_limit=1e-4, start=current)
+    assert q.is_feasible(sol.choice) and sol.objective >= q.objective(current) - 1e-9
+    assert sol.objective == pytest.approx(q.objective(sol.choice), abs=1e-9)
+    assert sol.bound >= solve_reference(q, "HIGHS").objective - 1e-7
