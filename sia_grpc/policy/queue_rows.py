@@ -2,14 +2,23 @@
 objective, holds for the minimum runtime, and side rows over the candidate table.
 
 For queue q and GPU type t, let u_qt = Σ GPUs of the chosen configurations of q's
-jobs on t, and D_qt = Σ over q's jobs of the most GPUs of t it could take this
-round (its largest option on t: what "could use" means, with Sia's at-most-2×
-growth per round and holds included).
+jobs on t. What q's jobs "could use" of its guaranteed types counts each job once,
+on one type (a job runs on one type at a time): W_qt (`owed`) covers the
+guarantees with the jobs' largest options this round (Sia's at-most-2× growth per
+round and holds included), the jobs with the fewest usable guaranteed types first,
+each to the type with the most guarantee left uncovered. With one guaranteed type,
+W_qt = min(guarantee_qt, Σ_j largest option of j on t).
 
-    guarantee      u_qt ≥ min(guarantee_qt, D_qt)                     soft, penalty M
+    guarantee      u_qt ≥ W_qt                                          soft, penalty M
     units          Σ_t w_t·u_qt ≥ min(guarantee_units_q, D^u_q)        soft, penalty M
     borrowing      u_qt ≤ guarantee_qt + borrow_limit_qt               soft, penalty M
-    restarts       Σ_{running jobs that can stay} (1 − x_stay) ≤ R     hard
+    restarts       Σ_{running jobs that can stay} (1 − x_keep) ≤ R     hard
+                   x_keep: the job stays, or — a job of a queue holding less than it is
+                   owed — it grows on its type. The budget bounds what a round imposes
+                   on running jobs; a queue below its guarantee may grow its own jobs
+                   into it besides (else, with a budget of 1, a reclaim that needs a
+                   victim's preemption and the reclaimer's growth in one round could
+                   never happen: preempting alone gains the reclaimer nothing yet)
 
 M, per GPU short, exceeds what any job's whole term can be worth, so a guarantee
 gives way only where no allocation can meet it (a guarantee larger than the
@@ -27,7 +36,7 @@ from sia_grpc.policy.candidates import CandidateTable
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import PolicyJob
 
-__all__ = ["SideRows", "job_weights", "min_runtime_holds", "queue_rows", "queue_usage"]
+__all__ = ["SideRows", "job_weights", "min_runtime_holds", "owed", "queue_rows", "queue_usage"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,11 +82,13 @@ def queue_usage(table: CandidateTable, jobs, chosen: dict[str, int],
 
 
 def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.ndarray,
-               current: np.ndarray, queues: QueueSet, *, restarts_used: int = 0) -> SideRows:
+               current: np.ndarray, queues: QueueSet, *, restarts_used: int = 0,
+               hold: np.ndarray | None = None) -> SideRows:
     """The side rows of one round. `values` are the final ones (holds applied: NaN
     where a row is no option); `none_value` the jobs' values of nothing (before holds,
     to size the penalty); `restarts_used`: restarts an earlier stage of the round has
-    spent of the budget."""
+    spent of the budget; `hold`: the jobs kept where they are this round (what they
+    hold of a type is owed to no other queue)."""
     types = table.cluster.gpu_types
     job = table.job
     finite = np.isfinite(values)
@@ -97,42 +108,93 @@ def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.n
         penalty.append(cost)
         names.append(name)
 
+    # Entries cover all of a queue's table rows (those that are no option this round
+    # drop out as columns, `rounds._side_columns`), so the activity reported at the
+    # round's final choice counts rows a later stage took; demand counts options only.
+    at_current = (current[job] >= 0) & (table.config == current[job])
+    kept = _per_queue_type(table, qix, len(queues.queues), at_current & _held(hold, job))
+    now = _per_queue_type(table, qix, len(queues.queues), at_current)  # what each holds
+    free = np.array([table.cluster.capacity[t] for t in types], dtype=float) - kept.sum(axis=0)
+    unit_w = np.array([queues.unit_weight(t) for t in types])
+    below = np.zeros(len(queues.queues), dtype=bool)  # holds less than it is owed
     for k, q in enumerate(queues.queues):
-        mine = finite & (row_q == k)
-        for t, g in sorted(q.guarantee.items()):
-            if t not in types or g <= 0:
-                continue
-            on_t = mine & (typ == types.index(t))
-            demand = _most_per_job(job[on_t], gpus[on_t])
-            want = min(g, demand)
+        ours = row_q == k
+        mine = finite & ours
+        guaranteed = {i: min(g, free[i] + kept[k, i]) for t, g in q.guarantee.items()
+                      if t in types and g > 0 for i in [types.index(t)]}
+        for t, want in owed(job[mine], typ[mine], gpus[mine], guaranteed).items():
             if want > 0:
-                rows = np.flatnonzero(on_t)
-                add(rows, -gpus[rows], -float(want), big, f"guarantee {q.name}/{t}")
+                rows = np.flatnonzero(ours & (typ == t))
+                add(rows, -gpus[rows], -float(want), big, f"guarantee {q.name}/{types[t]}")
+                below[k] |= now[k, t] < want
         if q.guarantee_units > 0:
-            w = np.array([queues.unit_weight(t) for t in types])[typ]
-            units = gpus * w
+            units = gpus * unit_w[typ]
             demand = _most_per_job(job[mine], units[mine])
             want = min(q.guarantee_units, demand)
             if want > 0:
-                rows = np.flatnonzero(mine)
+                rows = np.flatnonzero(ours)
                 add(rows, -units[rows], -float(want), big, f"guarantee {q.name}/units")
+                below[k] |= float(now[k] @ unit_w) < want
         for t in sorted(q.borrow_limit):
             if t not in types:
                 continue
-            rows = np.flatnonzero(mine & (typ == types.index(t)))
+            rows = np.flatnonzero(ours & (typ == types.index(t)))
             if len(rows):
                 add(rows, gpus[rows], float(q.cap(t)), big, f"borrow {q.name}/{t}")
     if queues.max_restarts_per_round is not None:
-        stay = np.flatnonzero(finite & (current[job] >= 0) & (table.config == current[job]))
-        if len(stay):  # (−Σ x_stay ≤ R − N: the jobs that can stay, at most R leave it)
+        cur_type = np.full(table.num_jobs, -1)
+        cur_gpus = np.zeros(table.num_jobs)
+        cur_type[job[at_current]] = typ[at_current]
+        cur_gpus[job[at_current]] = gpus[at_current]
+        grows = below[row_q] & (typ == cur_type[job]) & (gpus > cur_gpus[job])
+        stay = np.flatnonzero(finite & ((at_current & np.isin(job, job[at_current & finite]))
+                                        | grows))
+        if len(stay):  # (−Σ x_keep ≤ R − N: of the N jobs that can stay, at most R don't)
             budget = max(queues.max_restarts_per_round - restarts_used, 0)
-            add(stay, -np.ones(len(stay)), float(budget - len(stay)), np.inf, "restarts")
+            n = len(np.unique(job[stay]))
+            add(stay, -np.ones(len(stay)), float(budget - n), np.inf, "restarts")
     ptr = np.concatenate([[0], np.cumsum([len(r) for r, _ in entries])]).astype(np.int64)
     row = np.concatenate([r for r, _ in entries]).astype(np.int64) if entries \
         else np.zeros(0, dtype=np.int64)
     coef = np.concatenate([c for _, c in entries]).astype(float) if entries else np.zeros(0)
     return SideRows(ptr=ptr, row=row, coef=coef, rhs=np.array(rhs, dtype=float),
                     penalty=np.array(penalty, dtype=float), names=tuple(names))
+
+
+def owed(job: np.ndarray, typ: np.ndarray, amount: np.ndarray,
+         guarantee: dict[int, float]) -> dict[int, float]:
+    """How much of each guaranteed type (index -> GPUs) a queue's jobs could hold
+    together this round, each job counted once, on one type, with its largest option
+    there (rows `job`, `typ`, `amount`: the queue's options). Greedy: the jobs with the
+    fewest guaranteed types they can use go first, larger ones first among equals;
+    each covers the type with the most guarantee left. With one guaranteed type this
+    is min(guarantee, Σ largest options), exactly."""
+    if not guarantee or len(job) == 0:
+        return dict.fromkeys(guarantee, 0.0)
+    best: dict[int, dict[int, float]] = {}  # job -> type -> its largest option there
+    for j, t, a in zip(job.tolist(), typ.tolist(), amount.tolist(), strict=True):
+        if t in guarantee:
+            per = best.setdefault(j, {})
+            per[t] = max(per.get(t, 0.0), a)
+    left = {t: float(g) for t, g in guarantee.items()}
+    order = sorted(best, key=lambda j: (len(best[j]), -max(best[j].values()), j))
+    for j in order:
+        t = max(best[j], key=lambda t: (left[t], -t))
+        left[t] -= min(best[j][t], left[t])
+    return {t: float(guarantee[t]) - left[t] for t in guarantee}
+
+
+def _held(hold: np.ndarray | None, job: np.ndarray) -> np.ndarray:
+    return np.zeros(len(job), dtype=bool) if hold is None else hold[job]
+
+
+def _per_queue_type(table: CandidateTable, qix: np.ndarray, n_queues: int,
+                    rows: np.ndarray) -> np.ndarray:
+    """GPUs per (queue, type) over the table rows where `rows` is true."""
+    out = np.zeros((n_queues, len(table.cluster.gpu_types)))
+    at = np.flatnonzero(rows)
+    np.add.at(out, (qix[table.job[at]], table.types()[at]), table.gpus()[at])
+    return out
 
 
 def _most_per_job(job: np.ndarray, amount: np.ndarray) -> float:

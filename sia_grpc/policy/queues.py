@@ -13,10 +13,11 @@ to choose the mix. A job belongs to one queue (`DEFAULT_QUEUE` if it names none)
 class's weight, so a higher class is served first and may preempt a lower one.
 **Bounded preemption**: a running job is not moved or preempted before
 `min_runtime_s` seconds on its current allocation, and a round restarts at most
-`max_restarts_per_round` running jobs.
+`max_restarts_per_round` running jobs (besides the growth of a queue's own jobs into
+what it is owed).
 
 How it enters Sia's ILP (docs/architecture.md, "Queues"): guarantee rows
-Σ_{jobs of q, type t} GPUs ≥ min(guarantee, what q's jobs could use this round) and
+Σ_{jobs of q, type t} GPUs ≥ what q's jobs could hold together, up to the guarantee, and
 the same over units; borrowing rows Σ ≤ guarantee + limit; a restart-budget row; all
 soft but for the budget, with a penalty per GPU short that outweighs anything else the
 objective can gain, so a guarantee yields only where nothing can meet it.

@@ -134,15 +134,17 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     worth = none.copy()  # (before holds: what sizes the queues' penalties)
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
-    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues)
+    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
+                                                  hold=hold)
     problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = time.perf_counter() - t0
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
     chosen, objective, stats = choose(problem, rows, start, timings, **kw)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
-            _stage2_rows, table, jobs, worth, current, queues, chosen)
-        chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2, **kw)
+            _stage2_rows, table, jobs, worth, current, queues, chosen, hold)
+        chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
+                                hold=hold, **kw)
     by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats)
@@ -152,7 +154,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                                rows=_row_report(side, table, chosen))
 
 
-def _stage2_rows(table, jobs, worth, current, queues, first, vals) -> SideRows:
+def _stage2_rows(table, jobs, worth, current, queues, first, hold, vals) -> SideRows:
     """The queues' rows for the growth stage: restarts stage 1 spent count."""
     job = table.job
     stay = np.isfinite(vals) & (current[job] >= 0) & (table.config == current[job])
@@ -161,7 +163,8 @@ def _stage2_rows(table, jobs, worth, current, queues, first, vals) -> SideRows:
     kept = np.zeros(table.num_jobs, dtype=bool)
     kept[job[stay]] = True
     used = int(np.sum(could & ~kept & (current >= 0)))
-    return queue_rows(table, jobs, vals, worth, current, queues, restarts_used=used)
+    return queue_rows(table, jobs, vals, worth, current, queues, restarts_used=used,
+                      hold=hold)
 
 
 def _row_report(side: SideRows | None, table: CandidateTable,
@@ -204,16 +207,20 @@ def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
 def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarray,
                    grow: Grow, timings: dict[str, float],
                    side: Callable[[np.ndarray], SideRows] | None = None,
-                   **solve_kw) -> np.ndarray:
+                   hold: np.ndarray | None = None, **solve_kw) -> np.ndarray:
     """Stage 2: every job keeps its stage-1 row or takes one of the larger rows of
     the same type `grow` allows; the capacity is the cluster's, so what jobs take
-    is what stage 1 left idle. Nothing to grow into: stage 1's answer."""
+    is what stage 1 left idle. Jobs where `hold` is true (held by the policy or
+    by their queue's minimum runtime) keep their stage-1 row. Nothing to grow
+    into: stage 1's answer."""
     t0 = time.perf_counter()
     vals = grow(current, chosen)
     if vals is None:
         return chosen
     keep = np.zeros(len(table), dtype=bool)
     keep[chosen[chosen >= 0]] = True
+    if hold is not None and np.any(hold):
+        vals = np.where(hold[table.job] & ~keep, np.nan, vals)
     finite = np.isfinite(vals)
     # Leaving a job out (or below its stage-1 row) costs more than anything gains.
     scale = float(np.max(np.abs(vals[finite]))) + 1.0 if np.any(finite) else 1.0
