@@ -201,10 +201,11 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
     return "\n".join(out)
 
 
-def format_counts(gpus: Any, extra: str = "") -> str:
-    """{"rtx": 8, "a100": 4} as "4 a100, 8 rtx" (zeros left out), then `extra`; "-"
-    for nothing."""
-    parts = [f"{n} {t}" for t, n in sorted(gpus.items()) if n] + ([extra] if extra else [])
+def format_counts(gpus: Any, extra: str = "", *, zeros: bool = False) -> str:
+    """{"rtx": 8, "a100": 4} as "4 a100, 8 rtx" (zeros left out, unless `zeros`: a
+    limit of 0 says something), then `extra`; "-" for nothing."""
+    parts = [f"{n} {t}" for t, n in sorted(gpus.items()) if n or zeros]
+    parts += [extra] if extra else []
     return ", ".join(parts) or "-"
 
 
@@ -215,10 +216,11 @@ def queues_report(resp: pb.ListQueuesResponse) -> str:
     for q in resp.queues:
         s = q.spec
         units = f"{s.guarantee_units:g} units" if s.guarantee_units else ""
-        held_units = f"({q.held_units:g} units)" if s.guarantee_units else ""
-        limit = format_counts(s.borrow_limit) if s.borrow_limit else "-"
+        held = format_counts(q.held)
+        if s.guarantee_units and q.held_units:
+            held += f" ({q.held_units:g} units)"
         rows.append([s.name, ",".join(s.tenants) or "*", format_counts(s.guarantee, units),
-                     format_counts(q.held, held_units), format_counts(q.borrowed), limit,
+                     held, format_counts(q.borrowed), format_counts(s.borrow_limit, zeros=True),
                      q.pending_jobs, q.running_jobs])
     out = [table(["QUEUE", "TENANTS", "GUARANTEE", "HELD", "BORROWED", "BORROW LIMIT",
                   "PENDING", "RUNNING"], rows)]

@@ -67,6 +67,24 @@ def units(queues: QueueSet, gpus: Mapping[str, int]) -> float:
     return sum(queues.unit_weight(t) * n for t, n in gpus.items())
 
 
+def borrowed(queues: QueueSet, queue: str, gpus: Mapping[str, int]) -> dict[str, int]:
+    """Of the GPUs `queue` holds (by type), those beyond its guarantee: beyond its
+    guarantee of the type, less what a type-flexible guarantee covers (its units, less
+    those of the per-type guarantees it holds, which count towards it as in the row;
+    they cover the GPUs beyond the per-type guarantees in the types' name order)."""
+    q = queues.queue(queue)
+    cover = q.guarantee_units - units(queues, {t: min(n, q.guarantee.get(t, 0))
+                                               for t, n in gpus.items()})
+    out = {}
+    for t in sorted(gpus):
+        over, w = max(gpus[t] - q.guarantee.get(t, 0), 0), queues.unit_weight(t)
+        covered = min(over, int(max(cover, 0.0) // w))
+        cover -= covered * w
+        if over > covered:
+            out[t] = over - covered
+    return out
+
+
 def outcome(queues: QueueSet, result: RoundResult, jobs: Sequence[PolicyJob],
             previous: Mapping[str, JobAllocation], capacity: Mapping[str, int]) -> Outcome:
     """The round's binding guarantee rows, reclaims and queue reasons."""
@@ -118,11 +136,7 @@ def _reclaimer(queues: QueueSet, queue: str, gpu_type: str, before: Held,
     """The (queue, type) reclaiming from a job of `queue` that held `gpu_type`: one of
     another queue whose guarantee of that type (or in units) binds, if `queue` was
     above its own guarantee before the round."""
-    q = queues.queue(queue)
-    mine = before[queue]
-    above = mine[gpu_type] > q.guarantee.get(gpu_type, 0) and units(queues, mine) > \
-        q.guarantee_units
-    if not above:
+    if not borrowed(queues, queue, before[queue]).get(gpu_type):
         return None
     return next((tk for tk in takers if tk[0] != queue and tk[1] == gpu_type),
                 next((tk for tk in takers if tk[0] != queue and tk[1] == UNITS), None))
@@ -143,20 +157,24 @@ def _held_back(queues: QueueSet, job: PolicyJob, mine: Mapping[str, int],
     has none) while the cluster has nothing idle. "" when no queue rule explains it."""
     q = queues.queue(job.queue)
     types = sorted((job.allowed_types or set(capacity)) & set(capacity))
-    if not types:
-        return ""
+    if not types or units(queues, mine) < q.guarantee_units:
+        return ""  # (below its type-flexible guarantee: no queue rule holds it back)
+    met = f"holds its guarantee of {q.guarantee_units:g} units" if q.guarantee_units else ""
     clauses, full = [], False
     for t in types:
         cap, g = q.cap(t), q.guarantee.get(t, 0)
         if cap is not None and mine.get(t, 0) >= cap:
-            clauses.append(f"is at its borrowing limit of {cap} {t}")
+            clauses.append(f"is at its borrowing limit of {cap} {t}" if g == 0 else
+                           f"is at its limit of {cap} {t} (its guarantee of {g} and a "
+                           f"borrowing limit of {cap - g})")
         elif used.get(t, 0) >= capacity[t] and mine.get(t, 0) >= g:
             full = True
-            clauses.append(f"has no guarantee of {t}" if g == 0 else
+            clauses.append((met or f"has no guarantee of {t}") if g == 0 else
                            f"is at its guarantee of {g} {t}" if mine.get(t, 0) == g else
                            f"is beyond its guarantee of {g} {t} (holds {mine[t]})")
         else:
             return ""
     if full and not (queues.guaranteed or any(q.borrow_limit for q in queues.queues)):
         return ""  # no queue has a guarantee or limit: the flat pool's reason says it
-    return ", ".join(clauses) + (" and the cluster has nothing idle to lend" if full else "")
+    return ", ".join(dict.fromkeys(clauses)) + (" and the cluster has nothing idle to lend"
+                                                if full else "")

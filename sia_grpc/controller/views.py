@@ -7,7 +7,7 @@ import collections
 
 from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.api.convert import queues_to_pb
-from sia_grpc.controller.queueing import scheduled_in, units
+from sia_grpc.controller.queueing import borrowed, scheduled_in, units
 from sia_grpc.controller.records import (
     OTHER_TENANT,
     timestamp,
@@ -99,11 +99,11 @@ class Views:
         out: dict[str, dict] = {"held": {}, "guarantee": {}, "borrowed": {},
                                 "pending": {q.name: pending[q.name] for q in queues.queues}}
         for q in queues.queues:
+            over = borrowed(queues, q.name, held[q.name])
             for t in sorted(types):
-                g, n = q.guarantee.get(t, 0), held[q.name][t]
-                out["held"][q.name, t] = n
-                out["guarantee"][q.name, t] = g
-                out["borrowed"][q.name, t] = max(n - g, 0)
+                out["held"][q.name, t] = held[q.name][t]
+                out["guarantee"][q.name, t] = q.guarantee.get(t, 0)
+                out["borrowed"][q.name, t] = over.get(t, 0)
         return out
 
     def queues_pb(self) -> pb.ListQueuesResponse:
@@ -113,9 +113,7 @@ class Views:
         out = pb.ListQueuesResponse(config=queues_to_pb(queues))
         for q, spec in zip(queues.queues, out.config.queue, strict=True):
             mine = held[q.name]
-            out.queues.add(spec=spec, held=dict(mine),
-                           borrowed={t: n - q.guarantee.get(t, 0) for t, n in mine.items()
-                                     if n > q.guarantee.get(t, 0)},
+            out.queues.add(spec=spec, held=dict(mine), borrowed=borrowed(queues, q.name, mine),
                            held_units=units(queues, mine), pending_jobs=pending[q.name],
                            running_jobs=running[q.name])
         return out

@@ -6,6 +6,8 @@ sockets. Rounds that carry guarantee rows need the solver's side rows
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import grpc
 import pytest
@@ -72,6 +74,18 @@ def test_a_queues_file_names_itself_and_the_key(tmp_path):
     assert read_queues_file(path).queue("a").guarantee == {"rtx": 2}
     cfg = load_config(None, env={"SIA_QUEUES_FILE": str(path)})
     assert cfg.queues_file == str(path)
+
+
+def test_the_operations_guides_queues_file_reads_as_it_says(tmp_path):
+    text = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    example = re.search(r"```toml\n(# /etc/sia/queues.toml.*?)```", text, re.S).group(1)
+    path = tmp_path / "queues.toml"
+    path.write_text(example)
+    qs = read_queues_file(path)
+    assert [q.name for q in qs.queues] == ["research", "nlp", "default"]
+    assert qs.queue("research").cap("rtx") == 24 and qs.queue("nlp").guarantee_units == 12
+    assert (qs.default_priority, qs.max_restarts_per_round, qs.min_runtime("nlp")) == \
+        ("batch", 4, 1800)
 
 
 def test_queues_in_the_config_and_a_queues_file_are_refused(tmp_path):
@@ -282,3 +296,43 @@ def test_a_queue_under_its_guarantee_reclaims_from_a_borrower():
         for w in waiting), waiting
     held = {q.spec.name: dict(q.held) for q in h.state.queues_pb().queues}
     assert held["research"] == {"rtx": 8} and held["batch"] == {"rtx": 8}
+
+
+def test_borrowed_is_beyond_the_per_type_guarantee_and_what_the_units_cover():
+    qs = QueueSet(queues=(Queue("mixed", guarantee={"rtx": 4}, guarantee_units=8),
+                          Queue("flex", guarantee_units=6), Queue("typed", guarantee={"rtx": 2})),
+                  unit_weights={"dgx": 2.0})
+    assert queueing.borrowed(qs, "typed", {"rtx": 5, "dgx": 1}) == {"rtx": 3, "dgx": 1}
+    assert queueing.borrowed(qs, "flex", {"rtx": 2, "dgx": 2}) == {}  # 6 units: all covered
+    assert queueing.borrowed(qs, "flex", {"rtx": 3, "dgx": 2}) == {"rtx": 1}  # dgx first
+    # the 4 rtx of its own guarantee count 4 of the 8 units: 4 more are covered
+    assert queueing.borrowed(qs, "mixed", {"rtx": 6, "dgx": 2}) == {"rtx": 2}
+    assert queueing.borrowed(qs, "mixed", {"rtx": 3}) == {}
+
+
+def test_a_limit_on_top_of_a_guarantee_names_both():
+    qs = QueueSet(queues=(Queue("research", guarantee={"rtx": 4}, borrow_limit={"rtx": 2}),))
+    jobs = [_job("r0", "research"), _job("r1", "research")]
+    result = RoundResult(allocations={"r0": _alloc(6)}, restarted=frozenset(), objective=0.0,
+                         timings={}, reasons={"r1": "waiting: no GPUs free for it this round"},
+                         rows={"borrow research/rtx": (6.0, 6.0)})
+    done = queueing.outcome(qs, result, jobs, {}, {"rtx": 16})
+    assert done.reasons == {"r1": "waiting: queue research is at its limit of 6 rtx (its "
+                                  "guarantee of 4 and a borrowing limit of 2)"}
+
+
+def test_a_type_flexible_guarantee_is_named_when_met_and_holds_nothing_back_below_it():
+    qs = QueueSet(queues=(Queue("nlp", guarantee_units=4), Queue("batch")))
+    jobs = [_job("n0", "nlp"), _job("n1", "nlp"), _job("b0", "batch")]
+    wait = "waiting: no GPUs free for it this round"
+
+    def reasons(n0_gpus: int) -> dict:
+        allocations = {"n0": _alloc(n0_gpus), "b0": _alloc(8 - n0_gpus)}
+        result = RoundResult(allocations=allocations, restarted=frozenset(), objective=0.0,
+                             timings={}, reasons={"n1": wait},
+                             rows={"guarantee nlp/units": (-n0_gpus, -n0_gpus)})
+        return queueing.outcome(qs, result, jobs, allocations, {"rtx": 8}).reasons
+
+    assert reasons(4) == {"n1": "waiting: queue nlp holds its guarantee of 4 units and the "
+                                "cluster has nothing idle to lend"}
+    assert reasons(2) == {}  # below it: not a queue rule (its jobs could not use more)

@@ -20,6 +20,7 @@ import pytest
 from harness import free_port, needs_side_rows
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from structlog.testing import capture_logs
 
 from sia_grpc.api import pb
 from sia_grpc.api.errors import ApiError
@@ -215,6 +216,25 @@ async def test_per_queue_gauges_and_the_preemption_counter_from_zero(files):
 # ---------------------------------------------------------------- end to end
 
 RATE = 600.0  # cluster seconds per real second: a 60 s round is 0.1 s
+
+
+@pytest.mark.timeout(60)
+async def test_guarantees_beyond_the_clusters_gpus_are_warned_of_once(tmp_path):
+    queues = tmp_path / "queues.toml"
+    queues.write_text('[[queue]]\nname = "research"\nguarantee = {rtx = 8}\n\n'
+                      '[[queue]]\nname = "batch"\nguarantee = {rtx = 4}\n')
+    with capture_logs() as logs:
+        async with LocalCluster({"rtx": (1, 8)}, rate=RATE,
+                                config=replace(BASE, queues_file=str(queues))) as lc, \
+                AsyncSiaClient(lc.target) as sia:
+            await lc.wait_registered(1)
+            await sia.submit(pb.JobSpec(queue="batch", **SPEC))
+            async with asyncio.timeout(30):  # a few rounds: warned at the first only
+                while len(lc.controller.rounds) < 3:
+                    await asyncio.sleep(0.02)
+    warned = [e for e in logs if e["event"].startswith("the queues' guarantees exceed")]
+    assert len(warned) == 1, warned
+    assert (warned[0]["guaranteed"], warned[0]["ready"]) == ({"rtx": 12}, {"rtx": 8})
 
 
 def _books(lc: LocalCluster) -> None:
