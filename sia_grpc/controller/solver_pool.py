@@ -39,11 +39,13 @@ def built(spec: PolicySpec) -> Policy:
 
 def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
                 previous: Mapping[str, JobAllocation],
-                queues: pb.QueueConfig | None = None) -> RoundResult:
-    """One round of the policy (runs in the worker process). The queues come in their
-    wire form: a QueueSet's read-only mappings do not pickle."""
-    return built(spec).optimize(cluster, list(jobs), dict(previous),
-                                queues=None if queues is None else queues_from_pb(queues))
+                queues: bytes | None = None) -> RoundResult:
+    """One round of the policy (runs in the worker process). The queues come as a
+    serialized QueueConfig: a QueueSet's read-only mappings do not pickle, and neither
+    does a generated message (its module is not importable under its proto name)."""
+    return built(spec).optimize(
+        cluster, list(jobs), dict(previous),
+        queues=None if queues is None else queues_from_pb(pb.QueueConfig.FromString(queues)))
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -101,7 +103,7 @@ class SolverPool:
                     queues: QueueSet | None = None) -> RoundResult:
         """The round's result; raises TimeoutError (pool replaced) or the solve's error."""
         fut = self._submit(solve_round, self.spec, cluster, jobs, previous,
-                           None if queues is None else queues_to_pb(queues))
+                           None if queues is None else queues_to_pb(queues).SerializeToString())
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
