@@ -5,11 +5,7 @@ invariants are checked against."""
 
 from __future__ import annotations
 
-import dataclasses
-import socket
 from dataclasses import dataclass, field
-
-import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.controller.state import (
@@ -30,21 +26,7 @@ from sia_grpc.controller.state import (
 )
 from sia_grpc.emulation import load_app
 from sia_grpc.policy import make_policy
-from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.queues import QueueSet
-
-# Rounds with guarantee or borrowing rows need the solver's side rows (branch
-# i14-solver); until they are in, such tests are skipped.
-needs_side_rows = pytest.mark.skipif(
-    "row_ptr" not in {f.name for f in dataclasses.fields(ChoiceProblem)},
-    reason="the solver's side rows (branch i14-solver) are not on this branch yet")
-
-
-def free_port() -> int:
-    """A loopback port free now (for a controller run as its own process)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 import pytest
-from harness import needs_side_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
@@ -538,7 +537,6 @@ async def test_queues_without_rows_weigh_priorities_and_report_what_each_queue_h
     assert not response.rows  # no guarantee, limit nor budget: no side rows
 
 
-@needs_side_rows
 async def test_queues_in_the_request_give_the_policys_own_answer(stub):
     """Another orchestrator gets what the controller's rounds would: the policy called
     on the same jobs and queues."""

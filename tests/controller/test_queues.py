@@ -1,7 +1,6 @@
 """Queues in the controller: configuration, admission, what the state machine gives the
 policy and what it makes of a round (reasons, reclaims, binding rows), driven with no
-sockets. Rounds that carry guarantee rows need the solver's side rows
-(`needs_side_rows`)."""
+sockets."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import Harness, needs_side_rows
+from harness import Harness
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -269,7 +268,6 @@ def test_outcome_names_a_borrowing_limit_and_keeps_the_policys_reason_otherwise(
 # ---------------------------------------------------------------- reclaim, in the state machine
 
 
-@needs_side_rows
 def test_a_queue_under_its_guarantee_reclaims_from_a_borrower():
     quota = QueueSet(queues=(Queue("research", guarantee={"rtx": 8}), Queue("batch")))
     h = Harness({"rtx-0": ("rtx", 8), "rtx-1": ("rtx", 8)}, queues=quota)

@@ -17,7 +17,6 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from harness import free_port, needs_side_rows
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from structlog.testing import capture_logs
@@ -31,6 +30,7 @@ from sia_grpc.controller.server import Controller
 from sia_grpc.observability import setup_telemetry
 from sia_grpc.security.tokens import add_token
 from sia_grpc.testing.localcluster import LocalCluster
+from sia_grpc.testing.ports import free_port
 
 BASE = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
                         early_round_delay=5.0, heartbeat_interval=30.0,
@@ -218,6 +218,7 @@ async def test_per_queue_gauges_and_the_preemption_counter_from_zero(files):
 RATE = 600.0  # cluster seconds per real second: a 60 s round is 0.1 s
 
 
+@pytest.mark.xdist_group("heavy")  # (a cluster at 600x: conftest.py)
 @pytest.mark.timeout(60)
 async def test_guarantees_beyond_the_clusters_gpus_are_warned_of_once(tmp_path):
     queues = tmp_path / "queues.toml"
@@ -251,7 +252,7 @@ def _held(lc: LocalCluster, queue: str) -> int:
                if q.spec.name == queue)
 
 
-@needs_side_rows
+@pytest.mark.xdist_group("heavy")
 @pytest.mark.timeout(150)
 async def test_a_queue_under_its_guarantee_reclaims_from_a_borrower(tmp_path):
     """A borrower fills the cluster (but the one GPU where new jobs profile); then the
