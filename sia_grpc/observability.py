@@ -54,6 +54,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "PREEMPTION_REASONS",
     "ROUND_SPAN",
     "SOLVE_PHASE",
     "MetricsServer",
@@ -194,10 +195,11 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
                      40.0, 45.0, 60.0, 120.0)
 
 # The gauges, read through callables given to `Telemetry.observe(key=...)`:
-# (name, key, unit, description, attribute of a per-value mapping or None). With the
+# (name, key, unit, description, attribute of a per-value mapping, or a tuple of them
+# for a mapping keyed by tuples, or None). With the
 # Prometheus exporter "sia.queue.max_wait" (unit s) becomes sia_queue_max_wait_seconds,
 # "sia.jobs" becomes sia_jobs{state=...}; docs/operations.md lists them all.
-_GAUGES: tuple[tuple[str, str, str, str, str | None], ...] = (
+_GAUGES: tuple[tuple[str, str, str, str, str | tuple[str, ...] | None], ...] = (
     ("sia.queue.length", "queue_length", "{job}",
      "Jobs waiting for GPUs (profiled, queued, holding none)", None),
     ("sia.queue.max_wait", "queue_max_wait", "s",
@@ -214,7 +216,17 @@ _GAUGES: tuple[tuple[str, str, str, str, str | None], ...] = (
     ("sia.agents.connected", "agents_connected", "{agent}", "Connected node agents", None),
     ("sia.solve.timeout", "solve_timeout", "s",
      "The solve_timeout setting: a slower solve keeps the previous allocation", None),
+    ("sia.queue.gpus.held", "queue_gpus_held", "{gpu}",
+     "GPUs the jobs of each queue hold, by type", ("queue", "gpu_type")),
+    ("sia.queue.gpus.guarantee", "queue_gpus_guarantee", "{gpu}",
+     "GPUs each queue is guaranteed, by type", ("queue", "gpu_type")),
+    ("sia.queue.gpus.borrowed", "queue_gpus_borrowed", "{gpu}",
+     "GPUs each queue holds beyond its guarantee, by type", ("queue", "gpu_type")),
+    ("sia.queue.jobs.pending", "queue_jobs_pending", "{job}",
+     "Jobs of each queue waiting to start (PROFILING or QUEUED)", "queue"),
 )
+# Why a round preempted a job (the `reason` of sia.preemptions).
+PREEMPTION_REASONS = ("reclaim", "policy")
 _GAUGE_KEYS = frozenset(key for _, key, _, _, _ in _GAUGES)
 
 
@@ -355,6 +367,10 @@ class Telemetry:
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS)
         self._rounds = self.meter.create_counter(
             "sia.rounds", unit="{round}", description="Scheduling rounds, by trigger and outcome")
+        self._preemptions = self.meter.create_counter(
+            "sia.preemptions", unit="{job}",
+            description="Jobs a round preempted, by queue and reason (reclaim: for another "
+                        "queue's guarantee; policy: the goodput ILP's choice)")
 
         self._callbacks: dict[str, Callable[[], Any]] = {}
         for name, key, unit, description, attr in _GAUGES:
@@ -378,8 +394,16 @@ class Telemetry:
                             f"({', '.join(sorted(_GAUGE_KEYS))})")
         self._callbacks.update({k: fn for k, fn in fns.items() if fn is not None})
 
+    def count_preemptions(self, preempted: Iterable[tuple[str, str]], *,
+                          zero: bool = False) -> None:
+        """Count preempted jobs, each (queue, reason in PREEMPTION_REASONS); `zero` adds 0
+        for each, so that the series exist before the first preemption (an alert on a
+        series that never appeared would never fire)."""
+        for queue, reason in preempted:
+            self._preemptions.add(0 if zero else 1, {"queue": queue, "reason": reason})
+
     def _gauge_callback(
-        self, name: str, key: str, attr: str | None
+        self, name: str, key: str, attr: str | tuple[str, ...] | None
     ) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
             fn = self._callbacks.get(key)
@@ -391,6 +415,9 @@ class Telemetry:
                     return []
                 if attr is None:
                     return [Observation(_attr_value(value))]
+                if isinstance(attr, tuple):  # keys are tuples, one value per attribute
+                    return [Observation(_attr_value(v), dict(zip(attr, map(str, k), strict=True)))
+                            for k, v in value.items()]
                 return [Observation(_attr_value(v), {attr: str(k)}) for k, v in value.items()]
             except Exception:
                 log.warning("telemetry.gauge_callback_failed", gauge=name, exc_info=True)

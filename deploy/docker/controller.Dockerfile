@@ -33,7 +33,7 @@ RUN python -m venv /opt/sia \
 
 FROM ${PYTHON_IMAGE}
 # tini: PID 1 that forwards signals (SIGTERM stops gracefully, SIGHUP reloads the
-# tokens file) and reaps the solver's processes. sqlite3: online backups of the store
+# tokens and queues files) and reaps the solver's processes. sqlite3: online backups of the store
 # (`sqlite3 /var/lib/sia/sia.db ".backup ..."`, docs/operations.md).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends tini sqlite3 \

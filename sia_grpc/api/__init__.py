@@ -22,12 +22,13 @@ from sia_grpc._proto.sia.v1 import (
     job_service_pb2_grpc,
     policy_service_pb2,
     policy_service_pb2_grpc,
+    queue_pb2,
     worker_service_pb2,
     worker_service_pb2_grpc,
 )
 
 _MESSAGE_MODULES = (goodput_pb2, job_pb2, job_service_pb2, cluster_service_pb2,
-                    agent_service_pb2, policy_service_pb2, worker_service_pb2)
+                    agent_service_pb2, policy_service_pb2, worker_service_pb2, queue_pb2)
 
 # Every message and enum value of the package, flat: pb.JobSpec, pb.JOB_STATE_QUEUED.
 pb = SimpleNamespace(**{name: getattr(m, name) for m in _MESSAGE_MODULES

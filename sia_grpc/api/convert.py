@@ -22,6 +22,7 @@ from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import NEUTRAL_GRAD, GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
 from sia_grpc.policy.errors import FieldError
+from sia_grpc.policy.queues import DEFAULT_QUEUE, Queue, QueueSet
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 __all__ = [
@@ -37,7 +38,13 @@ __all__ = [
     "grad_from_pb",
     "local_limits_from_pb",
     "policy_job_from_pb",
+    "queue_of",
+    "queues_from_pb",
+    "queues_to_pb",
     "round_to_pb",
+    "row_binds",
+    "side_rows_to_pb",
+    "usage_to_pb",
 ]
 
 DEFAULT_RESTART_COST_S = 30.0  # the core's PolicyJob default, until a job has measured one
@@ -65,7 +72,7 @@ _JOB_FIELDS = {
     "job_id": "job_id", "pipeline_gpus": "pipeline_gpus", "min_gpus": "min_gpus",
     "max_gpus": "max_gpus", "batch_size": "batch_size", "num_gpus": "num_gpus",
     "allowed_types": "allowed_gpu_types", "age": "age_s", "num_restarts": "restarts",
-    "restart_cost": "restart_cost_s",
+    "restart_cost": "restart_cost_s", "stint": "stint_s",
 }
 _NODE_FIELDS = {"node.name": "name", "node.gpu_type": "gpu_type", "node.num_gpus": "num_gpus"}
 
@@ -298,7 +305,9 @@ def policy_job_from_pb(j: pb.PolicyJob, path: str) -> PolicyJob:
             allowed_types=frozenset(j.allowed_gpu_types) or None,
             pipeline_gpus=j.pipeline_gpus or 1, batch_size=j.batch_size or None,
             num_gpus=j.num_gpus or None, age=age, num_restarts=j.restarts,
-            restart_cost=restart_cost or DEFAULT_RESTART_COST_S, submit_time=-age)
+            restart_cost=restart_cost or DEFAULT_RESTART_COST_S, submit_time=-age,
+            queue=j.queue or DEFAULT_QUEUE, priority=j.priority,
+            stint=_finite_nonneg(j.stint_s, f"{path}.stint_s"))
     except ValueError as e:
         raise _from_core(path, e, _JOB_FIELDS) from None
 
@@ -321,3 +330,80 @@ def round_to_pb(result: RoundResult, jobs: Iterable[PolicyJob | str]) -> list[pb
     """A decision for every job of the round (PolicyJobs or their ids), in order,
     including those left without GPUs."""
     return [decision_to_pb(j if isinstance(j, str) else j.job_id, result) for j in jobs]
+
+
+# -- queues ----------------------------------------------------------------------------
+
+
+def queues_from_pb(cfg: pb.QueueConfig, path: str = "queues") -> QueueSet:
+    """The QueueSet of `cfg`, read by the very parser of the queues TOML
+    (`QueueSet.from_mapping`), so a mistake is named by the same path as in the file:
+    INVALID_ARGUMENT on `queues.queue[1].guarantee.rtx`. Proto3's zeros: a class's
+    weight 0 = 1, default_priority "" = "default"; the optional fields unset = not given."""
+    data: dict = {"queue": [_queue_table(q) for q in cfg.queue],
+                  "priority_class": [{"name": c.name, **({"weight": c.weight} if c.weight else {})}
+                                     for c in cfg.priority_class],
+                  "unit_weights": dict(cfg.unit_weights), "min_runtime_s": cfg.min_runtime_s}
+    if cfg.default_priority:
+        data["default_priority"] = cfg.default_priority
+    if cfg.HasField("max_restarts_per_round"):
+        data["max_restarts_per_round"] = int(cfg.max_restarts_per_round)
+    try:
+        return QueueSet.from_mapping(data)
+    except FieldError as err:
+        raise invalid(f"{path}.{err.field}", err.problem) from None
+
+
+def _queue_table(q: pb.QueueSpec) -> dict:
+    table = {"name": q.name, "tenants": list(q.tenants),
+             "guarantee": {t: int(n) for t, n in q.guarantee.items()},
+             "guarantee_units": q.guarantee_units,
+             "borrow_limit": {t: int(n) for t, n in q.borrow_limit.items()}}
+    if q.HasField("min_runtime_s"):
+        table["min_runtime_s"] = q.min_runtime_s
+    return table
+
+
+def queue_of(queues: QueueSet, queue: str, priority: str, path: str) -> Queue:
+    """The queue a job names ("": `default`), its priority class checked too;
+    INVALID_ARGUMENT on `path.queue` or `path.priority` for a name `queues` lacks."""
+    try:
+        queues.priority(priority)
+        return queues.queue(queue)
+    except FieldError as err:
+        raise invalid(f"{path}.{err.field}", err.problem) from None
+
+
+def queues_to_pb(queues: QueueSet) -> pb.QueueConfig:
+    """The wire form of a QueueSet; `queues_from_pb` gives it back unchanged."""
+    cfg = pb.QueueConfig(default_priority=queues.default_priority,
+                         unit_weights=dict(queues.unit_weights),
+                         min_runtime_s=queues.min_runtime_s)
+    for q in queues.queues:
+        spec = cfg.queue.add(name=q.name, tenants=sorted(q.tenants), guarantee=dict(q.guarantee),
+                             guarantee_units=q.guarantee_units, borrow_limit=dict(q.borrow_limit))
+        if q.min_runtime_s is not None:
+            spec.min_runtime_s = q.min_runtime_s
+    for c in queues.priority_classes:
+        cfg.priority_class.add(name=c.name, weight=c.weight)
+    if queues.max_restarts_per_round is not None:
+        cfg.max_restarts_per_round = queues.max_restarts_per_round
+    return cfg
+
+
+def row_binds(activity: float, bound: float) -> bool:
+    """A side row Σ coef·x ≤ bound that binds: at its bound, or past it (a soft row
+    paying its penalty), up to rounding."""
+    return activity >= bound - 1e-6 * max(1.0, abs(bound))
+
+
+def usage_to_pb(usage: Mapping[str, Mapping[str, int]]) -> list[pb.QueueUsage]:
+    """RoundResult.queues on the wire."""
+    return [pb.QueueUsage(queue=q, gpus={t: int(n) for t, n in gpus.items()})
+            for q, gpus in usage.items()]
+
+
+def side_rows_to_pb(rows: Mapping[str, tuple[float, float]]) -> list[pb.SideRow]:
+    """RoundResult.rows on the wire, each marked binding or not (`row_binds`)."""
+    return [pb.SideRow(name=name, activity=a, bound=b, binding=row_binds(a, b))
+            for name, (a, b) in rows.items()]

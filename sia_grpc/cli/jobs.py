@@ -1,5 +1,5 @@
 """The user-facing `sia` commands that talk to a controller: submit, ls, get, cancel,
-delete, watch, cluster, and (admin) drain, undrain and forget.
+delete, watch, cluster, queues, and (admin) drain, undrain and forget.
 
 `add_commands` registers them on the main parser's subparsers; each sets
 `func(args) -> exit code`. Failures print one `error: ...` line to stderr and
@@ -11,7 +11,8 @@ controller.
 messages (`google.protobuf.json_format`, field names as in the .proto files, every
 field present), so scripts read exactly what `grpcurl` would show:
 `ls` -> {"jobs": [Job, ...]}, `get` -> Job, `cluster` -> {"cluster": Cluster,
-"rounds": [Round, ...]} (docs/operations.md, "Scripting with -o json").
+"rounds": [Round, ...]}, `queues` -> ListQueuesResponse (docs/operations.md,
+"Scripting with -o json").
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ _JOB_COLUMNS: list[tuple[str, bool, Callable[[pb.Job, float], Any]]] = [
     ("ID", False, lambda j, now: j.job_id),
     ("NAME", False, lambda j, now: j.spec.name or "-"),
     ("TENANT", False, lambda j, now: j.spec.tenant or "-"),
+    ("QUEUE", True, lambda j, now: j.spec.queue or "default"),
+    ("PRIORITY", True, lambda j, now: j.spec.priority or "-"),
     ("APPLICATION", True, lambda j, now: j.spec.application or "-"),
     ("STATE", False, lambda j, now: state_name(j.status.state)),
     ("GPUS", False, lambda j, now: format_gpus(j)),
@@ -195,6 +198,39 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
                 f"{r.objective:.4g}", format_time(r.end_time)] if wide else []
         rows.append([*row, r.note])
     out.append(table([*header, "NOTE"], rows))
+    return "\n".join(out)
+
+
+def format_counts(gpus: Any, extra: str = "", *, zeros: bool = False) -> str:
+    """{"rtx": 8, "a100": 4} as "4 a100, 8 rtx" (zeros left out, unless `zeros`: a
+    limit of 0 says something), then `extra`; "-" for nothing."""
+    parts = [f"{n} {t}" for t, n in sorted(gpus.items()) if n or zeros]
+    parts += [extra] if extra else []
+    return ", ".join(parts) or "-"
+
+
+def queues_report(resp: pb.ListQueuesResponse) -> str:
+    """`sia queues`: each queue's guarantee, what it holds, borrows and may borrow, its
+    jobs; then the priority classes and the preemption bounds."""
+    rows = []
+    for q in resp.queues:
+        s = q.spec
+        units = f"{s.guarantee_units:g} units" if s.guarantee_units else ""
+        held = format_counts(q.held)
+        if s.guarantee_units and q.held_units:
+            held += f" ({q.held_units:g} units)"
+        rows.append([s.name, ",".join(s.tenants) or "*", format_counts(s.guarantee, units),
+                     held, format_counts(q.borrowed), format_counts(s.borrow_limit, zeros=True),
+                     q.pending_jobs, q.running_jobs])
+    out = [table(["QUEUE", "TENANTS", "GUARANTEE", "HELD", "BORROWED", "BORROW LIMIT",
+                  "PENDING", "RUNNING"], rows)]
+    cfg = resp.config
+    classes = ", ".join(f"{c.name} ({c.weight:g})" for c in cfg.priority_class)
+    out += ["", f"priority classes (weight): {classes or '-'}; default {cfg.default_priority}"]
+    restarts = (cfg.max_restarts_per_round if cfg.HasField("max_restarts_per_round")
+                else "no limit")
+    out.append(f"preemption: minimum runtime {cfg.min_runtime_s:g}s; restarts per round: "
+               f"{restarts}")
     return "\n".join(out)
 
 
@@ -428,6 +464,16 @@ def _cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queues(args: argparse.Namespace) -> int:
+    with _client(args) as sia:
+        resp = sia.queues()
+    if args.output in ("json", "yaml"):
+        print(dump(message_to_data(resp), args.output))
+    else:
+        print(queues_report(resp))
+    return 0
+
+
 def _drain(args: argparse.Namespace) -> int:
     with _client(args) as sia:
         node = sia.drain(args.node, args.reason or "")
@@ -549,6 +595,10 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--rounds", type=_positive, default=20, metavar="N",
                    help="how many recent rounds (default 20; the controller keeps 1000)")
     output(p, "tables")
+
+    p = command("queues", "queues: guarantees, GPUs held and borrowed, waiting jobs", _queues)
+    p.add_argument("-o", "--output", choices=("json", "yaml"), default=None,
+                   help="json or yaml: the proto3 JSON mapping, for scripts (default: a table)")
 
     p = command("drain", "admin: take a node out of scheduling; its jobs move elsewhere", _drain)
     p.add_argument("node", metavar="NODE", help="the node's id (as 'sia cluster' lists it)")

@@ -2,7 +2,7 @@
 
     sia certs init DIR [--hosts controller.example,10.0.0.5] [--agents node-1 node-2]
     sia certs issue DIR --agent node-3 | --controller --hosts ... | --admin [NAME]
-    sia tokens add --file tokens.toml --tenant team-a [--admin] [--name ci]
+    sia tokens add --file tokens.toml --tenant team-a [--admin] [--name ci] [--queue Q]
     sia tokens list tokens.toml
     sia tokens revoke tokens.toml ci
 """
@@ -58,10 +58,12 @@ def _certs_issue(args: argparse.Namespace) -> int:
 def _tokens_add(args: argparse.Namespace) -> int:
     from sia_grpc.security.tokens import add_token
 
-    token = add_token(args.file, args.tenant, admin=args.admin, name=args.name or "")
+    token = add_token(args.file, args.tenant, admin=args.admin, name=args.name or "",
+                      queues=args.queue)
     role = "an admin" if args.admin else "a user"
-    print(f"added {role} token for tenant {args.tenant!r} to {args.file} (only its hash is "
-          "stored); it is shown once:", file=sys.stderr)
+    bound = f", bound to queues {', '.join(args.queue)}" if args.queue else ""
+    print(f"added {role} token for tenant {args.tenant!r}{bound} to {args.file} (only its hash "
+          "is stored); it is shown once:", file=sys.stderr)
     print(token)
     return 0
 
@@ -74,8 +76,9 @@ def _tokens_list(args: argparse.Namespace) -> int:
     if not tokens:
         print(f"no tokens in {args.file}")
         return 0
-    print(table(["ID", "NAME", "TENANT", "ROLE", "CREATED"],
-                [[t.id, t.name or "-", t.tenant, t.role, _utc(t.created)] for t in tokens]))
+    print(table(["ID", "NAME", "TENANT", "ROLE", "QUEUES", "CREATED"],
+                [[t.id, t.name or "-", t.tenant, t.role, ",".join(t.queues) or "-",
+                  _utc(t.created)] for t in tokens]))
     return 0
 
 
@@ -140,6 +143,9 @@ def add_commands(sub: Any) -> None:
     add.add_argument("--tenant", required=True, help="the tenant whose jobs the token acts on")
     add.add_argument("--admin", action="store_true", help="sees and manages every tenant's jobs")
     add.add_argument("--name", help="a label kept beside the hash (who or what uses it)")
+    add.add_argument("--queue", action="append", default=[], metavar="QUEUE",
+                     help="bind the token to this queue (repeatable; the first is where a spec "
+                          "naming none goes); default: any queue that admits the tenant")
     runs(add, _tokens_add, usage=USAGE)
 
     ls = subcommand(tsub, "list", "the tokens in FILE: id, name, tenant, role, created "

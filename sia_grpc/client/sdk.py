@@ -406,6 +406,10 @@ class SiaClient:
         return list(self._read(self._cluster.ListRounds,
                                pb.ListRoundsRequest(limit=limit)).rounds)
 
+    def queues(self) -> pb.ListQueuesResponse:
+        """Every queue: its guarantee, what it holds and borrows, its waiting jobs."""
+        return self._read(self._cluster.ListQueues, pb.ListQueuesRequest())
+
     def drain(self, node: str, reason: str = "") -> pb.Node:
         """Admin: no new work on `node`; the next round moves its jobs elsewhere."""
         return self._write(self._cluster.DrainNode, pb.DrainNodeRequest(node=node, reason=reason))
@@ -575,6 +579,10 @@ class AsyncSiaClient:
     async def rounds(self, limit: int = 20) -> list[pb.Round]:
         resp = await self._read(self._cluster.ListRounds, pb.ListRoundsRequest(limit=limit))
         return list(resp.rounds)
+
+    async def queues(self) -> pb.ListQueuesResponse:
+        """Every queue: its guarantee, what it holds and borrows, its waiting jobs."""
+        return await self._read(self._cluster.ListQueues, pb.ListQueuesRequest())
 
     async def drain(self, node: str, reason: str = "") -> pb.Node:
         """Admin: no new work on `node`; the next round moves its jobs elsewhere."""

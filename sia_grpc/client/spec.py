@@ -147,6 +147,8 @@ _FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "restart_cost_s": _number,
     "tenant": _string,
     "labels": _labels,
+    "queue": _string,
+    "priority": _string,
 }
 
 

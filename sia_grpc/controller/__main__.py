@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
                         "in --config and SIA_POLICY_<NAME>_<SETTING>)")
     p.add_argument("--round-duration", type=float,
                    help="seconds between rounds, and the policy's round (default 60)")
+    p.add_argument("--queues", dest="queues_file", metavar="FILE",
+                   help="queues TOML ([[queue]] tables; docs/operations.md, \"Queues\"); "
+                        "reloaded on SIGHUP")
     sec = p.add_argument_group("security (docs/security.md)")
     sec.add_argument("--tls-cert", help="the controller's TLS certificate (PEM); with --tls-key "
                                         "every port serves TLS")
@@ -63,7 +66,7 @@ async def serve(controller: Controller) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    loop.add_signal_handler(signal.SIGHUP, controller.reload_tokens)  # token rotation
+    loop.add_signal_handler(signal.SIGHUP, controller.reload)  # tokens and queues files
     async with controller:
         await stop.wait()
 
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                              tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,
                              tokens_file=args.tokens_file, allow_insecure=args.allow_insecure,
-                             metrics_listen=args.metrics_listen, policy_set=args.policy_set)
+                             metrics_listen=args.metrics_listen, policy_set=args.policy_set,
+                             queues_file=args.queues_file)
         telemetry = setup_telemetry("sia-controller", prometheus=bool(config.metrics_listen))
         # after the config: its errors are plain lines
         configure_logging(fmt=args.log_format, level=args.log_level)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy import params as policy_params
+from sia_grpc.policy.errors import FieldError
+from sia_grpc.policy.queues import QueueSet
 
 
 class ConfigError(ValueError):
@@ -50,6 +52,11 @@ class ControllerConfig:
     # Prometheus: GET /metrics over plain HTTP, unauthenticated (counts only; bind it to
     # a private address). "" = off; port 0 = any free port (Controller.metrics_port).
     metrics_listen: str = ""
+    # Queues (docs/operations.md, "Queues"): the [queues] table of the config file
+    # (read at start), or queues_file, a queues TOML read again on SIGHUP; neither: one
+    # `default` queue without guarantees (a flat pool, as before queues).
+    queues: QueueSet = field(default_factory=QueueSet)
+    queues_file: str = ""
 
     @property
     def tls(self) -> bool:
@@ -97,6 +104,10 @@ class ControllerConfig:
             value = getattr(self, name)
             if (value or name == "listen") and not _host_port(value):
                 raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")
+        if self.queues_file and self.queues != QueueSet():
+            raise ConfigError("queues_file: the queues are given twice, in a [queues] table and "
+                              "in queues_file; give them in one place (queues_file to change "
+                              "them with SIGHUP)")
         self._check_security()
 
     def _check_security(self) -> None:
@@ -143,7 +154,7 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] = os.e
         _merge(settings, from_file)
     for name, f in fields.items():
         raw = env.get(f"SIA_{name.upper()}")
-        if raw is not None and name != "policy_params":
+        if raw is not None and name not in ("policy_params", "queues"):
             values[name] = _parse(name, raw, f.type)
     _merge(settings, _env_settings(env))
     _merge(settings, _flag_settings(policy_set))
@@ -176,14 +187,42 @@ def _read_toml(path: str | Path, fields: Mapping[str, object]) -> tuple[dict, di
         raise ConfigError(f"{path}: policy: named twice ({', '.join(map(repr, names))}); "
                           "name it once")
     values: dict[str, object] = {"policy": names[0]} if names else {}
+    queues = [q for q in (section.pop("queues", None),
+                          data.get("queues") if "controller" in data else None) if q is not None]
+    if len(queues) > 1:
+        raise ConfigError(f"{path}: queues: a table both in [controller] and at the top "
+                          "level; give one")
+    if queues:
+        values["queues"] = _queues(queues[0], f"{path}: queues.")
     for key, value in section.items():
-        if key not in fields or key == "policy_params":
+        if key not in fields or key in ("policy_params", "queues"):
             raise ConfigError(f"{path}: unknown setting {key!r}")
         values[key] = value
     try:
         return values, policy_params.from_toml(table)
     except SettingError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def _queues(table: object, where: str) -> QueueSet:
+    """A queues document (`QueueSet.from_mapping`); ConfigError naming the key after
+    `where` ("controller.toml: queues." + "queue[1].guarantee.rtx")."""
+    if not isinstance(table, Mapping):  # (`queues = 3` in the config file)
+        raise ConfigError(f"{where.rstrip('.')}: expected a table ([[queues.queue]] tables)")
+    try:
+        return QueueSet.from_mapping(table)
+    except FieldError as err:
+        raise ConfigError(f"{where}{err.field}: {err.problem}") from None
+
+
+def read_queues_file(path: str | Path) -> QueueSet:
+    """The queues of a queues TOML file (`queues_file`, `sia simulate --queues`: top-level
+    [[queue]] tables, ...); ConfigError naming the file and the key at fault."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"queues_file: {path}: {exc}") from None
+    return _queues(data, f"queues_file: {path}: ")
 
 
 def _env_name(policy: str) -> str:

@@ -17,7 +17,7 @@ from sia_grpc.api.errors import (
 )
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.store import StoreError
-from sia_grpc.controller.validation import Resolved, check_job_id, resolve
+from sia_grpc.controller.validation import Resolved, admit_to_queue, check_job_id, resolve
 
 log = structlog.get_logger("sia.controller")
 
@@ -25,8 +25,11 @@ log = structlog.get_logger("sia.controller")
 class Creates:
     """A part of `Controller`: CreateJob (the module docstring)."""
 
-    async def create_job(self, request: pb.CreateJobRequest) -> pb.Job:
+    async def create_job(self, request: pb.CreateJobRequest,
+                         bound_queues: tuple[str, ...] = ()) -> pb.Job:
+        """`bound_queues`: the queues the caller's token may submit to (empty: any)."""
         resolved = resolve(request.spec)
+        admit_to_queue(request.spec, self.state.queues, bound_queues)
         if request.job_id:
             check_job_id(request.job_id)
         if len(request.request_id) > 128:

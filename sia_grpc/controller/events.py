@@ -10,6 +10,7 @@ from sia_grpc.api import pb
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.validation import Resolved
 from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 # ---------------------------------------------------------------- events
@@ -74,6 +75,13 @@ class NodeForgotten(Event):
 
 
 @dataclass(frozen=True)
+class QueuesLoaded(Event):
+    """The queues in force from now on (at start, and on each good reload)."""
+
+    queues: QueueSet
+
+
+@dataclass(frozen=True)
 class Liveness(Event):
     """Periodic check: agents silent past the heartbeat timeout are lost."""
 
@@ -113,6 +121,7 @@ class Solve:
     cluster: Cluster
     jobs: tuple[PolicyJob, ...]
     previous: Mapping[str, JobAllocation]
+    queues: QueueSet | None = None  # None: no queues configured (one flat pool)
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,9 @@ class Reconnect:
 @dataclass(frozen=True)
 class RoundDone:
     round: pb.Round
+    # Jobs the round preempted, as (their queue, why): "reclaim" (for another queue's
+    # guarantee) or "policy" (the goodput ILP's choice); for the preemption counter.
+    preempted: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,21 @@
 """Where the controller listens and who may talk to it: the gRPC ports (TLS,
-mutual TLS for agents, one controller per port and per store), bearer tokens, and the
-Prometheus endpoint."""
+mutual TLS for agents, one controller per port and per store), bearer tokens, the
+Prometheus endpoint; and what SIGHUP reloads (the tokens and the queues)."""
 
 from __future__ import annotations
+
+import collections
 
 import grpc
 import structlog
 
 from sia_grpc.api import node_state_name, pb, state_name
-from sia_grpc.controller.config import ConfigError
+from sia_grpc.controller import state as sm
+from sia_grpc.controller.config import ConfigError, read_queues_file
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
-from sia_grpc.observability import MetricsServer
+from sia_grpc.controller.queueing import scheduled_in
+from sia_grpc.observability import PREEMPTION_REASONS, MetricsServer
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import TokenError, TokenStore
@@ -37,7 +42,11 @@ class Listeners:
             nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | state.nodes_by_state(),
             gpus_allocated=state.gpus_allocated, gpus_capacity=state.gpus_capacity,
             agents_connected=lambda: len(self._agents),
-            solve_timeout=lambda: self.config.solve_timeout)
+            solve_timeout=lambda: self.config.solve_timeout,
+            queue_gpus_held=lambda: state.queue_metrics()["held"],
+            queue_gpus_guarantee=lambda: state.queue_metrics()["guarantee"],
+            queue_gpus_borrowed=lambda: state.queue_metrics()["borrowed"],
+            queue_jobs_pending=lambda: state.queue_metrics()["pending"])
 
     def _serve_metrics(self) -> None:
         """Register the gauges and, with metrics_listen, bind and serve /metrics."""
@@ -121,6 +130,64 @@ class Listeners:
     def reload_tokens(self) -> bool:
         """Read the tokens file again now (SIGHUP); False if it failed or is not set."""
         return self.tokens.reload() if self.tokens is not None else False
+
+    def reload(self) -> None:
+        """SIGHUP: the tokens file and the queues file, each read again if set."""
+        self.reload_tokens()
+        self.reload_queues()
+
+    def _read_queues(self) -> QueueSet:
+        """At start: the queues of queues_file (a bad file stops the start, ConfigError),
+        else the config's [queues] table."""
+        path = self.config.queues_file
+        return read_queues_file(path) if path else self.config.queues
+
+    def reload_queues(self) -> bool:
+        """Read queues_file again (SIGHUP); False if it failed (logged; the last good
+        queues stay in force, as the tokens do) or is not set. The new queues reach the
+        state machine as an event, in order with the RPCs around it."""
+        path = self.config.queues_file
+        if not path:
+            return False
+        try:
+            queues = read_queues_file(path)
+        except ConfigError as err:
+            log.error("queues file not reloaded; keeping the previous queues", error=str(err))
+            return False
+        self.post(sm.QueuesLoaded(self.clock.time(), queues))
+        self._queues_in_force(queues)
+        return True
+
+    def _queues_in_force(self, queues: QueueSet) -> None:
+        """Say what the queues are (and which jobs a removed queue leaves in the default
+        one); start their preemption counters at 0."""
+        orphans = collections.Counter(
+            r.job.spec.queue for r in self.state.jobs.values()
+            if r.state not in sm.TERMINAL and scheduled_in(queues, r.job.spec)[2])
+        log.info("queues", queues=[q.name for q in queues.queues],
+                 guaranteed={q.name: dict(q.guarantee) for q in queues.queues if q.guarantee},
+                 source=self.config.queues_file or "config")
+        if orphans:
+            log.warning("jobs of queues no longer configured are scheduled in the default "
+                        "queue", jobs=dict(orphans))
+        self._oversubscribed = None  # said again at the next round, for the new queues
+        if self.telemetry is not None:
+            self.telemetry.count_preemptions(
+                [(q.name, r) for q in queues.queues for r in PREEMPTION_REASONS], zero=True)
+
+    def _check_oversubscribed(self) -> None:
+        """Warn when the queues' guarantees of a type add up to more than the ready GPUs
+        (not every guarantee can be met); once per change, at rounds."""
+        capacity = self.state.gpus_capacity()
+        over = {t: self.state.queues.guarantees(t)
+                for t in self.state.queues.oversubscribed(capacity)}
+        if over == self._oversubscribed:
+            return
+        self._oversubscribed = over
+        if over:
+            log.warning("the queues' guarantees exceed the cluster's GPUs: not every guarantee "
+                        "can be met", guaranteed=over,
+                        ready={t: capacity.get(t, 0) for t in over})
 
 
 def _add_port(server: grpc.aio.Server, what: str, address: str,

@@ -27,11 +27,16 @@ from sia_grpc.api.convert import (
     allocation_from_pb,
     cluster_from_pb,
     policy_job_from_pb,
+    queue_of,
+    queues_from_pb,
     round_to_pb,
+    side_rows_to_pb,
+    usage_to_pb,
 )
 from sia_grpc.api.errors import ApiError, invalid
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy.params import make_policy
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, Policy
 
 __all__ = ["DEFAULT_POLICY", "DEFAULT_TIMEOUT_S", "PolicyService", "optimize_request",
@@ -54,6 +59,7 @@ def optimize_request(request: pb.OptimizeRequest,
     if policy is None:
         policy = request_policy(request)
     cluster = cluster_from_pb(request.nodes, "nodes")
+    queues = queues_from_pb(request.queues, "queues") if request.HasField("queues") else None
     jobs, first = [], {}
     for i, j in enumerate(request.jobs):
         if j.job_id and j.job_id in first:
@@ -61,6 +67,7 @@ def optimize_request(request: pb.OptimizeRequest,
                           f"duplicate job id {j.job_id!r} (also jobs[{first[j.job_id]}])")
         first[j.job_id] = i
         jobs.append(policy_job_from_pb(j, f"jobs[{i}]"))
+        queue_of(queues or QueueSet(), j.queue, j.priority, f"jobs[{i}]")
     previous: dict[str, JobAllocation] = {}
     owner: dict = {}  # GpuId -> job holding it in `previous`
     for i, p in enumerate(request.previous):
@@ -79,13 +86,16 @@ def optimize_request(request: pb.OptimizeRequest,
             owner[g] = p.job_id
         previous[p.job_id] = alloc
     converted = time.perf_counter()
-    result = policy.optimize(cluster, jobs, previous)
+    # (no queues: called as before queues, so a policy without them still serves)
+    result = policy.optimize(cluster, jobs, previous,
+                             **({} if queues is None else {"queues": queues}))
     t1 = time.perf_counter()
     decisions = round_to_pb(result, jobs)
     timings = {k: v * 1e3 for k, v in result.timings.items()}
     timings["convert"] = (converted - t0 + time.perf_counter() - t1) * 1e3
     return pb.OptimizeResponse(decisions=decisions, objective=float(result.objective),
-                               timings_ms=timings)
+                               timings_ms=timings, queues=usage_to_pb(result.queues),
+                               rows=side_rows_to_pb(result.rows))
 
 
 def request_policy(request: pb.OptimizeRequest,

@@ -73,7 +73,8 @@ class RoundLog:
         self._publish_round(rnd)
         log.info("round", round=rnd.round, trigger=rnd.trigger, jobs=rnd.jobs,
                  gpus=rnd.gpus_allocated, moved=rnd.jobs_moved, solve_ms=round(rnd.solve_ms, 1),
-                 total_ms=round(rnd.total_ms, 1), note=rnd.note or None)
+                 total_ms=round(rnd.total_ms, 1), note=rnd.note or None,
+                 binding=list(rnd.binding_rows) or None, reclaims=rnd.reclaims or None)
         if self.telemetry is not None:
             # estimate, solve and place ran in the solver process: laid end to end from
             # the tick; the rest of the solve wait is queueing and transfer. A solve that
@@ -91,5 +92,8 @@ class RoundLog:
             self.telemetry.record_round(
                 rnd.round, trigger=rnd.trigger, start_ns=tick, phases=phases,
                 attributes={"jobs": rnd.jobs, "gpus": rnd.gpus_allocated,
-                            "jobs_moved": rnd.jobs_moved, "objective": rnd.objective},
+                            "jobs_moved": rnd.jobs_moved, "objective": rnd.objective,
+                            # queues: the guarantee rows that decided the allocation
+                            "binding_rows": list(rnd.binding_rows) or None,
+                            "reclaims": rnd.reclaims or None},
                 error=rnd.note or None, end_ns=end)

@@ -5,8 +5,10 @@ moves, and a round that cannot run says why."""
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.controller import queueing
 from sia_grpc.controller.events import (
     Action,
     Persist,
@@ -29,7 +31,8 @@ from sia_grpc.controller.transitions import TERMINAL, set_state
 from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import NEUTRAL_GRAD
 from sia_grpc.policy.cluster import Cluster, Node
-from sia_grpc.policy.types import PolicyJob
+from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 
 class Rounds:
@@ -73,7 +76,12 @@ class Rounds:
         self.round_no += 1
         self.solving = self.round_no
         self._round_started, self._round_trigger = ev.at, ev.trigger
-        out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous))
+        # Without a queue configuration the policy sees no queues: one flat pool.
+        queues = None if self.queues == QueueSet() else self.queues
+        self._solve_inputs = _SolveInputs(self.round_no, queues, tuple(policy_jobs), previous,
+                                          dict(cluster.capacity))
+        out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous,
+                         queues))
 
     def _skip(self, ev: Tick, why: str, out: list[Action]) -> None:
         """A round that did not run says why, once per reason (an idle cluster with
@@ -128,10 +136,15 @@ class Rounds:
             return
         res = ev.result
         moved = 0
-        for job_id, reason in res.reasons.items():
+        reasons, reclaims = self._queue_outcome(ev.round_no, res, rnd)
+        preempted = []
+        for job_id, reason in reasons.items():
             rec = self.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
+            queue, _, note = queueing.scheduled_in(self.queues, rec.job.spec)
+            if note:
+                reason = f"{reason} ({note})"
             new = res.allocations.get(job_id)
             if same_gpus(rec.target if rec.moving else rec.alloc, new):
                 if not rec.moving and (new is not None or rec.state == pb.JOB_STATE_QUEUED):
@@ -150,6 +163,8 @@ class Rounds:
             rec.next_reason = reason
             if rec.held and rec.state != pb.JOB_STATE_QUEUED:
                 # one checkpoint-restart cycle: a move, resize or preemption
+                if new is None:
+                    preempted.append((queue, "reclaim" if job_id in reclaims else "policy"))
                 rec.job.status.restarts += 1
                 self._stop_everywhere(rec, out)
                 set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, f"checkpointing: {reason}")
@@ -168,7 +183,21 @@ class Rounds:
         rnd.estimate_ms = 1e3 * t.get("estimate", 0.0)
         rnd.solve_ms = 1e3 * (t.get("build", 0.0) + t.get("solve", 0.0))
         rnd.place_ms = 1e3 * t.get("place", 0.0)
-        out.append(RoundDone(rnd))
+        out.append(RoundDone(rnd, tuple(preempted)))
+
+    def _queue_outcome(self, round_no: int, res: RoundResult,
+                       rnd: pb.Round) -> tuple[dict[str, str], dict[str, str]]:
+        """The round's reasons with the queue rules that held or preempted jobs in place
+        of the policy's, and the reclaims (job -> queue taking its GPUs back); the
+        binding guarantee rows and the reclaims go on the round record."""
+        inputs, self._solve_inputs = self._solve_inputs, None
+        if inputs is None or inputs.round_no != round_no or inputs.queues is None:
+            return dict(res.reasons), {}
+        done = queueing.outcome(inputs.queues, res, inputs.jobs, inputs.previous,
+                                inputs.capacity)
+        rnd.binding_rows.extend(done.binding)
+        rnd.reclaims = len(done.reclaims)
+        return {**res.reasons, **done.reasons}, dict(done.reclaims)
 
     def _schedulable(self, rec: JobRec) -> bool:
         return rec.state not in TERMINAL and bool(rec.usable) and rec.state != pb.JOB_STATE_FAILED
@@ -187,6 +216,8 @@ class Rounds:
             local_bsz_limits={t: res.local_bsz_limits[t] for t in types
                               if t in res.local_bsz_limits})
         created = seconds(rec.job.status.create_time)
+        queue, priority, _ = queueing.scheduled_in(self.queues, rec.job.spec)
+        runs = rec.alloc is not None and not rec.moving
         return PolicyJob(
             job_id=rec.job_id, model=model, adaptivity=res.adaptivity, min_gpus=res.min_gpus,
             max_gpus=res.max_gpus, allowed_types=frozenset(types),
@@ -196,8 +227,19 @@ class Rounds:
             progress=rec.job.status.progress,
             # Still paying its restore (as far as the controller knows): Sia keeps it in
             # place rather than make it start the restore over (the artifact's rule).
-            restoring=rec.alloc is not None and not rec.moving
-            and at - rec.started_at < rec.restart_s(), pinned=pinned)
+            restoring=runs and at - rec.started_at < rec.restart_s(), pinned=pinned,
+            queue=queue, priority=priority, stint=max(at - rec.started_at, 0.0) if runs else 0.0)
+
+
+@dataclass(frozen=True)
+class _SolveInputs:
+    """What a round's solve was given, for explaining its result (`queueing.outcome`)."""
+
+    round_no: int
+    queues: QueueSet | None
+    jobs: tuple[PolicyJob, ...]
+    previous: dict[str, JobAllocation]
+    capacity: dict[str, int]
 
 
 def counts_text(c: collections.Counter[str]) -> str:

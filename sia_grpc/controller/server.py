@@ -94,6 +94,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self.metrics_port = 0  # where /metrics is served (0: metrics_listen is off)
         self._metrics: MetricsServer | None = None
         self.tokens: TokenStore | None = None
+        self._oversubscribed: dict[str, int] | None = None  # the last warned of
         self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
         self._events: asyncio.Queue = asyncio.Queue()
         self._unpersisted: set[str] = set()  # jobs whose last write failed
@@ -139,6 +140,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
 
     async def _start(self) -> None:
         self._auth = self._security()  # first: a bad file is a ConfigError
+        queues = self._read_queues()  # (so is a bad queues file)
         self._claim()  # a second controller on this store or address stops here
         self._serve_metrics()  # next: a port in use fails before anything else is open
         self._store = await self._in_store(JobStore, self.config.db_path,
@@ -150,6 +152,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
             self.state.restore(stored.job, stored.extra, now)
         for node, reason in (await self._in_store(self._store.drains)).items():
             self.state.restore_drain(node, reason, now)
+        self.state.queues = queues  # (before any event: the state machine's from the start)
+        self._queues_in_force(queues)
         # The round history outlives a restart, and round numbers go on from it.
         self.rounds.extend(await self._in_store(self._store.rounds))
         if self.rounds:
@@ -310,6 +314,9 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
                 task.add_done_callback(self._solves.discard)
             case sm.RoundDone():
                 self._round_done(action.round)
+                self._check_oversubscribed()
+                if self.telemetry is not None:
+                    self.telemetry.count_preemptions(action.preempted)
             case sm.RoundSkipped():
                 self._publish_round(action.round)
                 log.info("round skipped", trigger=action.round.trigger,
@@ -394,7 +401,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         structlog.contextvars.bind_contextvars(round=action.round_no)
         try:
             result = await self._pool.solve(action.cluster, action.jobs, action.previous,
-                                            timeout=self.config.solve_timeout)
+                                            timeout=self.config.solve_timeout,
+                                            queues=action.queues)
             error = ""
         except TimeoutError:
             result, error = None, (f"solver timed out after {self.config.solve_timeout:g} s: "

@@ -77,7 +77,7 @@ class JobService(api.JobServiceServicer):
                 "TENANT_MISMATCH")
         if not spec.tenant and caller.tenant:
             spec.tenant = caller.tenant  # stamped before validation and the store see it
-        return await self.c.create_job(request)
+        return await self.c.create_job(request, caller.queues)
 
     @rpc
     async def GetJob(self, request, context):
@@ -138,6 +138,11 @@ class ClusterService(api.ClusterServiceServicer):
     async def ListRounds(self, request, context):
         limit = request.limit or 20
         return pb.ListRoundsResponse(rounds=list(self.c.rounds)[-limit:])
+
+    @rpc
+    async def ListQueues(self, request, context):
+        # Every caller sees every queue: names, guarantees and counts, no job ids.
+        return self.c.state.queues_pb()
 
     @rpc
     async def DrainNode(self, request, context):

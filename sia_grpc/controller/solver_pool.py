@@ -23,8 +23,11 @@ import multiprocessing
 import signal
 from collections.abc import Iterator, Mapping, Sequence
 
+from sia_grpc.api import pb
+from sia_grpc.api.convert import queues_from_pb, queues_to_pb
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.params import PolicySpec
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult
 
 
@@ -35,9 +38,14 @@ def built(spec: PolicySpec) -> Policy:
 
 
 def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
-                previous: Mapping[str, JobAllocation]) -> RoundResult:
-    """One round of the policy (runs in the worker process)."""
-    return built(spec).optimize(cluster, list(jobs), dict(previous))
+                previous: Mapping[str, JobAllocation],
+                queues: bytes | None = None) -> RoundResult:
+    """One round of the policy (runs in the worker process). The queues come as a
+    serialized QueueConfig: a QueueSet's read-only mappings do not pickle, and neither
+    does a generated message (its module is not importable under its proto name)."""
+    return built(spec).optimize(
+        cluster, list(jobs), dict(previous),
+        queues=None if queues is None else queues_from_pb(pb.QueueConfig.FromString(queues)))
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -91,9 +99,11 @@ class SolverPool:
         return await self._submit(built, self.spec)
 
     async def solve(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                    previous: Mapping[str, JobAllocation], *, timeout: float) -> RoundResult:
+                    previous: Mapping[str, JobAllocation], *, timeout: float,
+                    queues: QueueSet | None = None) -> RoundResult:
         """The round's result; raises TimeoutError (pool replaced) or the solve's error."""
-        fut = self._submit(solve_round, self.spec, cluster, jobs, previous)
+        fut = self._submit(solve_round, self.spec, cluster, jobs, previous,
+                           None if queues is None else queues_to_pb(queues).SerializeToString())
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:

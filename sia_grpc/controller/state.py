@@ -15,6 +15,7 @@ Read it as events → transitions → actions:
     agents.py       what agents say: registration and reconciliation, telemetry,
                     acknowledgements, exits
     rounds.py       ticks to solves, solves to moves, rounds that cannot run
+    queueing.py     queues: a job's queue and class, reclaims and queue reasons
     moves.py        two-phase moves, batch changes, requeues, lost agents
     profiling.py    profiling passes and profiling slots
     ledger.py       the GPU ledger: who holds which GPU, what frees it
@@ -54,6 +55,7 @@ from sia_grpc.controller.events import (
     NodeDrainChanged,
     NodeForgotten,
     Persist,
+    QueuesLoaded,
     Reconnect,
     RoundAcked,
     RoundDone,
@@ -79,13 +81,14 @@ from sia_grpc.controller.rounds import Rounds
 from sia_grpc.controller.transitions import REASONS, TERMINAL, set_state
 from sia_grpc.controller.validation import resolve
 from sia_grpc.controller.views import Views
+from sia_grpc.policy.queues import QueueSet
 
 __all__ = [  # the state machine, and what it takes in and gives out
     "PROFILE_SLOT", "REASONS", "TERMINAL", "Action", "AgentDisconnected", "AgentMessage",
     "AgentRegistered", "ControllerSettings", "ControllerState", "Event", "InvariantError",
     "JobCancelRequested", "JobCreated", "JobDeleted", "Liveness", "NodeDrainChanged",
-    "NodeForgotten", "Persist", "Reconnect", "RoundAcked", "RoundDone", "RoundSkipped", "Send",
-    "Solve", "SolveFinished", "Tick", "WantRound",
+    "NodeForgotten", "Persist", "QueuesLoaded", "Reconnect", "RoundAcked", "RoundDone",
+    "RoundSkipped", "Send", "Solve", "SolveFinished", "Tick", "WantRound",
 ]
 
 
@@ -132,6 +135,9 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         # Drained nodes (admin) -> reason. Kept apart from node records: a drain
         # outlives the agent's stream, and is restored before the agent returns.
         self.drained: dict[str, str] = {}
+        # The queues in force (QueuesLoaded); the default: one queue, no guarantees.
+        self.queues = QueueSet()
+        self._solve_inputs = None  # the solve in flight's inputs (`Rounds._queue_outcome`)
         self._last_skip = ""  # why the last round did not run ("" once one ran)
         self._early_after_solve = ""  # an early round that came while a solve ran
 
@@ -206,6 +212,10 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                 self._forget(event)
             case Liveness():
                 self._check_liveness(event.at, out)
+            case QueuesLoaded():
+                # Jobs keep what they hold; the next round schedules by the new queues
+                # (a job whose queue is gone: in the default one, `queueing.scheduled_in`).
+                self.queues = event.queues
             case SolveFinished():
                 self._solved(event, out)
             case _:

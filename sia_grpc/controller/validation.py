@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia_grpc.api import pb
-from sia_grpc.api.errors import ApiError, invalid
+from sia_grpc.api.convert import queue_of
+from sia_grpc.api.errors import ApiError, invalid, permission_denied
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, AppInfo, application
 from sia_grpc.names import MAX_ID, is_name
+from sia_grpc.policy.queues import DEFAULT_QUEUE, QueueSet
 from sia_grpc.policy.types import Adaptivity
 
 _MAX_GPUS = 1 << 16
@@ -158,6 +160,27 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
         batch_size=spec.batch_size if adaptivity is not Adaptivity.ADAPTIVE else None,
         init_batch_size=int(init), max_batch_size=int(max_batch),
         local_bsz_limits=limits, restart_cost=float(restart))
+
+
+def admit_to_queue(spec: pb.JobSpec, queues: QueueSet, bound: tuple[str, ...] = (),
+                   path: str = "spec") -> None:
+    """Check a new job's queue and priority class against the queues in force, and that
+    its tenant may use the queue, and the caller's token too (`bound`: the queues the
+    token is bound to; empty: any). A spec naming no queue goes to the token's first
+    bound queue (set in `spec`), else to `default`. Unknown names are INVALID_ARGUMENT
+    naming the field; a queue refused is PERMISSION_DENIED (reason QUEUE_DENIED)."""
+    if not spec.queue and bound:
+        spec.queue = bound[0]
+    name = spec.queue or DEFAULT_QUEUE
+    queue = queue_of(queues, name, spec.priority, path)
+    if not queue.admits(spec.tenant):
+        raise permission_denied(
+            f"{path}.queue: queue {name!r} does not admit tenant {spec.tenant!r} (it admits "
+            f"{', '.join(sorted(queue.tenants))})", "QUEUE_DENIED")
+    if bound and name not in bound:
+        raise permission_denied(
+            f"{path}.queue: this token may submit only to queue{'s' if len(bound) > 1 else ''} "
+            f"{', '.join(bound)}, not {name!r}", "QUEUE_DENIED")
 
 
 def profile_batch_sizes(lo: int, hi: int, count: int = 10) -> list[int]:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import collections
 
 from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.api.convert import queues_to_pb
+from sia_grpc.controller.queueing import borrowed, scheduled_in, units
 from sia_grpc.controller.records import (
     OTHER_TENANT,
     timestamp,
 )
-from sia_grpc.controller.transitions import WAITING
+from sia_grpc.controller.transitions import TERMINAL, WAITING
 
 
 class Views:
@@ -61,6 +63,60 @@ class Views:
                 created = status.create_time  # (its fields: ToNanoseconds is slower)
                 oldest = min(oldest, created.seconds + created.nanos / 1e9)
         return max(now - oldest, 0.0)
+
+    def queue_usage(self) -> tuple[dict[str, collections.Counter], collections.Counter,
+                                   collections.Counter]:
+        """Per queue (as scheduled: `scheduled_in`): the GPUs its jobs hold by type (the
+        ledger's: passes included), its waiting jobs and its running ones. Also read
+        from the metrics thread: it copies what it scans."""
+        queues = self.queues
+        jobs = dict(self.jobs)
+        held: dict[str, collections.Counter] = {q.name: collections.Counter()
+                                                 for q in queues.queues}
+        for n in list(self.nodes.values()):
+            for job_id in list(n.holder.values()):
+                rec = jobs.get(job_id)
+                if rec is not None and n.gpu_type:
+                    held[scheduled_in(queues, rec.job.spec)[0]][n.gpu_type] += 1
+        pending, running = collections.Counter(), collections.Counter()
+        for rec in jobs.values():
+            state = rec.job.status.state
+            if state not in TERMINAL:
+                queue = scheduled_in(queues, rec.job.spec)[0]
+                if state in WAITING:
+                    pending[queue] += 1
+                else:
+                    running[queue] += 1
+        return held, pending, running
+
+    def queue_metrics(self) -> dict[str, dict]:
+        """The per-queue gauges: "held", "guarantee" and "borrowed" by (queue, GPU type),
+        every queue and type the cluster or a guarantee names, 0 included; "pending" by
+        queue."""
+        queues = self.queues
+        held, pending, _ = self.queue_usage()
+        types = set(self.gpus_capacity()) | {t for q in queues.queues for t in q.guarantee}
+        out: dict[str, dict] = {"held": {}, "guarantee": {}, "borrowed": {},
+                                "pending": {q.name: pending[q.name] for q in queues.queues}}
+        for q in queues.queues:
+            over = borrowed(queues, q.name, held[q.name])
+            for t in sorted(types):
+                out["held"][q.name, t] = held[q.name][t]
+                out["guarantee"][q.name, t] = q.guarantee.get(t, 0)
+                out["borrowed"][q.name, t] = over.get(t, 0)
+        return out
+
+    def queues_pb(self) -> pb.ListQueuesResponse:
+        """Every queue, with its guarantee, what it holds and borrows, its jobs."""
+        queues = self.queues
+        held, pending, running = self.queue_usage()
+        out = pb.ListQueuesResponse(config=queues_to_pb(queues))
+        for q, spec in zip(queues.queues, out.config.queue, strict=True):
+            mine = held[q.name]
+            out.queues.add(spec=spec, held=dict(mine), borrowed=borrowed(queues, q.name, mine),
+                           held_units=units(queues, mine), pending_jobs=pending[q.name],
+                           running_jobs=running[q.name])
+        return out
 
     def node_pb(self, name: str, tenant: str | None = None) -> pb.Node:
         """A node as `GetCluster` shows it; for `tenant` (a caller who is not an

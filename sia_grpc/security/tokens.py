@@ -8,6 +8,9 @@ The tokens file (TOML):
     role = "user"          # or "admin": sees and manages every tenant's jobs
     name = "ci"            # optional, for humans and logs
     created = 2026-01-05T09:30:00Z   # optional; `sia tokens add` writes it
+    queues = ["research"]  # optional: the only queues its jobs may go to (the
+                           # first when a spec names none); absent: any queue
+                           # that admits the tenant
 
 A client sends `authorization: Bearer <token>`; the controller hashes it and looks
 the hash up. The file never holds a token, so reading it (a backup, a leaked
@@ -30,6 +33,7 @@ import contextlib
 import datetime
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -66,10 +70,16 @@ class Principal:
     tenant: str
     role: str = "user"
     name: str = ""  # the token's label, or the agent certificate's CN
+    # The queues this token's jobs may go to, the first when a spec names none;
+    # empty: any queue that admits the tenant (docs/security.md, "Queues").
+    queues: tuple[str, ...] = ()
 
     @property
     def admin(self) -> bool:
         return self.role == "admin"
+
+    def may_use(self, queue: str) -> bool:
+        return not self.queues or queue in self.queues
 
 
 ANONYMOUS_ADMIN = Principal(tenant="", role="admin", name="anonymous")
@@ -88,6 +98,7 @@ class TokenInfo:
     role: str
     name: str
     created: datetime.datetime | None
+    queues: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,8 @@ class _Entry:
 
     def info(self) -> TokenInfo:
         p = self.principal
-        return TokenInfo(self.digest.hex()[:ID_DIGITS], p.tenant, p.role, p.name, self.created)
+        return TokenInfo(self.digest.hex()[:ID_DIGITS], p.tenant, p.role, p.name, self.created,
+                         p.queues)
 
 
 def _parse(path: Path, text: str | None = None) -> list[_Entry]:
@@ -118,7 +130,7 @@ def _parse(path: Path, text: str | None = None) -> list[_Entry]:
         where = f"{path}: token[{i}]"
         if not isinstance(e, dict):
             raise TokenError(f"{where}: not a table")
-        extra = set(e) - {"sha256", "tenant", "role", "name", "created"}
+        extra = set(e) - {"sha256", "tenant", "role", "name", "created", "queues"}
         if extra:
             raise TokenError(f"{where}: unknown keys {sorted(extra)}")
         digest = str(e.get("sha256", "")).lower()
@@ -134,8 +146,12 @@ def _parse(path: Path, text: str | None = None) -> list[_Entry]:
         if created is not None and not isinstance(created, datetime.datetime):
             raise TokenError(f"{where}.created: expected a TOML date-time such as "
                              f"2026-01-05T09:30:00Z, got {created!r}")
-        out.append(_Entry(bytes.fromhex(digest), Principal(tenant, role, str(e.get("name", ""))),
-                          created))
+        queues = e.get("queues", [])
+        if not isinstance(queues, list) or not all(
+                isinstance(q, str) and is_name(q, MAX_ID) for q in queues):
+            raise TokenError(f"{where}.queues: expected a list of queue names, got {queues!r}")
+        out.append(_Entry(bytes.fromhex(digest), Principal(tenant, role, str(e.get("name", "")),
+                                                           tuple(queues)), created))
     return out
 
 
@@ -201,11 +217,17 @@ class TokenStore:
 
 
 def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str = "",
+              queues: tuple[str, ...] | list[str] = (),
               now: datetime.datetime | None = None) -> str:
-    """Make a token for `tenant`, append its hash to `path` (created 0600), return it."""
+    """Make a token for `tenant` (bound to `queues`, if any), append its hash to `path`
+    (created 0600), return it."""
     if not is_name(tenant, MAX_ID):
         raise TokenError(f"tenant: {tenant!r} is not a valid tenant name "
                          "(letters, digits, '-', '.', '_'; at most 63)")
+    for q in queues:
+        if not is_name(q, MAX_ID):
+            raise TokenError(f"queues: {q!r} is not a valid queue name "
+                             "(letters, digits, '-', '.', '_'; at most 63)")
     if name and not re.match(r"^[\w .@-]{1,64}$", name):
         raise TokenError(f"name: {name!r}: letters, digits, ' ', '.', '@', '-' only")
     p = Path(path)
@@ -216,6 +238,8 @@ def add_token(path: str | Path, tenant: str, *, admin: bool = False, name: str =
              f'role = "{"admin" if admin else "user"}"\n')
     if name:
         entry += f'name = "{name}"\n'
+    if queues:
+        entry += f"queues = {json.dumps(list(queues))}\n"  # (names: a JSON list is TOML)
     created = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
     entry += f"created = {created.replace(microsecond=0, tzinfo=None).isoformat()}Z\n"
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

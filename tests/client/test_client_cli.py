@@ -83,11 +83,11 @@ def test_ls_table_sorted_with_tenant_nodes_and_age(target, fake, capsys, clock):
 
     assert sia("ls", "-o", "wide", "--controller", target) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "TENANT", "APPLICATION", "STATE", "GPUS",
-                                "NODES", "BATCH", "PROGRESS", "GOODPUT", "RESTARTS",
-                                "GENERATION", "AGE", "REASON"]
-    assert lines[3].split()[:8] == [a.job_id, "resnet", "-", "-", "RUNNING", "4×rtx", "n0",
-                                    "256"]
+    assert lines[0].split() == ["ID", "NAME", "TENANT", "QUEUE", "PRIORITY", "APPLICATION",
+                                "STATE", "GPUS", "NODES", "BATCH", "PROGRESS", "GOODPUT",
+                                "RESTARTS", "GENERATION", "AGE", "REASON"]
+    assert lines[3].split()[:10] == [a.job_id, "resnet", "-", "default", "-", "-", "RUNNING",
+                                     "4×rtx", "n0", "256"]
 
     assert sia("ls", "--state", "queued", "--tenant", "nlp", "--controller", target) == 0
     assert [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:]] == [b.job_id]
@@ -139,8 +139,8 @@ def test_get_readable_json_yaml_and_wide(target, fake, capsys, clock):
     assert yaml.safe_load(capsys.readouterr().out) == proto
     assert sia("get", job.job_id, "-o", "wide", "--controller", target) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header.split()[:4] == ["ID", "NAME", "TENANT", "APPLICATION"]
-    assert row.split()[:5] == [job.job_id, "resnet", "-", "cifar10", "RUNNING"]
+    assert header.split()[:6] == ["ID", "NAME", "TENANT", "QUEUE", "PRIORITY", "APPLICATION"]
+    assert row.split()[:7] == [job.job_id, "resnet", "-", "default", "-", "cifar10", "RUNNING"]
     assert row.split()[-1] == "90s"
 
 

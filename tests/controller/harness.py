@@ -17,6 +17,8 @@ from sia_grpc.controller.state import (
     Event,
     JobCreated,
     Persist,
+    QueuesLoaded,
+    RoundDone,
     Send,
     Solve,
     SolveFinished,
@@ -24,6 +26,7 @@ from sia_grpc.controller.state import (
 )
 from sia_grpc.emulation import load_app
 from sia_grpc.policy import make_policy
+from sia_grpc.policy.queues import QueueSet
 
 
 @dataclass
@@ -49,8 +52,10 @@ class FakeAgent:
 
 class Harness:
     def __init__(self, nodes: dict[str, tuple[str, int]], *, policy: str = "sia",
-                 settings: ControllerSettings | None = None):
+                 settings: ControllerSettings | None = None, queues: QueueSet | None = None):
         self.state = ControllerState(settings or ControllerSettings(heartbeat_timeout=30.0))
+        self.solves: list[Solve] = []  # every solve, in order
+        self.round_done: list[RoundDone] = []
         self.policy = make_policy(policy)
         self.now = 1_000.0
         self.agents = {n: FakeAgent(n, t, k) for n, (t, k) in nodes.items()}
@@ -59,6 +64,8 @@ class Harness:
         self.rounds = 0
         for a in self.agents.values():
             self.feed(a.register_event(self.now))
+        if queues is not None:
+            self.feed(QueuesLoaded(self.now, queues))
 
     # ---------------------------------------------------------------- driving
 
@@ -69,8 +76,12 @@ class Harness:
                 self.outbox.append(a)
             elif isinstance(a, Persist):
                 self.persisted.update(a.job_ids)
+            elif isinstance(a, RoundDone):
+                self.round_done.append(a)
             elif isinstance(a, Solve):
-                result = self.policy.optimize(a.cluster, list(a.jobs), dict(a.previous))
+                self.solves.append(a)
+                result = self.policy.optimize(a.cluster, list(a.jobs), dict(a.previous),
+                                              queues=a.queues)
                 self.rounds += 1
                 self.feed(SolveFinished(self.now, a.round_no, result))
         self.check()

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from sia_grpc.api import PolicyServiceStub, add_PolicyServiceServicer_to_server, pb
+from sia_grpc.api.convert import allocation_from_pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.policy_service import PolicyService, request_policy
 from sia_grpc.emulation import load_app
@@ -294,6 +295,18 @@ MALFORMED = {
                                 "round_duration_s"),
     "NaN round duration": (lambda r: setattr(r, "round_duration_s", float("nan")),
                            "round_duration_s"),
+    # Queues: the same paths as in the queues TOML, under `queues.`
+    "bad queue name": (lambda r: r.queues.queue.add(name="no spaces"), "queues.queue[0].name"),
+    "queue defined twice": (lambda r: r.queues.queue.extend(
+        [pb.QueueSpec(name="q"), pb.QueueSpec(name="q")]), "queues.queue"),
+    "bad unit weight": (lambda r: r.queues.unit_weights.update(rtx=-1.0),
+                        "queues.unit_weights.rtx"),
+    "unknown queue of a job": (lambda r: setattr(r.jobs[0], "queue", "research"),
+                               "jobs[0].queue"),
+    "unknown class of a job": (lambda r: (r.queues.SetInParent(),
+                                          setattr(r.jobs[1], "priority", "urgent")),
+                               "jobs[1].priority"),
+    "negative stint": (lambda r: setattr(r.jobs[0], "stint_s", -1.0), "jobs[0].stint_s"),
 }
 
 
@@ -488,3 +501,61 @@ async def test_random_requests_never_overlap_or_overflow(stub, request):
     request.previous.extend(pb.PreviousAllocation(job_id=d.job_id, allocation=d.allocation)
                             for d in first.decisions if d.HasField("allocation"))
     check_valid(await stub.Optimize(request), request)
+
+
+def queued_request(queues: pb.QueueConfig) -> pb.OptimizeRequest:
+    """4-rtx jobs: three of `batch` holding 12 of the 24 rtx GPUs, three more of it and
+    two of `research` (class production) new."""
+    jobs = [rtx_job(f"b{k}", queue="batch", stint_s=3600.0) for k in range(3)]
+    jobs += [rtx_job(f"r{k}", queue="research", priority="production") for k in range(2)]
+    jobs += [rtx_job(f"x{k}", queue="batch") for k in range(3)]
+    request = pb.OptimizeRequest(nodes=nodes_pb(), jobs=jobs, queues=queues, previous=[
+        pb.PreviousAllocation(job_id=f"b{k}", allocation=pb.Allocation(
+            gpu_type="rtx", num_gpus=4, num_nodes=1, gpus=gpus(f"rtx-{k}", 0, 1, 2, 3),
+            num_replicas=4, batch_size=128, atomic_batch_size=32)) for k in range(3)])
+    return request
+
+
+QUEUES_PB = pb.QueueConfig(
+    queue=[pb.QueueSpec(name="research", guarantee={"rtx": 8}),
+           pb.QueueSpec(name="batch", borrow_limit={"rtx": 8})],
+    priority_class=[pb.PriorityClassSpec(name="production", weight=10)])
+
+
+async def test_queues_without_rows_weigh_priorities_and_report_what_each_queue_holds(stub):
+    cfg = pb.QueueConfig(queue=[pb.QueueSpec(name="research"), pb.QueueSpec(name="batch")],
+                         priority_class=[pb.PriorityClassSpec(name="production", weight=10)])
+    request = queued_request(cfg)
+    response = await stub.Optimize(request)
+    check_valid(response, request)
+    held = {u.queue: dict(u.gpus) for u in response.queues}
+    assert set(held) == {"research", "batch", "default"}
+    queue_of = {j.job_id: j.queue for j in request.jobs}
+    for q in ("research", "batch"):
+        assert held[q]["rtx"] == sum(d.allocation.num_gpus for d in response.decisions
+                                     if queue_of[d.job_id] == q)
+    assert not response.rows  # no guarantee, limit nor budget: no side rows
+
+
+async def test_queues_in_the_request_give_the_policys_own_answer(stub):
+    """Another orchestrator gets what the controller's rounds would: the policy called
+    on the same jobs and queues."""
+    from sia_grpc.api.convert import policy_job_from_pb, queues_from_pb
+
+    request = queued_request(QUEUES_PB)
+    response = await stub.Optimize(request)
+    check_valid(response, request)
+    jobs = [policy_job_from_pb(j, f"jobs[{i}]") for i, j in enumerate(request.jobs)]
+    previous = {p.job_id: allocation_from_pb(p.allocation, CLUSTER, "p") for p in request.previous}
+    want = SiaPolicy().optimize(CLUSTER, jobs, previous, queues=queues_from_pb(QUEUES_PB))
+    got = {d.job_id: d for d in response.decisions}
+    assert {j for j, d in got.items() if d.HasField("allocation")} == set(want.allocations)
+    for job_id, a in want.allocations.items():
+        assert [(g.node, g.index) for g in got[job_id].allocation.gpus] == \
+            [(g.node, g.index) for g in a.gpus]
+    held = {u.queue: dict(u.gpus) for u in response.queues}
+    assert held["research"]["rtx"] >= 8 and held["batch"].get("rtx", 0) <= 8
+    rows = {r.name: r for r in response.rows}
+    assert rows["guarantee research/rtx"].binding
+    assert (rows["guarantee research/rtx"].activity, rows["guarantee research/rtx"].bound) == \
+        want.rows["guarantee research/rtx"]

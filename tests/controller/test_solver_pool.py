@@ -3,6 +3,8 @@ settings and round length, and its rounds run that policy."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from sia_grpc.controller.config import ControllerConfig
@@ -12,6 +14,7 @@ from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import Cluster, PolicyJob, SiaPolicy, make_policy
 from sia_grpc.policy.params import PolicySpec
+from sia_grpc.policy.queues import PriorityClass, Queue, QueueSet
 
 CLUSTER = Cluster.uniform({"aws": (1, 4), "rtx": (1, 8)})
 
@@ -62,3 +65,22 @@ async def test_rounds_in_the_solver_process_use_the_setting():
         pool.close()
     want = make_policy("sia", {"lambda": 0.5}).optimize(CLUSTER, JOBS, {})
     assert dict(result.allocations) == dict(want.allocations) == {}
+
+
+async def test_the_queues_reach_the_solver_process():
+    """A QueueSet does not pickle: it crosses to the solver process in its wire form
+    and comes back as the same decision (here priority weights and what each queue
+    holds; no guarantee, so no side rows)."""
+    queues = QueueSet(queues=(Queue("research"), Queue("batch")),
+                      priority_classes=(PriorityClass("production", 10.0),))
+    jobs = [dataclasses.replace(j, queue=q, priority=p)
+            for j, (q, p) in zip(JOBS, [("research", "production"), ("batch", ""),
+                                        ("batch", ""), ("default", "")], strict=True)]
+    pool = SolverPool(PolicySpec("sia", ()))
+    try:
+        result = await pool.solve(CLUSTER, jobs, {}, timeout=120.0, queues=queues)
+    finally:
+        pool.close()
+    want = make_policy("sia").optimize(CLUSTER, jobs, {}, queues=queues)
+    assert dict(result.allocations) == dict(want.allocations)
+    assert result.queues == want.queues and set(result.queues) >= {"research", "batch"}

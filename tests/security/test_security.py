@@ -310,11 +310,11 @@ async def test_tokens_list_and_revoke_and_the_revoked_token_is_refused_at_once(
     assert main(["tokens", "list", file]) == 0
     out = capsys.readouterr().out
     lines = [ln.split() for ln in out.splitlines()]
-    assert lines[0] == ["ID", "NAME", "TENANT", "ROLE", "CREATED"]
+    assert lines[0] == ["ID", "NAME", "TENANT", "ROLE", "QUEUES", "CREATED"]
     assert [ln[1:4] for ln in lines[1:]] == [["-", "team-a", "user"], ["-", "team-b", "user"],
                                              ["operator", "ops", "admin"],
                                              ["ci", "team-a", "user"]]
-    assert all(len(ln[0]) == 12 and ln[4].endswith("Z") for ln in lines[1:])
+    assert all(len(ln[0]) == 12 and ln[4] == "-" and ln[5].endswith("Z") for ln in lines[1:])
     for secret in (tokens.a, tokens.b, tokens.admin, ci):  # neither a token nor its hash
         assert secret not in out and hash_token(secret) not in out
     async with client(controller, pki, ci) as c, client(controller, pki, tokens.b) as b:

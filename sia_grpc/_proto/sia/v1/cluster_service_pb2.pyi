@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sia_grpc._proto.sia.v1 import queue_pb2 as _queue_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -78,7 +79,7 @@ class Cluster(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., types: _Optional[_Iterable[_Union[GpuTypeSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., round_duration_s: _Optional[float] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note", "end_time")
+    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note", "end_time", "binding_rows", "reclaims")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +94,8 @@ class Round(_message.Message):
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
+    BINDING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMS_FIELD_NUMBER: _ClassVar[int]
     round: int
     start_time: _timestamp_pb2.Timestamp
     trigger: str
@@ -107,7 +110,9 @@ class Round(_message.Message):
     total_ms: float
     note: str
     end_time: _timestamp_pb2.Timestamp
-    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    binding_rows: _containers.RepeatedScalarFieldContainer[str]
+    reclaims: int
+    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., binding_rows: _Optional[_Iterable[str]] = ..., reclaims: _Optional[int] = ...) -> None: ...
 
 class ListRoundsRequest(_message.Message):
     __slots__ = ("limit",)
@@ -144,3 +149,15 @@ class ForgetNodeRequest(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     node: str
     def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues", "config")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[_queue_pb2.QueueStatus]
+    config: _queue_pb2.QueueConfig
+    def __init__(self, queues: _Optional[_Iterable[_Union[_queue_pb2.QueueStatus, _Mapping]]] = ..., config: _Optional[_Union[_queue_pb2.QueueConfig, _Mapping]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class ClusterServiceStub:
                 request_serializer=sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.SerializeToString,
                 response_deserializer=sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
                 _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/sia.v1.ClusterService/ListQueues',
+                request_serializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -111,6 +116,13 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListQueues(self, request, context):
+        """Every configured queue: its guarantee, what it holds and borrows, its pending jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.ForgetNode,
                     request_deserializer=sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.FromString,
                     response_serializer=sia_dot_v1_dot_cluster__service__pb2.Node.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +324,33 @@ class ClusterService:
             '/sia.v1.ClusterService/ForgetNode',
             sia_dot_v1_dot_cluster__service__pb2.ForgetNodeRequest.SerializeToString,
             sia_dot_v1_dot_cluster__service__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sia.v1.ClusterService/ListQueues',
+            sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.SerializeToString,
+            sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

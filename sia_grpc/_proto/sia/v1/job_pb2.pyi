@@ -42,7 +42,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "application", "command", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "batch_size", "max_batch_size", "type_batch_limits", "epochs", "samples", "pipeline_gpus", "restart_cost_s", "tenant", "labels")
+    __slots__ = ("name", "application", "command", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "batch_size", "max_batch_size", "type_batch_limits", "epochs", "samples", "pipeline_gpus", "restart_cost_s", "tenant", "labels", "queue", "priority")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,8 @@ class JobSpec(_message.Message):
     RESTART_COST_S_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     application: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -84,7 +86,9 @@ class JobSpec(_message.Message):
     restart_cost_s: float
     tenant: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., application: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., adaptivity: _Optional[_Union[Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., epochs: _Optional[float] = ..., samples: _Optional[int] = ..., pipeline_gpus: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    queue: str
+    priority: str
+    def __init__(self, name: _Optional[str] = ..., application: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., adaptivity: _Optional[_Union[Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., epochs: _Optional[float] = ..., samples: _Optional[int] = ..., pipeline_gpus: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("node", "index")

@@ -1,5 +1,6 @@
 from sia_grpc._proto.sia.v1 import goodput_pb2 as _goodput_pb2
 from sia_grpc._proto.sia.v1 import job_pb2 as _job_pb2
+from sia_grpc._proto.sia.v1 import queue_pb2 as _queue_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -19,7 +20,7 @@ class NodeSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ...) -> None: ...
 
 class PolicyJob(_message.Message):
-    __slots__ = ("job_id", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "pipeline_gpus", "batch_size", "init_batch_size", "max_batch_size", "type_batch_limits", "samples", "grad", "age_s", "restarts", "restart_cost_s")
+    __slots__ = ("job_id", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "pipeline_gpus", "batch_size", "init_batch_size", "max_batch_size", "type_batch_limits", "samples", "grad", "age_s", "restarts", "restart_cost_s", "queue", "priority", "stint_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVITY_FIELD_NUMBER: _ClassVar[int]
     MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +37,9 @@ class PolicyJob(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESTART_COST_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STINT_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     adaptivity: _job_pb2.Adaptivity
     min_gpus: int
@@ -52,7 +56,10 @@ class PolicyJob(_message.Message):
     age_s: float
     restarts: int
     restart_cost_s: float
-    def __init__(self, job_id: _Optional[str] = ..., adaptivity: _Optional[_Union[_job_pb2.Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., pipeline_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., age_s: _Optional[float] = ..., restarts: _Optional[int] = ..., restart_cost_s: _Optional[float] = ...) -> None: ...
+    queue: str
+    priority: str
+    stint_s: float
+    def __init__(self, job_id: _Optional[str] = ..., adaptivity: _Optional[_Union[_job_pb2.Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., pipeline_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., age_s: _Optional[float] = ..., restarts: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ..., stint_s: _Optional[float] = ...) -> None: ...
 
 class PreviousAllocation(_message.Message):
     __slots__ = ("job_id", "allocation")
@@ -63,7 +70,7 @@ class PreviousAllocation(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., allocation: _Optional[_Union[_job_pb2.Allocation, _Mapping]] = ...) -> None: ...
 
 class OptimizeRequest(_message.Message):
-    __slots__ = ("nodes", "jobs", "previous", "policy", "params", "round_duration_s")
+    __slots__ = ("nodes", "jobs", "previous", "policy", "params", "round_duration_s", "queues")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,13 +84,15 @@ class OptimizeRequest(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     ROUND_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     jobs: _containers.RepeatedCompositeFieldContainer[PolicyJob]
     previous: _containers.RepeatedCompositeFieldContainer[PreviousAllocation]
     policy: str
     params: _containers.ScalarMap[str, str]
     round_duration_s: float
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[PolicyJob, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[PreviousAllocation, _Mapping]]] = ..., policy: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., round_duration_s: _Optional[float] = ...) -> None: ...
+    queues: _queue_pb2.QueueConfig
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[PolicyJob, _Mapping]]] = ..., previous: _Optional[_Iterable[_Union[PreviousAllocation, _Mapping]]] = ..., policy: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., round_duration_s: _Optional[float] = ..., queues: _Optional[_Union[_queue_pb2.QueueConfig, _Mapping]] = ...) -> None: ...
 
 class JobDecision(_message.Message):
     __slots__ = ("job_id", "allocation", "restart", "reason")
@@ -98,7 +107,7 @@ class JobDecision(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., allocation: _Optional[_Union[_job_pb2.Allocation, _Mapping]] = ..., restart: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OptimizeResponse(_message.Message):
-    __slots__ = ("decisions", "objective", "timings_ms")
+    __slots__ = ("decisions", "objective", "timings_ms", "queues", "rows")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,7 +118,11 @@ class OptimizeResponse(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[JobDecision]
     objective: float
     timings_ms: _containers.ScalarMap[str, float]
-    def __init__(self, decisions: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., objective: _Optional[float] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    queues: _containers.RepeatedCompositeFieldContainer[_queue_pb2.QueueUsage]
+    rows: _containers.RepeatedCompositeFieldContainer[_queue_pb2.SideRow]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[JobDecision, _Mapping]]] = ..., objective: _Optional[float] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., queues: _Optional[_Iterable[_Union[_queue_pb2.QueueUsage, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[_queue_pb2.SideRow, _Mapping]]] = ...) -> None: ...
