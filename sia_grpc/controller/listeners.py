@@ -10,6 +10,7 @@ import structlog
 from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller.config import ConfigError
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
+from sia_grpc.controller.stores import is_postgres
 from sia_grpc.observability import MetricsServer
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
@@ -97,8 +98,9 @@ class Listeners:
                               ("metrics_listen", cfg.metrics_listen)):
             if address:
                 check_bindable(address, name)
-        if cfg.db_path != ":memory:":
-            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
+        # A shared (PostgreSQL) store has no file to lock: controllers share it.
+        if cfg.store_target != ":memory:" and not is_postgres(cfg.store_target):
+            self._lock = StoreLock(cfg.store_target, f"listen {cfg.listen}")
 
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config

@@ -312,10 +312,10 @@ def test_newer_schema_is_refused(tmp_path: Path):
 
 
 # The tables each schema version added: a store of version v lacks those of later ones.
-_ADDED_IN = {2: "drains", 3: "rounds"}
+_ADDED_IN = {2: "drains", 3: "rounds", 4: "lease"}
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, version: int):
     """An older controller's store (version 1: no drains or rounds; 2: no rounds)
     opens with a newer one, which adds what is missing."""
@@ -343,7 +343,7 @@ def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, ve
         assert "rtx-0" not in store.drains()
         assert [r.round for r in store.rounds()] == [7]
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     raw.close()
 
 
