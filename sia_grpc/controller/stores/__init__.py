@@ -37,16 +37,15 @@ def describe(target: str) -> str:
     return redact(target)
 
 
-def open_store(target: str, *, password: str | None = None, synchronous: str = "FULL",
-               changelog_limit: int = 100_000, rounds_limit: int = 1000) -> JobStore:
+def open_store(target: str, *, password: str | None = None, **options) -> JobStore:
     """The store at `target`: a `postgresql://` (or `postgres://`) DSN opens the
-    PostgreSQL store (with `password`, if given), anything else is a SQLite path."""
+    PostgreSQL store (with `password`, if given), anything else is a SQLite path.
+    `options` are the back-end's own (synchronous, changelog_limit, rounds_limit,
+    busy_timeout: the same on both)."""
     if is_postgres(target):
         # Imported here: a SQLite controller never loads the driver.
         from sia_grpc.controller.stores.postgres import PostgresStore
-        return PostgresStore(target, password=password, synchronous=synchronous,
-                             changelog_limit=changelog_limit, rounds_limit=rounds_limit)
+        return PostgresStore(target, password=password, **options)
     if password is not None:
         raise ValueError("store_password_file: only for a postgresql:// store")
-    return SqliteStore(target, synchronous=synchronous, changelog_limit=changelog_limit,
-                       rounds_limit=rounds_limit)
+    return SqliteStore(target, **options)

@@ -187,7 +187,9 @@ class PostgresStore(SqlStore):
         try:
             yield
         except psycopg.Error as e:  # (the pool's PoolTimeout is one too)
-            raise StoreError(f"store: cannot {what}: {e}") from e
+            # libpq's messages run over lines (a hint on the next): one line here.
+            why = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            raise StoreError(f"store: cannot {what}: {why}") from e
 
     @contextmanager
     def _connection(self, what: str) -> Iterator[psycopg.Connection]:
