@@ -120,6 +120,11 @@ class PostgresServer:
             conn.execute(f"CREATE DATABASE {name}")
         return self.dsn(name)
 
+    def restart(self) -> None:
+        """Stop the server (fast: sessions are cut) and start it again, on the same port."""
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "log"),
+                  "-m", "fast", "-w", "-t", "60", "restart")
+
     def stop(self) -> None:
         """Kill the server (nothing in it is kept) and remove its directory."""
         if (self.root / "data" / "postmaster.pid").exists():

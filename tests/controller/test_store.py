@@ -309,6 +309,14 @@ def test_wrong_password_is_store_error_without_it(postgres_server):
         assert store.revision == 0
 
 
+def test_a_restarted_postgres_costs_no_failed_call(postgres_server, postgres_dsn):
+    with open_store(postgres_dsn) as store:
+        created(store.create_jobs([(job("a"), "")])[0])
+        postgres_server.restart()  # the pooled connection is cut
+        assert created(store.create_jobs([(job("b"), "")])[0]).revision == 2
+        assert [s.job.job_id for s in store.all_jobs()] == ["a", "b"]
+
+
 def test_locked_database_is_store_error(backend: Backend):
     # busy_timeout: SQLite's busy timeout, PostgreSQL's lock_timeout
     with backend.open(busy_timeout=0.05) as store:
