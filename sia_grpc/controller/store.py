@@ -2,24 +2,8 @@
 back-end (a path); `open_store` picks the back-end from a path or a DSN. The
 implementations are in `sia_grpc/controller/stores/`."""
 
-from sia_grpc.controller.stores import (
-    LEASE,
-    SCHEMA_VERSION,
-    Compacted,
-    Fenced,
-    JobExists,
-    JobStore,
-    Lease,
-    NotFound,
-    RequestConflict,
-    StoredJob,
-    StoreError,
-    describe,
-    is_postgres,
-    open_store,
-)
+from sia_grpc.controller import stores
+from sia_grpc.controller.stores import *  # noqa: F403 (the contract, re-exported)
 from sia_grpc.controller.stores import SqliteStore as Store
 
-__all__ = ["LEASE", "SCHEMA_VERSION", "Compacted", "Fenced", "JobExists", "JobStore", "Lease",
-           "NotFound", "RequestConflict", "Store", "StoreError", "StoredJob", "describe",
-           "is_postgres", "open_store"]
+__all__ = [*stores.__all__, "Store"]

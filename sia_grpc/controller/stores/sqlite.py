@@ -143,23 +143,8 @@ class SqliteStore(SqlStore):
     # -- transactions and errors ------------------------------------------------------
 
     @contextmanager
-    def _txn(self, what: str) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise StoreError("store: closed")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                self._rollback()
-                if isinstance(e, sqlite3.Error):
-                    raise StoreError(f"store: cannot {what}: {e}") from e
-                raise
-
-    @contextmanager
-    def _read(self, what: str) -> Iterator[sqlite3.Connection]:
+    def _connection(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The one connection, under the lock; a sqlite3 error raised as StoreError."""
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -168,6 +153,19 @@ class SqliteStore(SqlStore):
                 yield conn
             except sqlite3.Error as e:
                 raise StoreError(f"store: cannot {what}: {e}") from e
+
+    @contextmanager
+    def _txn(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._connection(what) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+
+    _read = _connection
 
     def _rollback(self) -> None:
         conn = self._conn
