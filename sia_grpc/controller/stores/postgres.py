@@ -114,6 +114,12 @@ class _Conn:
     def execute(self, sql: str, args=()) -> psycopg.Cursor:
         return self._conn.execute(_placeholders(sql), args)
 
+    def executemany(self, sql: str, rows) -> psycopg.Cursor:
+        """One statement for many rows, pipelined (one round trip); rowcount: all of them."""
+        cursor = self._conn.cursor()
+        cursor.executemany(_placeholders(sql), rows)
+        return cursor
+
 
 class PostgresStore(SqlStore):
     _FOR_UPDATE = " FOR UPDATE"

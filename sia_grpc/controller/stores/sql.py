@@ -34,6 +34,7 @@ from sia_grpc.controller.stores.contract import (
 
 _TOKEN = re.compile(r"seq:(\d{1,19})")
 _MAX_INT = 2**63  # beyond both databases' integers
+_IN_CHUNK = 500
 
 
 class SqlStore:
@@ -142,32 +143,40 @@ class SqlStore:
         out: list[tuple[pb.Job, bool] | StoreError] = []
         with self._write(f"commit {len(items)} new jobs") as conn:
             revision = self._next_revisions(conn)
+            # What the batch could collide with, in two queries rather than two per job
+            # (a round trip each, on PostgreSQL); then the batch's own jobs join them.
+            by_request = dict(_select_in(conn, "SELECT request_id, job FROM jobs WHERE"
+                                         " request_id", {r for _, r in items if r}))
+            taken = {row[0] for row in _select_in(conn, "SELECT job_id FROM jobs WHERE job_id",
+                                                  {job.job_id for job, _ in items})}
+            rows, log = [], []
             for job, request_id in items:
-                if request_id:
-                    row = conn.execute("SELECT job FROM jobs WHERE request_id = ?",
-                                       (request_id,)).fetchone()
-                    if row is not None:
-                        existing = pb.Job.FromString(row[0])
-                        if existing.spec == job.spec:
-                            out.append((existing, False))
-                        else:
-                            out.append(RequestConflict(
-                                f"request_id {request_id!r} was already used for job "
-                                f"{existing.job_id!r} with a different spec"))
-                        continue
-                if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?",
-                                (job.job_id,)).fetchone() is not None:
+                if request_id in by_request:
+                    existing = pb.Job.FromString(by_request[request_id])
+                    if existing.spec == job.spec:
+                        out.append((existing, False))
+                    else:
+                        out.append(RequestConflict(
+                            f"request_id {request_id!r} was already used for job "
+                            f"{existing.job_id!r} with a different spec"))
+                    continue
+                if job.job_id in taken:
                     out.append(JobExists(f"job {job.job_id!r} already exists"))
                     continue
                 revision += 1
                 stored, blob = _stamped(job, revision)
-                conn.execute(
-                    "INSERT INTO jobs (job_id, state, tenant, request_id, revision, job)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (stored.job_id, stored.status.state, stored.spec.tenant,
-                     request_id or None, revision, blob))
-                _log(conn, revision, pb.JobEvent.KIND_CREATED, stored.job_id, blob)
+                rows.append((stored.job_id, stored.status.state, stored.spec.tenant,
+                             request_id or None, revision, blob))
+                log.append((revision, pb.JobEvent.KIND_CREATED, stored.job_id, blob))
+                taken.add(stored.job_id)
+                if request_id:
+                    by_request[request_id] = blob
                 out.append((stored, True))
+            if rows:
+                conn.executemany(
+                    "INSERT INTO jobs (job_id, state, tenant, request_id, revision, job)"
+                    " VALUES (?, ?, ?, ?, ?, ?)", rows)
+                _log(conn, log)
             _set_meta(conn, "revision", revision)
         self._bump(revision)
         return out
@@ -184,18 +193,24 @@ class SqlStore:
         revisions: list[int] = []
         with self._write(f"commit updates to {len(items)} jobs") as conn:
             revision = self._next_revisions(conn)
+            rows, log = [], []
             for job, extra in items:
                 revision += 1
                 stored, blob = _stamped(job, revision)
-                cursor = conn.execute(
-                    "UPDATE jobs SET state = ?, tenant = ?, revision = ?, job = ?,"
-                    " extra = coalesce(?, extra) WHERE job_id = ?",
-                    (stored.status.state, stored.spec.tenant, revision, blob, extra,
-                     stored.job_id))
-                if cursor.rowcount == 0:
-                    raise NotFound(f"job {job.job_id!r} not found")
-                _log(conn, revision, pb.JobEvent.KIND_UPDATED, stored.job_id, blob)
+                rows.append((stored.status.state, stored.spec.tenant, revision, blob, extra,
+                             stored.job_id))
+                log.append((revision, pb.JobEvent.KIND_UPDATED, stored.job_id, blob))
                 revisions.append(revision)
+            cursor = conn.executemany(  # (one round trip: a pipeline, on PostgreSQL)
+                "UPDATE jobs SET state = ?, tenant = ?, revision = ?, job = ?,"
+                " extra = coalesce(?, extra) WHERE job_id = ?", rows)
+            if cursor.rowcount != len(rows):
+                ids = [job.job_id for job, _ in items]
+                found = {row[0] for row in _select_in(
+                    conn, "SELECT job_id FROM jobs WHERE job_id", set(ids))}
+                missing = next(i for i in ids if i not in found)
+                raise NotFound(f"job {missing!r} not found")
+            _log(conn, log)
             _set_meta(conn, "revision", revision)
         self._bump(revision)
         return revisions
@@ -213,7 +228,7 @@ class SqlStore:
             revision += 1
             _, blob = _stamped(pb.Job.FromString(row[0]), revision)
             conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
-            _log(conn, revision, pb.JobEvent.KIND_DELETED, job_id, blob)
+            _log(conn, [(revision, pb.JobEvent.KIND_DELETED, job_id, blob)])
             _set_meta(conn, "revision", revision)
         self._bump(revision)
         return revision
@@ -252,9 +267,8 @@ class SqlStore:
         if not rounds:
             return
         with self._write(f"record {len(rounds)} rounds") as conn:
-            for r in rounds:
-                conn.execute("INSERT INTO rounds (round) VALUES (?)",
-                             (r.SerializeToString(deterministic=True),))
+            conn.executemany("INSERT INTO rounds (round) VALUES (?)",
+                             [(r.SerializeToString(deterministic=True),) for r in rounds])
             newest = conn.execute("SELECT max(seq) FROM rounds").fetchone()[0]
             conn.execute("DELETE FROM rounds WHERE seq <= ?", (newest - self.rounds_limit,))
 
@@ -405,9 +419,20 @@ def _set_meta(conn, key: str, value: int) -> None:
     conn.execute("UPDATE meta SET value = ? WHERE key = ?", (value, key))
 
 
-def _log(conn, revision: int, kind: int, job_id: str, blob: bytes) -> None:
-    conn.execute("INSERT INTO changelog (revision, kind, job_id, job) VALUES (?, ?, ?, ?)",
-                 (revision, kind, job_id, blob))
+def _log(conn, entries: Sequence[tuple[int, int, str, bytes]]) -> None:
+    """Append (revision, kind, job_id, job blob) entries to the changelog."""
+    conn.executemany("INSERT INTO changelog (revision, kind, job_id, job) VALUES (?, ?, ?, ?)",
+                     entries)
+
+
+def _select_in(conn, query: str, values: Collection) -> list[tuple]:
+    """The rows of `query IN (values)`, in chunks (SQLite binds at most 32,766
+    parameters to one statement)."""
+    values, rows = list(values), []
+    for i in range(0, len(values), _IN_CHUNK):
+        chunk = values[i:i + _IN_CHUNK]
+        rows += conn.execute(f"{query} IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
+    return rows
 
 
 def _stamped(job: pb.Job, revision: int) -> tuple[pb.Job, bytes]:
