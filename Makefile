@@ -13,16 +13,28 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench protos clean
+.PHONY: venv postgres demo test test-fast lint bench protos clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	$(MAKE) --no-print-directory postgres
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev,train,plots]"
 	touch $(STAMP)
+
+# A PostgreSQL server for the store's tests (sia_grpc/testing/postgres.py starts a
+# throwaway one per test process): Debian's package, installed as root where its
+# binaries are missing. Without it (not root, no apt-get) those tests skip, saying why.
+postgres:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; \
+	then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	else echo "make postgres: no PostgreSQL server and no root apt-get: its tests will skip"; \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/sia demo

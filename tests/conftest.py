@@ -20,6 +20,8 @@ from collections.abc import Iterator
 import pytest
 from otlp_receiver import OtlpTraceReceiver
 
+from sia_grpc.testing import postgres
+
 # The fuzz tests' tally of cases per RPC (tests/fuzz/fuzzkit.py), summed over the
 # xdist workers on the controlling process: {"scale": N, "rpcs": {rpc: {code: n}}}.
 FUZZ_TALLY = "sia_fuzz_tally"
@@ -30,6 +32,24 @@ _FUZZ_KEY = pytest.StashKey[dict]()
 def otlp_receiver() -> Iterator[OtlpTraceReceiver]:
     with OtlpTraceReceiver() as receiver:
         yield receiver
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[postgres.PostgresServer]:
+    """One throwaway PostgreSQL server per test process (xdist worker); the tests
+    that need it skip, saying why, only where none can be had (`make venv` installs
+    one as root)."""
+    reason = postgres.unavailable()
+    if reason is not None:
+        pytest.skip(f"PostgreSQL: {reason}")
+    with postgres.PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: postgres.PostgresServer) -> str:
+    """The DSN (with its password) of a new, empty database on that server."""
+    return postgres_server.database()
 
 
 def _add_fuzz_tally(config: pytest.Config, tally: dict) -> None:

@@ -11,6 +11,9 @@ Two measurements, reported side by side:
   clients would be) submitting jobs to a controller with a file-backed store
   (`synchronous=FULL`); every accepted job is then counted in the store.
 
+With `store` (a `postgresql://` DSN) both are measured again on that PostgreSQL
+store, in the same run, and reported beside SQLite's.
+
 The agents run in their own processes (one per GPU type, `sia-nodeagent --count`),
 or with `agents_in_process` as tasks in the controller's process.
 
@@ -38,7 +41,7 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import loop_factory
-from sia_grpc.controller.store import Store
+from sia_grpc.controller.store import Store, describe, open_store
 from sia_grpc.testing.localcluster import LocalCluster
 
 _TYPES = ("rtx", "dgx-ext")  # both 8 GPUs per node in the artifact's profiles
@@ -51,14 +54,15 @@ def _spec(k: int) -> pb.JobSpec:
 
 
 async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int,
-                        in_process: bool = False) -> dict:
+                        in_process: bool = False, store: str = "") -> dict:
     """Rounds timed from tick to last ack. The agents run in one process per GPU
     type (so the controller's process is the controller alone), or with
-    `in_process` as tasks in this one, sharing the controller's core."""
+    `in_process` as tasks in this one, sharing the controller's core. `store`: a
+    PostgreSQL DSN (else an in-memory SQLite store)."""
     per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
                 for i, t in enumerate(_TYPES)}
     rate = 50.0  # profiling passes take ~0.5 s of wall time; jobs last hours
-    config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:",
+    config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", store=store,
                               round_duration=1e9, early_round_delay=1e9,
                               heartbeat_interval=100.0, heartbeat_timeout=3000.0,
                               store_synchronous="NORMAL")
@@ -131,10 +135,18 @@ def _submit_load(target: str, creates: int, clients: int) -> tuple[int, float]:
         return runner.run(main())
 
 
-async def create_throughput(creates: int, clients: int) -> dict:
+def _stored_jobs(target: str) -> int:
+    with open_store(target) as store:
+        return len(store.all_jobs())
+
+
+async def create_throughput(creates: int, clients: int, store: str = "") -> dict:
+    """CreateJob/s on a new SQLite file, or on `store` (a PostgreSQL DSN: the jobs
+    already in it are not counted as durable)."""
     with tempfile.TemporaryDirectory() as tmp:
-        db = str(Path(tmp) / "bench.db")
-        config = ControllerConfig(listen="127.0.0.1:0", db_path=db, inline_solver=True)
+        db = store or str(Path(tmp) / "bench.db")
+        before = _stored_jobs(db)
+        config = ControllerConfig(listen="127.0.0.1:0", store=db, inline_solver=True)
         async with LocalCluster({}, config=config) as lc:
             loop = asyncio.get_running_loop()
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -144,9 +156,10 @@ async def create_throughput(creates: int, clients: int) -> dict:
                                                      min(200, creates), clients)
                 accepted, wall = await loop.run_in_executor(
                     pool, _submit_load, lc.target, creates, clients)
-        with Store(db) as store:  # what survived, read back after the controller stopped
-            durable = len(store.all_jobs())
-    return {"creates": creates, "clients": clients, "accepted": warm + accepted,
+        # what survived, read back after the controller stopped
+        durable = _stored_jobs(db) - before
+    return {"store": describe(store) if store else "sqlite", "creates": creates,
+            "clients": clients, "accepted": warm + accepted,
             "durable": durable, "create_per_s": accepted / wall, "wall_s": wall}
 
 
@@ -234,17 +247,31 @@ def run_load(*, agents: int, gpus_per_agent: int, jobs: int, clients: int,
 
 
 def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: int,
-        clients: int, as_json: bool, agents_in_process: bool = False) -> int:
+        clients: int, as_json: bool, agents_in_process: bool = False, store: str = "") -> int:
+    """Both measurements on SQLite, and with `store` (a PostgreSQL DSN) on it too:
+    its results under "postgres" in the JSON."""
     from sia_grpc.observability import configure_logging
 
     configure_logging(level="warning")
+    results = []
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        rl = runner.run(round_latency(agents, gpus_per_agent, jobs, rounds, agents_in_process))
-        ct = runner.run(create_throughput(creates, clients))
-    out = {**rl, **ct}
+        for target in ("", store) if store else ("",):
+            rl = runner.run(round_latency(agents, gpus_per_agent, jobs, rounds,
+                                          agents_in_process, store=target))
+            ct = runner.run(create_throughput(creates, clients, store=target))
+            results.append({**rl, **ct})
     if as_json:
+        out = results[0] | ({"postgres": results[1]} if store else {})
         print(json.dumps(out, indent=2))
         return 0
+    for r in results:
+        _report(r, agents_in_process)
+    return 0 if all(r["durable"] == r["accepted"] for r in results) else 1
+
+
+def _report(r: dict, agents_in_process: bool) -> None:
+    rl = ct = r
+    print(f"store: {r['store']}")
     where = "in the controller's process" if agents_in_process else "in their own processes"
     print(f"rounds: {rl['agents']} agents ({where}), {rl['gpus']} GPUs, {rl['jobs']} jobs, "
           f"{rl['rounds']} rounds (first round {rl['first_round_ms']:.0f} ms)")
@@ -254,7 +281,6 @@ def run(*, agents: int, gpus_per_agent: int, jobs: int, rounds: int, creates: in
     print(f"CreateJob: {ct['clients']} clients, {ct['creates']} timed in {ct['wall_s']:.1f} s"
           f" = {ct['create_per_s']:,.0f}/s (after an untimed warm-up); durable after "
           f"shutdown: {ct['durable']} of {ct['accepted']} accepted")
-    return 0 if ct["durable"] == ct["accepted"] else 1
 
 
 __all__ = ["create_throughput", "load", "round_latency", "run", "run_load"]

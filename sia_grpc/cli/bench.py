@@ -4,6 +4,7 @@ docs/results.md)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from sia_grpc.cli.argparsing import UsageError, command, positive, subcommand
@@ -49,10 +50,15 @@ def _training(args: argparse.Namespace) -> int:
 
 def _control_plane(args: argparse.Namespace) -> int:
     from sia_grpc.bench.control_plane import run
+    from sia_grpc.controller.store import is_postgres
 
+    if args.store and not is_postgres(args.store):
+        print("error: --store: expected a postgresql:// DSN (SQLite is always measured)",
+              file=sys.stderr)
+        return 2
     return run(agents=args.agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
                rounds=args.rounds, creates=args.creates, clients=args.clients,
-               agents_in_process=args.agents_in_process, as_json=args.json)
+               agents_in_process=args.agents_in_process, as_json=args.json, store=args.store)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -105,6 +111,9 @@ def add_commands(sub: Any) -> None:
     cp.add_argument("--creates", type=count, default=5000)
     cp.add_argument("--clients", type=count, default=32)
     cp.add_argument("--json", action="store_true")
+    cp.add_argument("--store", default="", metavar="DSN",
+                    help="measure on this PostgreSQL store too (postgresql://USER@HOST/DB; "
+                         "the password from the DSN, PGPASSWORD or ~/.pgpass), beside SQLite")
     cp.add_argument("--agents-in-process", action="store_true",
                     help="run the agents as tasks in the controller's process "
                          "(default: one agent process per GPU type)")

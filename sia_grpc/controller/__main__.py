@@ -22,6 +22,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML file ([controller] table); SIA_* env overrides it")
     p.add_argument("--listen", help="HOST:PORT (default 127.0.0.1:50051)")
     p.add_argument("--db", dest="db_path", help="SQLite store path (default sia-controller.db)")
+    p.add_argument("--store", metavar="DSN_OR_PATH",
+                   help="the store instead: postgresql://USER@HOST/DB (password from "
+                        "store_password_file, the DSN, PGPASSWORD or ~/.pgpass) or a path")
     p.add_argument("--policy", help="sia, pollux, gavel or fifo (default sia)")
     p.add_argument("--policy-set", action="append", default=[], metavar="POLICY.SETTING=VALUE",
                    help="a policy setting, e.g. sia.p=-1 (repeatable; over [policy.<name>] "
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         config = load_config(args.config, listen=args.listen, db_path=args.db_path,
-                             policy=args.policy, round_duration=args.round_duration,
+                             store=args.store, policy=args.policy,
+                             round_duration=args.round_duration,
                              tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,
                              tokens_file=args.tokens_file, allow_insecure=args.allow_insecure,

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sia_grpc.controller.stores import is_postgres
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy import params as policy_params
 from sia_grpc.policy.errors import FieldError
@@ -35,6 +36,13 @@ class ControllerConfig:
     heartbeat_timeout: float = 15.0  # silence after which an agent is lost
     checkpoint_root: str = "/var/lib/sia/checkpoints"
     store_synchronous: str = "FULL"
+    # The store, when not the SQLite file at db_path: a "postgresql://user@host/db" DSN
+    # (docs/operations.md, "PostgreSQL store") or another SQLite path. Not in repr: a
+    # DSN may carry a password (logs show `describe(store_target)`, redacted).
+    store: str = field(default="", repr=False)
+    # The PostgreSQL password, read from this file at start (else the DSN's, PGPASSWORD
+    # or ~/.pgpass): never in the config, the environment listing or a log.
+    store_password_file: str = ""
     inline_solver: bool = False  # solve on a thread instead of a spawned process
     max_message_bytes: int = 16 << 20
     # Per tenant (0: no limit): jobs not yet ended, and CreateJob calls a second
@@ -57,6 +65,22 @@ class ControllerConfig:
     # `default` queue without guarantees (a flat pool, as before queues).
     queues: QueueSet = field(default_factory=QueueSet)
     queues_file: str = ""
+
+    @property
+    def store_target(self) -> str:
+        """What the store is opened on: `store`, else `db_path`."""
+        return self.store or self.db_path
+
+    def store_password(self) -> str | None:
+        """The password in store_password_file (its first line), or None without one."""
+        if not self.store_password_file:
+            return None
+        try:
+            return Path(self.store_password_file).read_text().splitlines()[0]
+        except (OSError, UnicodeDecodeError, IndexError) as err:
+            why = getattr(err, "strerror", None) or "empty or not text"
+            raise ConfigError(f"store_password_file: cannot read {self.store_password_file}: "
+                              f"{why}") from None
 
     @property
     def tls(self) -> bool:
@@ -108,6 +132,8 @@ class ControllerConfig:
             raise ConfigError("queues_file: the queues are given twice, in a [queues] table and "
                               "in queues_file; give them in one place (queues_file to change "
                               "them with SIGHUP)")
+        if self.store_password_file and not is_postgres(self.store_target):
+            raise ConfigError("store_password_file: only for a postgresql:// store")
         self._check_security()
 
     def _check_security(self) -> None:

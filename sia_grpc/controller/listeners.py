@@ -14,6 +14,7 @@ from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, read_queues_file
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
 from sia_grpc.controller.queueing import scheduled_in
+from sia_grpc.controller.stores import is_postgres
 from sia_grpc.observability import PREEMPTION_REASONS, MetricsServer
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.security import auth
@@ -106,8 +107,9 @@ class Listeners:
                               ("metrics_listen", cfg.metrics_listen)):
             if address:
                 check_bindable(address, name)
-        if cfg.db_path != ":memory:":
-            self._lock = StoreLock(cfg.db_path, f"listen {cfg.listen}")
+        # A shared (PostgreSQL) store has no file to lock: controllers share it.
+        if cfg.store_target != ":memory:" and not is_postgres(cfg.store_target):
+            self._lock = StoreLock(cfg.store_target, f"listen {cfg.listen}")
 
     def _bind(self, server: grpc.aio.Server) -> None:
         cfg = self.config

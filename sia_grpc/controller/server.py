@@ -40,8 +40,7 @@ from sia_grpc.controller.listeners import Listeners
 from sia_grpc.controller.round_log import ROUNDS_KEPT, RoundLog
 from sia_grpc.controller.services import AgentService, ClusterService, JobService
 from sia_grpc.controller.solver_pool import SolverPool
-from sia_grpc.controller.store import Store as JobStore
-from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.store import JobStore, StoreError, describe, open_store
 from sia_grpc.controller.validation import check_job_id
 from sia_grpc.observability import MetricsServer, setup_telemetry
 from sia_grpc.policy import params as policy_params
@@ -143,7 +142,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         queues = self._read_queues()  # (so is a bad queues file)
         self._claim()  # a second controller on this store or address stops here
         self._serve_metrics()  # next: a port in use fails before anything else is open
-        self._store = await self._in_store(JobStore, self.config.db_path,
+        self._store = await self._in_store(open_store, self.config.store_target,
+                                           password=self.config.store_password(),
                                            synchronous=self.config.store_synchronous,
                                            rounds_limit=ROUNDS_KEPT)
         now = self.clock.time()
@@ -190,6 +190,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
         log.info("controller started", listen=self.config.listen, port=self.port,
+                 store=describe(self.config.store_target),
                  agent_port=self.agent_port or None, metrics_port=self.metrics_port or None,
                  tls=self.config.tls, jobs=len(self.state.jobs), policy=self.config.policy)
 

@@ -173,3 +173,35 @@ def test_a_bad_log_setting_in_the_environment_is_one_line(var, value, monkeypatc
     assert main(["--listen", "127.0.0.1:0", "--db", ":memory:"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"sia-controller: {var}: unknown log") and err.count("\n") == 1
+
+
+def test_a_postgres_store_and_its_password_file(tmp_path):
+    secret = tmp_path / "pgpass"
+    secret.write_text("hunter2\nignored\n")
+    toml = tmp_path / "c.toml"
+    toml.write_text('[controller]\nstore = "postgresql://sia@db:5432/sia"\n'
+                    f'store_password_file = "{secret}"\n')
+    config = load_config(toml, env={})
+    assert config.store_target == "postgresql://sia@db:5432/sia"
+    assert config.store_password() == "hunter2"
+    assert load_config(None, env={}).store_target == "sia-controller.db"  # db_path's
+    assert load_config(None, env={"SIA_STORE": "/x/sia.db"}).store_target == "/x/sia.db"
+    assert load_config(None, env={}).store_password() is None
+    with pytest.raises(ConfigError, match="^store_password_file: only for a postgresql://"):
+        ControllerConfig(store_password_file=str(secret))
+    gone = ControllerConfig(store="postgres://db/sia", store_password_file=str(tmp_path / "no"))
+    with pytest.raises(ConfigError, match="^store_password_file: cannot read .*no: No such"):
+        gone.store_password()
+
+
+def test_an_unreachable_postgres_store_is_one_line(capsys):
+    from sia_grpc.controller.__main__ import main
+    from sia_grpc.testing.ports import free_port
+
+    dsn = f"postgresql://sia:s3cret@127.0.0.1:{free_port()}/sia"
+    assert main(["--listen", "127.0.0.1:0", "--store", dsn]) == 1
+    err = capsys.readouterr().err
+    assert "s3cret" not in err
+    last = err.splitlines()[-1]  # (after the log lines)
+    assert last.startswith("sia-controller: store: cannot open postgresql://sia:***@127.0.0.1")
+    assert "Connection refused" in last

@@ -406,6 +406,20 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
     assert ct["accepted"] == ct["durable"] == 2 * creates and ct["create_per_s"] > 0
 
 
+@pytest.mark.timeout(90)
+async def test_control_plane_bench_on_postgres(postgres_dsn):
+    from sia_grpc.bench.control_plane import _spec, create_throughput, round_latency
+    from sia_grpc.controller.store import open_store
+
+    with open_store(postgres_dsn) as store:  # already there: not counted as durable
+        store.create_jobs([(pb.Job(job_id="old", spec=_spec(0)), "")])
+    rl = await round_latency(agents=2, gpus_per_agent=8, jobs=3, rounds=2, store=postgres_dsn)
+    assert rl["round_p50_ms"] >= rl["solve_p50_ms"] > 0
+    ct = await create_throughput(creates=20, clients=2, store=postgres_dsn)
+    assert ct["accepted"] == ct["durable"] == 40 and ct["store"].startswith("postgresql://")
+    assert ":***@" in ct["store"]  # the fixture's DSN carries a password
+
+
 @pytest.mark.timeout(60)
 async def test_load_bench_accounts_for_every_job_and_records_controller_resources():
     from sia_grpc.bench.control_plane import load

@@ -1,4 +1,6 @@
-"""The controller's SQLite store: idempotent creates, revisions, paging, changelog, durability."""
+"""The controller's store, on both back-ends (SQLite and PostgreSQL, the `backend`
+fixture of conftest.py): idempotent creates, revisions, paging, changelog,
+durability, schema upgrades; the lease and fencing are in test_lease.py."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from store_backends import Backend
 
 from sia_grpc.api import pb
 from sia_grpc.controller.store import (
@@ -21,6 +24,7 @@ from sia_grpc.controller.store import (
     RequestConflict,
     Store,
     StoreError,
+    open_store,
 )
 
 CREATED, UPDATED, DELETED = (pb.JobEvent.KIND_CREATED, pb.JobEvent.KIND_UPDATED,
@@ -43,8 +47,8 @@ def created(result) -> pb.Job:
 
 
 @pytest.fixture
-def store():
-    with Store(":memory:") as s:
+def store(backend: Backend):
+    with backend.open() as s:
         yield s
 
 
@@ -167,8 +171,8 @@ def test_malformed_page_token_is_value_error(store: Store, token: str):
         store.list_jobs(page_token=token)
 
 
-def test_events_since_in_order_then_compacted():
-    with Store(":memory:", changelog_limit=2) as store:
+def test_events_since_in_order_then_compacted(backend: Backend):
+    with backend.open(changelog_limit=2) as store:
         store.create_jobs([(job("a"), ""), (job("b"), "")])
         store.put_jobs([(job("a", state=pb.JOB_STATE_RUNNING), None)])
         store.delete_job("b")
@@ -191,16 +195,15 @@ def test_events_since_in_order_then_compacted():
         assert store.revision == 4  # compaction never moves the revision back
 
 
-def test_reopened_store_sees_everything(tmp_path: Path):
-    path = tmp_path / "sia.db"
-    with Store(path) as store:
+def test_reopened_store_sees_everything(backend: Backend):
+    with backend.open() as store:
         store.create_jobs([(job(f"j{i}", tenant="t"), f"r{i}") for i in range(5)])
         store.put_jobs([(job("j1", state=pb.JOB_STATE_RUNNING, tenant="t"), b"\x00fit\xff")])
         store.delete_job("j3")
         before = store.all_jobs()
         _, token = store.list_jobs(page_size=2)
 
-    with Store(path) as store:  # a restart
+    with backend.open() as store:  # a restart
         assert store.revision == 7
         assert store.all_jobs() == before
         assert store.get_job("j1").extra == b"\x00fit\xff"
@@ -217,9 +220,9 @@ def test_reopened_store_sees_everything(tmp_path: Path):
 CHILD = """
 import sys
 from sia_grpc.api import pb
-from sia_grpc.controller.store import Store
+from sia_grpc.controller.store import open_store
 
-store = Store(sys.argv[1])
+store = open_store(sys.argv[1])
 i = 0
 while True:
     ids = [f"c{i + k}" for k in range(5)]
@@ -229,9 +232,9 @@ while True:
 """
 
 
-def test_committed_jobs_survive_sigkill(tmp_path: Path):
-    path = tmp_path / "sia.db"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], cwd=REPO,
+def test_committed_jobs_survive_sigkill(backend: Backend):
+    backend.open().close()  # the schema first: the child's open must not be killed midway
+    child = subprocess.Popen([sys.executable, "-c", CHILD, backend.target], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -250,7 +253,7 @@ def test_committed_jobs_survive_sigkill(tmp_path: Path):
     reported = [x for line in lines if line.endswith("\n") for x in line.split()[1:]]
     assert len(reported) >= 50
 
-    with Store(path) as store:
+    with backend.open() as store:
         stored = {s.job.job_id: s.job for s in store.all_jobs()}
         assert store.revision == len(stored)
     missing = [x for x in reported if x not in stored]
@@ -258,7 +261,8 @@ def test_committed_jobs_survive_sigkill(tmp_path: Path):
     assert all(stored[x].spec.name == x for x in reported)
 
 
-def test_full_disk_is_store_error_and_rolls_back(store: Store):
+def test_full_disk_is_store_error_and_rolls_back(tmp_path: Path):
+    store = Store(tmp_path / "sia.db")
     created(store.create_jobs([(job("a"), "")])[0])
     # A database that cannot grow stands in for a full disk.
     pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
@@ -277,6 +281,7 @@ def test_full_disk_is_store_error_and_rolls_back(store: Store):
     assert store.get_job("a").extra == b""
     store._conn.execute(f"PRAGMA max_page_count = {pages * 100}")
     assert [created(r).revision for r in store.create_jobs([(j, "") for j in big])] == [2, 3, 4]
+    store.close()
 
 
 def test_unopenable_path_is_store_error(tmp_path: Path):
@@ -286,94 +291,106 @@ def test_unopenable_path_is_store_error(tmp_path: Path):
         Store(not_a_dir / "sia.db")
 
 
-def test_locked_database_is_store_error(tmp_path: Path):
-    path = tmp_path / "sia.db"
-    with Store(path, busy_timeout=0.05) as store:
-        other = sqlite3.connect(path, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
-            with pytest.raises(StoreError, match="cannot commit 1 new jobs: database is locked"):
-                store.create_jobs([(job("a"), "")])
-            other.execute("ROLLBACK")
-        finally:
-            other.close()
+def test_unreachable_postgres_is_store_error_without_the_password(tmp_path: Path):
+    from sia_grpc.testing.ports import free_port
+
+    dsn = f"postgresql://sia:s3cret@127.0.0.1:{free_port()}/sia"  # nothing listens there
+    with pytest.raises(StoreError, match="cannot open postgresql://sia:\\*\\*\\*@127") as err:
+        open_store(dsn)
+    assert "s3cret" not in str(err.value)
+
+
+def test_wrong_password_is_store_error_without_it(postgres_server):
+    with pytest.raises(StoreError, match="password authentication failed") as err:
+        open_store(postgres_server.dsn(password=False), password="wrong-one")
+    assert "wrong-one" not in str(err.value)
+    with open_store(postgres_server.dsn(password=False),
+                    password=postgres_server.password) as store:  # store_password_file's way
+        assert store.revision == 0
+
+
+def test_a_restarted_postgres_costs_no_failed_call(postgres_server, postgres_dsn):
+    with open_store(postgres_dsn) as store:
+        created(store.create_jobs([(job("a"), "")])[0])
+        postgres_server.restart()  # the pooled connection is cut
+        assert created(store.create_jobs([(job("b"), "")])[0]).revision == 2
+        assert [s.job.job_id for s in store.all_jobs()] == ["a", "b"]
+
+
+def test_locked_database_is_store_error(backend: Backend):
+    # busy_timeout: SQLite's busy timeout, PostgreSQL's lock_timeout
+    with backend.open(busy_timeout=0.05) as store:
+        with backend.writer_waiting(), pytest.raises(  # another writer holds the lock
+                StoreError, match="cannot commit 1 new jobs: (database is locked|.*lock timeout)"):
+            store.create_jobs([(job("a"), "")])
         assert created(store.create_jobs([(job("a"), "")])[0]).revision == 1
 
 
-def test_newer_schema_is_refused(tmp_path: Path):
-    path = tmp_path / "sia.db"
-    Store(path).close()
-    raw = sqlite3.connect(path)
-    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    raw.close()
+def test_newer_schema_is_refused(backend: Backend):
+    backend.open().close()
+    backend.set_schema_version(SCHEMA_VERSION + 1)
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer than "
                                          f"the {SCHEMA_VERSION}"):
-        Store(path)
+        backend.open()
 
 
 # The tables each schema version added: a store of version v lacks those of later ones.
-_ADDED_IN = {2: "drains", 3: "rounds"}
+_ADDED_IN = {2: "drains", 3: "rounds", 4: "lease"}
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(tmp_path: Path, version: int):
-    """An older controller's store (version 1: no drains or rounds; 2: no rounds)
-    opens with a newer one, which adds what is missing."""
-    path = tmp_path / "sia.db"
-    with Store(path) as store:
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(backend: Backend, version: int):
+    """An older controller's store (version 1: no drains, rounds or lease; 2: no
+    rounds or lease; 3: no lease) opens with a newer one, which adds what is missing."""
+    with backend.open() as store:
         store.create_jobs([(job("a"), "req-a")])
         if version >= 2:
             store.set_drain("rtx-1", "kept")
-    raw = sqlite3.connect(path)
     for v, table in _ADDED_IN.items():
         if v > version:
-            raw.execute(f"DROP TABLE {table}")
-    raw.execute(f"PRAGMA user_version = {version}")
-    raw.commit()
-    raw.close()
-    with Store(path) as store:
+            backend.sql(f"DROP TABLE {table}")
+    backend.set_schema_version(version)
+    with backend.open() as store:
         assert [s.job.job_id for s in store.all_jobs()] == ["a"]
         assert store.drains() == ({"rtx-1": "kept"} if version >= 2 else {})
         assert store.rounds() == []
         store.set_drain("rtx-0", "replace GPU 3")
         store.add_rounds([pb.Round(round=7, trigger="timer")])
-    with Store(path) as store:  # durable, and the upgrade is not run twice
+        assert store.try_acquire("c1", 60.0) == 1
+    with backend.open() as store:  # durable, and the upgrade is not run twice
         assert store.drains()["rtx-0"] == "replace GPU 3"
         store.set_drain("rtx-0", None)
         assert "rtx-0" not in store.drains()
         assert [r.round for r in store.rounds()] == [7]
-    raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
-    raw.close()
+        assert store.leader().term == 1
+    assert backend.schema_version() == SCHEMA_VERSION == 4
 
 
-def test_rounds_keep_the_newest_few_across_a_reopen(tmp_path: Path):
-    path = tmp_path / "sia.db"
+def test_rounds_keep_the_newest_few_across_a_reopen(backend: Backend):
     rounds = []
     for r in range(1, 7):
         rnd = pb.Round(round=r, trigger="timer", note="skipped: no jobs" if r == 5 else "")
         rnd.start_time.FromSeconds(1_700_000_000 + r)
         rounds.append(rnd)
-    with Store(path, rounds_limit=3) as store:
+    with backend.open(rounds_limit=3) as store:
         store.add_rounds(rounds[:2])
         store.add_rounds([])
         assert [r.round for r in store.rounds()] == [1, 2]
         store.add_rounds(rounds[2:5])  # a batch that pushes older ones out
         assert [r.round for r in store.rounds()] == [3, 4, 5]
         assert [r.round for r in store.rounds(2)] == [4, 5]
-    with Store(path, rounds_limit=3) as store:
+    with backend.open(rounds_limit=3) as store:
         rounds = store.rounds()
         assert [r.round for r in rounds] == [3, 4, 5]
         assert rounds[-1].note == "skipped: no jobs"
         assert rounds[0].start_time.seconds == 1_700_000_003
-        count = store._conn.execute("SELECT count(*) FROM rounds").fetchone()[0]
-        assert count == 3  # trimmed as they come, not only in what is returned
+    assert backend.sql("SELECT count(*) FROM rounds") == [(3,)]  # trimmed as they come
     with pytest.raises(ValueError, match="rounds_limit"):
-        Store(":memory:", rounds_limit=0)
+        backend.open(rounds_limit=0)
 
 
-def test_closed_store_raises_store_error():
-    store = Store(":memory:")
+def test_closed_store_raises_store_error(backend: Backend):
+    store = backend.open()
     store.close()
     store.close()  # idempotent
     with pytest.raises(StoreError, match="closed"):
@@ -393,3 +410,22 @@ def test_concurrent_writers_and_readers_share_the_connection(store: Store):
     with ThreadPoolExecutor(4) as pool:
         revisions = [r for revs in pool.map(work, range(4)) for r in revs]
     assert sorted(revisions) == list(range(1, 61))
+
+
+def test_two_stores_on_one_database_take_revisions_in_turn(backend: Backend):
+    """Two controllers' stores on one database (a failover's old and new leader):
+    every revision is taken once, and the changelog has no gap."""
+    stores = [backend.open(busy_timeout=30.0) for _ in range(2)]
+    try:
+        def work(t: int) -> list[int]:
+            return [created(stores[t].create_jobs([(job(f"s{t}-{i}"), "")])[0]).revision
+                    for i in range(20)]
+
+        with ThreadPoolExecutor(2) as pool:
+            revisions = [r for revs in pool.map(work, range(2)) for r in revs]
+        assert sorted(revisions) == list(range(1, 41))
+        assert [rev for rev, _, _ in stores[0].events_since(0)] == list(range(1, 41))
+        assert stores[1].put_jobs([(job("s0-0", state=pb.JOB_STATE_RUNNING), None)]) == [41]
+    finally:
+        for s in stores:
+            s.close()
