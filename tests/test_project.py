@@ -46,3 +46,14 @@ def test_bench_policy_compares_with_reference(tmp_path, capsys):
     assert r["ratio"] is not None and r["ratio"] > 0
     assert r["max_rel_diff"] <= 1e-4  # same optimum as the paper's GLPK_MI path
     assert "| 64 |" in capsys.readouterr().out
+
+
+def test_bench_policy_times_the_call_with_queues_beside_the_same_rounds_without(tmp_path,
+                                                                               capsys):
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "policy", "--scales", "1", "--rounds", "1", "--warmup", "0",
+                 "--no-reference", "--queues", "4", "--json", str(out_json)]) == 0
+    q = json.loads(out_json.read_text())["queues"]
+    assert q["num_queues"] == 4 and q["gpus"] == 2048 and q["jobs"] == 2000
+    assert q["queues"]["p95"] > 0 and q["ratio_p95"] > 0
+    assert "4 queues" in capsys.readouterr().out

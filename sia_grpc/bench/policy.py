@@ -137,8 +137,25 @@ def format_table(results: list[ScaleResult]) -> str:
     return "\n".join(lines + ([""] + notes if notes else []) + phase)
 
 
+def format_queues(q: dict) -> str:
+    """`solver_rows.run_policy`'s result as a table: the call with queues beside the
+    same rounds without."""
+    def ms(d: dict, key: str) -> str:
+        return f"{d[key] * 1e3:,.1f}"
+
+    return "\n".join([
+        f"Whole policy call with {q['num_queues']} queues, {q['gpus']:,} GPUs, {q['jobs']:,} jobs, "
+        f"{q['rounds']} rounds (the same rounds without queues beside):", "",
+        "| | call p50 ms | call p95 ms | solve p50 ms | solve p95 ms |", "|---|---|---|---|---|",
+        f"| no queues | {ms(q['plain'], 'p50')} | {ms(q['plain'], 'p95')} | "
+        f"{ms(q['plain_solve'], 'p50')} | {ms(q['plain_solve'], 'p95')} |",
+        f"| {q['num_queues']} queues | {ms(q['queues'], 'p50')} | {ms(q['queues'], 'p95')} | "
+        f"{ms(q['queues_solve'], 'p50')} | {ms(q['queues_solve'], 'p95')} |", "",
+        f"call p95 ratio (queues / none): {q['ratio_p95']:.2f}x"])
+
+
 def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,
-        with_reference: bool, json_out: str | None) -> int:
+        with_reference: bool, json_out: str | None, queues: int = 0) -> int:
     results = []
     for scale in argv_scales:
         n = DEFAULT_SCALES.get(scale, 40 * scale)
@@ -150,10 +167,19 @@ def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,
         results.append(bench_scale(scale, n, rounds, warmup, ref_limit, with_reference,
                                    progress=tick))
         print(file=sys.stderr)
+    with_queues = None
+    if queues:
+        from sia_grpc.bench.solver_rows import run_policy
+
+        print(f"{queues} queues: 2,048 GPUs, 2,000 jobs, {rounds} rounds", file=sys.stderr)
+        with_queues = run_policy(rounds, num_queues=queues, warmup=max(warmup, 1))
     print(f"sia bench policy — {machine()}\n")
     print(format_table(results))
+    if with_queues:
+        print("\n" + format_queues(with_queues))
     if json_out:
-        payload = {"machine": machine(), "results": [r.__dict__ for r in results]}
+        payload = {"machine": machine(), "results": [r.__dict__ for r in results],
+                   "queues": with_queues}
         with open(json_out, "w") as f:
             json.dump(payload, f, indent=2)
     return 0

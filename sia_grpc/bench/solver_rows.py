@@ -284,5 +284,5 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
                                            and j.job_id not in res.restarted else 0.0))
                 for j in jobs]
     stats = {k: _pct(v) for k, v in out.items()}
-    return {"rounds": rounds, "gpus": int(64 * scale), "jobs": num_jobs, "queues": num_queues,
+    return {"rounds": rounds, "gpus": int(64 * scale), "jobs": num_jobs, "num_queues": num_queues,
             **stats, "ratio_p95": stats["queues"]["p95"] / stats["plain"]["p95"]}

@@ -25,8 +25,10 @@ def _policy(args: argparse.Namespace) -> int:
 
     if args.rounds < 1 or args.warmup < 0:
         raise UsageError("--rounds must be >= 1 and --warmup >= 0")
+    if args.queues < 0:
+        raise UsageError("--queues must be >= 0")
     return run(args.scales, args.rounds, args.warmup, args.reference_limit,
-               not args.no_reference, args.json)
+               not args.no_reference, args.json, queues=args.queues)
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -82,6 +84,10 @@ def add_commands(sub: Any) -> None:
                      help="skip the reference once one solve takes longer (s)")
     pol.add_argument("--no-reference", action="store_true", help="production path only")
     pol.add_argument("--json", metavar="OUT", help="also write results as JSON")
+    pol.add_argument("--queues", type=int, default=0, metavar="N",
+                     help="also time the whole call with N queues (guarantees, borrowing "
+                          "limits, type-flexible guarantees, a restart budget) beside the "
+                          "same rounds without, at 2,048 GPUs / 2,000 jobs (0: skip)")
     bsim = command(bench_sub, "sim", "CPU-seconds to simulate whole workloads", _sim,
                    prefix="sia bench sim", usage=(ValueError,))
     bsim.add_argument("workloads", nargs="*", metavar="WORKLOAD",
