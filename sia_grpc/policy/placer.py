@@ -7,7 +7,8 @@ placement (which GPUs: this module). Per GPU type, with virtual nodes of R GPUs:
 * a *whole-node* allocation (a multiple of R GPUs) takes that many entire virtual
   nodes and shares them with nobody, so distributed jobs never contend for a NIC;
 * a job whose allocation is unchanged keeps its GPUs, because moving means a restart;
-* when fragmentation blocks a placement, a few kept jobs are evicted (moved).
+* when fragmentation blocks a placement, a few kept jobs are evicted (moved), the
+  `pinned` ones (a queue's minimum runtime) only where nothing else makes room.
 
 Every size is a power of two dividing R or a multiple of R, so placing whole-node
 jobs first and then partial jobs largest-first always succeeds when the per-type
@@ -46,8 +47,10 @@ def place(
     cluster: Cluster,
     allocations: Mapping[str, Config],
     previous: Mapping[str, Sequence[GpuId]] | None = None,
+    pinned: frozenset[str] = frozenset(),
 ) -> PlacementResult:
     """Place every job of `allocations`; jobs only in `previous` release their GPUs.
+    A kept job in `pinned` is evicted only where no other eviction makes room.
 
     Deterministic: the result depends only on the contents of the arguments.
     """
@@ -75,7 +78,8 @@ def place(
     evicted: set[str] = set()
     for t, type_jobs in by_type.items():
         if type_jobs:
-            _place_type(cluster, t, type_jobs, allocations, previous, kept, placements, evicted)
+            _place_type(cluster, t, type_jobs, allocations, previous, kept, placements, evicted,
+                        pinned)
 
     placements = {j: placements[j] for j in jobs}
     moved = set()
@@ -149,6 +153,7 @@ def _place_type(
     kept: Mapping[str, tuple[int, ...]],
     placements: dict[str, tuple[GpuId, ...]],
     evicted: set[str],
+    pinned: frozenset[str] = frozenset(),
 ) -> None:
     r = cluster.gpus_per_vnode[t]
     vnodes = cluster.vnodes[t]
@@ -169,7 +174,7 @@ def _place_type(
         else:
             kept_part[job] = (vns[0], g)
 
-    fit = _fit(r, len(vnodes), whole, partial, kept_whole, kept_part)
+    fit = _fit(r, len(vnodes), whole, partial, kept_whole, kept_part, pinned)
     if fit is None:  # unreachable by the argument in the module doc; kept as a safety net
         # Last resort: repack the whole type from scratch, which always fits.
         fit = _fit(r, len(vnodes), whole + [(j, len(v)) for j, v in kept_whole.items()],
@@ -235,6 +240,7 @@ def _fit(
     partial: list[tuple[str, int]],
     kept_whole: Mapping[str, tuple[int, ...]],
     kept_part: Mapping[str, tuple[int, int]],
+    pinned: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, tuple[int, ...]], list[str]] | None:
     """Assign jobs of one type to its `n` vnodes of `r` GPUs.
 
@@ -273,8 +279,11 @@ def _fit(
     need = sum(m for _, m in whole)
     if need > len(empty):
         busy = [v for v in range(n) if not owned[v] and free[v] < r]
-        for v in heapq.nsmallest(need - len(empty), busy,
-                                 key=lambda v: (len(residents[v]), r - free[v], v)):
+        def clearing(v: int) -> tuple[int, int, int, int]:
+            return (sum(j in pinned for _, j in residents[v]), len(residents[v]),
+                    r - free[v], v)
+
+        for v in heapq.nsmallest(need - len(empty), busy, key=clearing):
             evict(v, sorted(residents[v]))
             empty.append(v)
         if need > len(empty):
@@ -310,21 +319,22 @@ def _fit(
         if v is None:
             if room_g != g:
                 room_g = g
-                room = [c for u in range(n) if (c := _room_cost(u, g, owned, free, residents))]
+                room = [c for u in range(n)
+                        if (c := _room_cost(u, g, owned, free, residents, pinned))]
                 heapq.heapify(room)
             while room:
                 cost = heapq.heappop(room)
-                now = _room_cost(cost[2], g, owned, free, residents)
+                now = _room_cost(cost[-1], g, owned, free, residents, pinned)
                 if now == cost:
-                    v = cost[2]
+                    v = cost[-1]
                     break
                 if now is not None:
                     heapq.heappush(room, now)
             if v is None:
                 return None
-            evict(v, _victims(residents[v], g - free[v], g))
+            evict(v, _victims(residents[v], g - free[v], g, pinned))
             free[v] -= g
-            if c := _room_cost(v, g, owned, free, residents):  # v was popped: re-enter it
+            if c := _room_cost(v, g, owned, free, residents, pinned):  # v was popped: re-enter it
                 heapq.heappush(room, c)
         else:
             free[v] -= g
@@ -344,14 +354,20 @@ def _best_fit(buckets: list[list[int]], free: list[int], g: int, r: int) -> int 
     return None
 
 
-def _victims(residents: list[tuple[int, str]], short: int, g: int) -> list[tuple[int, str]]:
+def _victims(residents: list[tuple[int, str]], short: int, g: int,
+             pinned: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
     """The fewest kept jobs smaller than `g` freeing `short` GPUs, and of those the fewest
-    GPUs, so the evicted jobs are easy to re-place. `residents` is sorted largest first.
+    GPUs, so the evicted jobs are easy to re-place; jobs not `pinned`, where they can.
+    `residents` is sorted largest first.
 
     Only smaller jobs are evicted, so they are placed after this one and nothing is
     evicted twice. Some vnode always qualifies while any vnode has a free GPU: the
     jobs of size >= g there are multiples of g, so removing the rest leaves >= g free.
     """
+    if pinned:
+        free_to_go = [x for x in residents if x[1] not in pinned]
+        if sum(s for s, _ in free_to_go if s < g) >= short:
+            residents = free_to_go
     cand = [x for x in residents if x[0] < g]
     k = got = 0
     while got < short and k < len(cand):  # fewest jobs: take the largest
@@ -374,10 +390,13 @@ def _victims(residents: list[tuple[int, str]], short: int, g: int) -> list[tuple
 
 
 def _room_cost(
-    v: int, g: int, owned: list[bool], free: list[int], residents: list[list[tuple[int, str]]]
-) -> tuple[int, int, int] | None:
-    """(evictions, GPUs evicted, v) to make room for `g` GPUs on vnode v; None if impossible."""
+    v: int, g: int, owned: list[bool], free: list[int], residents: list[list[tuple[int, str]]],
+    pinned: frozenset[str] = frozenset(),
+) -> tuple[int, int, int, int] | None:
+    """(pinned evictions, evictions, GPUs evicted, v) to make room for `g` GPUs on vnode
+    v; None if impossible."""
     if owned[v] or not residents[v]:
         return None
-    victims = _victims(residents[v], g - free[v], g)
-    return (len(victims), sum(s for s, _ in victims), v) if victims else None
+    victims = _victims(residents[v], g - free[v], g, pinned)
+    return ((sum(j in pinned for _, j in victims), len(victims), sum(s for s, _ in victims), v)
+            if victims else None)

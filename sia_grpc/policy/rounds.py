@@ -146,8 +146,11 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
                                 hold=hold, **kw)
     by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
+    # (The queues' minimum-runtime holds only: the paper's placer stays the paper's.)
+    pinned = frozenset() if queues is None else frozenset(
+        jobs[i].job_id for i in np.flatnonzero(min_runtime_holds(jobs, current, queues)))
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
-                          solver_stats=stats)
+                          solver_stats=stats, pinned=pinned)
     if queues is None:
         return result
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
@@ -244,16 +247,18 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
                  timings: dict[str, float],
                  solver_stats: Mapping[str, float] | None = None,
                  placed: Mapping[str, tuple[Config, tuple[GpuId, ...]]] | None = None,
+                 pinned: frozenset[str] = frozenset(),
                  ) -> RoundResult:
     """Place the chosen rows (job id → row of `table`) and assemble the result.
 
     `placed` (job id → its shape and GPUs) replaces Sia's placer for a policy
-    that places jobs its own way (Gavel)."""
+    that places jobs its own way (Gavel). `pinned` jobs are moved to make room
+    only where nothing else does (`placer.place`)."""
     t0 = time.perf_counter()
     if placed is None:
         configs = {j: table.config_of(r) for j, r in chosen.items()}
         gpus = place(table.cluster, configs,
-                     {j: a.gpus for j, a in previous.items() if a.gpus}).placements
+                     {j: a.gpus for j, a in previous.items() if a.gpus}, pinned).placements
     else:
         configs = {j: c for j, (c, _) in placed.items()}
         gpus = {j: g for j, (_, g) in placed.items()}

@@ -241,7 +241,7 @@ def test_fallback_repack_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     real_fit = placer._fit
 
     def no_incremental(*args: object) -> object:
-        kept_whole, kept_part = args[4:]
+        kept_whole, kept_part = args[4:6]
         return None if kept_whole or kept_part else real_fit(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(placer, "_fit", no_incremental)

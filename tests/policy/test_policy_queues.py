@@ -224,8 +224,8 @@ def test_rounds_honour_guarantees_limits_budget_and_minimum_runtime(case, policy
         if qs.max_restarts_per_round is not None:
             assert len(charged_restarts(qs, jobs, prev, res)) <= qs.max_restarts_per_round
         for j in jobs:  # younger than the minimum runtime on its allocation: kept
-            # (its shape: the placer may still move it within its type to make room
-            # for a growing job, as it may any job that keeps its shape)
+            # (its shape; the placer moves a held job only where no other eviction
+            # makes room for a job that grows: test_placer_moves_a_pinned_job_last)
             if j.job_id in prev and j.stint < qs.min_runtime(j.queue):
                 kept = res.allocations.get(j.job_id)
                 assert kept is not None and kept.config == prev[j.job_id].config, j.job_id
@@ -256,3 +256,21 @@ def test_a_job_held_for_its_minimum_runtime_does_not_grow_into_idle_gpus():
     young = job(0, DEFAULT_QUEUE, max_gpus=8, stint=60.0)
     res = make_policy("sia").optimize(cl, [young], dict(first.allocations), queues=qs)
     assert res.allocations[young.job_id].gpus == alloc.gpus
+
+
+def test_placer_moves_a_pinned_job_last():
+    """Room for a growing 2-GPU job on a node of four 1-GPU jobs: the placer evicts
+    a job that is not pinned (held for its queue's minimum runtime) if there is one."""
+    from sia_grpc.policy.cluster import Config, GpuId
+    from sia_grpc.policy.placer import place
+
+    cl = Cluster.of([Node("a0", "a", 4), Node("a1", "a", 4)])
+    one, two = Config("a", 1, 1), Config("a", 1, 2)
+    prev = {f"j{k}": (GpuId("a0", k),) for k in range(4)} | {
+        "j4": (GpuId("a1", 0),), "j5": (GpuId("a1", 1),), "j6": (GpuId("a1", 2),)}
+    alloc = {j: one for j in prev} | {"j0": two}
+    pinned = frozenset(j for j in prev if j != "j0") - {"j6"}
+    plain = place(cl, alloc, prev)  # (without pins it moves a job the pins keep)
+    assert any(plain.placements[j] != prev[j] for j in pinned)
+    res = place(cl, alloc, prev, pinned)
+    assert all(res.placements[j] == prev[j] for j in pinned)
