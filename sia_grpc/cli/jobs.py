@@ -542,9 +542,9 @@ def add_commands(subparsers: Any) -> None:
     """Register the controller commands on `parser.add_subparsers()`."""
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
         p = argparsing.command(subparsers, name, summary, func, usage=(SpecError,))
-        p.add_argument("--controller", metavar="HOST:PORT", default=DEFAULT_TARGET,
-                       help=f"the controller's address (default {DEFAULT_TARGET}; "
-                            "env SIA_CONTROLLER)")
+        p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
+                       help=f"the controller's address, or a pair's comma-separated (the "
+                            f"leader is found; default {DEFAULT_TARGET}; env SIA_CONTROLLER)")
         p.add_argument("--token-file", metavar="FILE",
                        help="file holding the bearer token (default: env SIA_TOKEN, the "
                             "token itself)")
