@@ -20,6 +20,9 @@ import grpc
 from sia_grpc.api.errors import ApiError
 
 NOT_LEADER = "NOT_LEADER"  # (controller/leadership.py's; not imported: the SDK is server-free)
+# What sends a client with several addresses to the next one: the controller is down,
+# unreachable or a standby; or it did not answer one try in time (paused, hung).
+_MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def split_targets(target: str) -> list[str]:
@@ -55,8 +58,9 @@ class Targets:
 
     def moved(self, err: grpc.RpcError) -> bool:
         """After a failed call: to the leader a standby named (True: retry now), or,
-        on another UNAVAILABLE, to the next address (False: after the backoff)."""
-        if _code(err) != grpc.StatusCode.UNAVAILABLE:
+        on another UNAVAILABLE or a try that timed out (a hung controller), to the
+        next address (False: after the backoff)."""
+        if _code(err) not in _MOVE_ON:
             return False
         info = ApiError.from_rpc_error(err)
         leader = info.metadata.get("leader", "") if info.reason == NOT_LEADER else ""
@@ -113,6 +117,14 @@ class Attempts:
         self.deadline = deadline
         self.attempt = 0
 
+    def try_timeout(self, timeout: float) -> float:
+        """One try's timeout: the client's (half of it with several addresses, so a
+        hung controller leaves time for the other), cut to what is left of the call's."""
+        if self.deadline is None:
+            return timeout
+        per_try = timeout / 2 if self.targets.several else timeout
+        return min(per_try, max(self.deadline - time.monotonic(), 0.001))
+
     def retry(self, err: grpc.RpcError) -> float | None:
         """The pause before the next try after `err`, or None to give up."""
         refused = self.targets.not_leader(err)
@@ -122,7 +134,7 @@ class Attempts:
             return None  # a write that may have happened: the caller decides
         if self.targets.several or refused:
             left = None if self.deadline is None else self.deadline - time.monotonic()
-            if _code(err) != grpc.StatusCode.UNAVAILABLE or (left is not None and left <= 0):
+            if _code(err) not in _MOVE_ON or (left is not None and left <= 0):
                 return None
             if left is None and attempt >= 2 * self.backoff.retries + 2:
                 return None  # one address, refused again and again, and no deadline

@@ -252,13 +252,6 @@ def _watch_ended(job_id: str) -> ApiError:
                     f"the controller ended the watch before job {job_id!r} finished")
 
 
-def _call_timeout(timeout: float, tries: Attempts) -> float:
-    """One try's timeout: the client's, cut to what is left of the call's deadline."""
-    if tries.deadline is None:
-        return timeout
-    return min(timeout, max(tries.deadline - time.monotonic(), 0.001))
-
-
 def _remaining(deadline: float | None) -> float | None:
     if deadline is None:
         return None
@@ -332,7 +325,7 @@ class SiaClient:
                          idempotent=idempotent)
         while True:
             try:
-                return method(request, timeout=_call_timeout(self._timeout, tries),
+                return method(request, timeout=tries.try_timeout(self._timeout),
                               metadata=self._md)
             except grpc.RpcError as err:
                 if _timed_out(err, deadline):
@@ -528,7 +521,7 @@ class AsyncSiaClient:
         tries = Attempts(self._targets, self._backoff, self._timeout, idempotent=idempotent)
         while True:
             try:
-                return await method(request, timeout=_call_timeout(self._timeout, tries),
+                return await method(request, timeout=tries.try_timeout(self._timeout),
                                     metadata=self._md)
             except grpc.RpcError as err:
                 delay = tries.retry(err)

@@ -228,6 +228,7 @@ class Leadership:
     async def _step_down(self, term: int, why: str) -> None:
         was = self._elected
         self._elected = False
+        self.leader_address = ""  # not this one any more; the lease will say who
         if was:  # it acted as leader until now, or until its lease ran out if sooner
             _, since, _ = self._offices()[-1]
             until = min(self._monotonic(), self._lease_end - self._guard)
