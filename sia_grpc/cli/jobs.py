@@ -507,7 +507,7 @@ def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
     if err.reason or err.code != grpc.StatusCode.UNAVAILABLE:
         return None
     ca, cert, key = _files(args)
-    problem = probe_tls(args.controller, ca, cert, key)
+    problem = probe_tls(args.controller.split(",")[0].strip(), ca, cert, key)  # (of a pair: one)
     if problem is None:
         return None
     return problem.hint(ca=ca, cert=cert, ca_flag="--ca FILE (or SIA_CA)",

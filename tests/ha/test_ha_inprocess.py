@@ -134,3 +134,19 @@ async def test_a_leader_that_cannot_renew_steps_down_and_is_fenced(postgres_dsn)
         assert leaders(a, b) == [other]
         (job,) = [j async for j in AsyncSiaClient(f"127.0.0.1:{other.port}").list()]
         assert job.spec.name == "c10"
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("lease_ttl_s", 0.0, "lease_ttl_s: must be positive"),
+    ("advertise", "ctl-a.internal", "advertise: expected HOST:PORT")])
+def test_the_ha_settings_are_checked(field, value, match):
+    from sia_grpc.controller.config import ConfigError
+    with pytest.raises(ConfigError, match=match):
+        ControllerConfig(**{field: value})
+
+
+async def test_a_sqlite_controller_leads_at_once_at_term_1(tmp_path):
+    async with Controller(ControllerConfig(listen="127.0.0.1:0", db_path=str(tmp_path / "s.db"),
+                                           inline_solver=True)) as c:
+        assert c.leading and c.term == 1
+        assert await health(c.port) == health_pb2.HealthCheckResponse.SERVING
