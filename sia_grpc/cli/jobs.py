@@ -507,7 +507,7 @@ def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
     if err.reason or err.code != grpc.StatusCode.UNAVAILABLE:
         return None
     ca, cert, key = _files(args)
-    problem = probe_tls(args.controller, ca, cert, key)
+    problem = probe_tls(args.controller.split(",")[0].strip(), ca, cert, key)  # (of a pair: one)
     if problem is None:
         return None
     return problem.hint(ca=ca, cert=cert, ca_flag="--ca FILE (or SIA_CA)",
@@ -542,9 +542,9 @@ def add_commands(subparsers: Any) -> None:
     """Register the controller commands on `parser.add_subparsers()`."""
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
         p = argparsing.command(subparsers, name, summary, func, usage=(SpecError,))
-        p.add_argument("--controller", metavar="HOST:PORT", default=DEFAULT_TARGET,
-                       help=f"the controller's address (default {DEFAULT_TARGET}; "
-                            "env SIA_CONTROLLER)")
+        p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
+                       help=f"the controller's address, or a pair's comma-separated (the "
+                            f"leader is found; default {DEFAULT_TARGET}; env SIA_CONTROLLER)")
         p.add_argument("--token-file", metavar="FILE",
                        help="file holding the bearer token (default: env SIA_TOKEN, the "
                             "token itself)")

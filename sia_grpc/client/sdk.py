@@ -20,6 +20,11 @@ Every failed call raises `ApiError` (never a raw `grpc.RpcError`). Reads retry o
 UNAVAILABLE with full-jitter exponential backoff; CreateJob is not retried here
 (its request_id makes a retry by the caller safe), nor are Cancel and Delete.
 
+A controller pair: `SiaClient("a:50051,b:50051")` talks to the leader, following a
+standby's NOT_LEADER answer straight to it and moving to the other address when one
+is down; every call then retries within its deadline (`timeout`), CreateJob (its
+request_id: never a second job) and Cancel included (`failover.py`).
+
 The two clients differ only in call shapes (`await`, `async for`); request
 building, the retry schedule, watch resumption and the terminal-state check are
 shared module-level pieces.
@@ -29,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import random
 import time
@@ -50,6 +54,7 @@ from sia_grpc.api import (
     state_name,
 )
 from sia_grpc.api.errors import ApiError
+from sia_grpc.client.failover import Attempts, FailoverStub, Targets
 from sia_grpc.client.spec import spec_from_mapping
 from sia_grpc.security.tls import PemSource, channel_credentials
 
@@ -279,19 +284,22 @@ class SiaClient:
         self._backoff = Backoff(retries=read_retries, rand=rand)
         self._sleep = sleep or time.sleep
         self._owns_channel = channel is None
-        made, self._md = _channel_setup(target, token, ca, cert, key, grpc.secure_channel,
-                                        grpc.insecure_channel, channel is None)
-        self._channel = channel if channel is not None else made
-        self._jobs = JobServiceStub(self._channel)
-        self._cluster = ClusterServiceStub(self._channel)
+        _, self._md = _channel_setup(target, token, ca, cert, key, grpc.secure_channel,
+                                     grpc.insecure_channel, False)
+        self._targets = Targets(target, lambda t: _channel_setup(
+            t, token, ca, cert, key, grpc.secure_channel, grpc.insecure_channel, True)[0],
+            channel)
+        self._jobs = FailoverStub(self._targets, JobServiceStub)
+        self._cluster = FailoverStub(self._targets, ClusterServiceStub)
         self._closed = False
 
     def close(self) -> None:
-        """Close the channel (if this client opened it); safe to call twice."""
+        """Close the channels (if this client opened them); safe to call twice."""
         if not self._closed:
             self._closed = True
             if self._owns_channel:
-                self._channel.close()
+                for channel in self._targets.channels():
+                    channel.close()
 
     def __enter__(self) -> SiaClient:
         return self
@@ -305,31 +313,34 @@ class SiaClient:
         left = _remaining(deadline)
         return self._timeout if left is None else min(self._timeout, left)
 
-    def _write(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return method(request, timeout=self._timeout, metadata=self._md)
-        except grpc.RpcError as err:
-            raise ApiError.from_rpc_error(err) from err
+    def _write(self, method: Callable[..., Any], request: Any, *,
+               idempotent: bool = False) -> Any:
+        """A write: sent again only where that is safe (a standby refused it, or, with
+        several addresses, `idempotent`)."""
+        return self._read(method, request, idempotent=idempotent and self._targets.several)
 
     def _read(self, method: Callable[..., Any], request: Any,
-              deadline: float | None = None) -> Any:
-        for attempt in itertools.count():
+              deadline: float | None = None, *, idempotent: bool = True) -> Any:
+        tries = Attempts(self._targets, self._backoff, self._timeout, deadline,
+                         idempotent=idempotent)
+        while True:
             try:
-                return method(request, timeout=self._call_timeout(deadline), metadata=self._md)
+                return method(request, timeout=tries.try_timeout(self._timeout),
+                              metadata=self._md)
             except grpc.RpcError as err:
                 if _timed_out(err, deadline):
                     raise TimeoutError("timed out waiting for the job to finish") from err
-                if not self._backoff.should_retry(err, attempt):
+                delay = tries.retry(err)
+                if delay is None:
                     raise ApiError.from_rpc_error(err) from err
-            self._sleep(self._backoff.delay(attempt))
-        raise AssertionError("unreachable")
+            self._sleep(delay)
 
     def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                request_id: str | None = None) -> JobHandle:
         """Create a job from a JobSpec or a spec file's mapping; `request_id` (a fresh
         uuid4 by default) makes a retry return it."""
         request = _create_request(_as_spec(spec), job_id, request_id)
-        job = self._write(self._jobs.CreateJob, request)
+        job = self._write(self._jobs.CreateJob, request, idempotent=True)
         return JobHandle(self, job.job_id)
 
     def get(self, job_id: str) -> JobView:
@@ -348,7 +359,8 @@ class SiaClient:
                 return
 
     def cancel(self, job_id: str) -> JobView:
-        return JobView(self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id)))
+        return JobView(self._write(self._jobs.CancelJob, pb.CancelJobRequest(job_id=job_id),
+                                   idempotent=True))
 
     def delete(self, job_id: str) -> None:
         self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
@@ -374,7 +386,7 @@ class SiaClient:
             except grpc.RpcError as err:
                 if _timed_out(err, deadline):
                     raise TimeoutError("timed out waiting for the job to finish") from err
-                delay = cursor.retry(err)
+                delay = 0.0 if self._targets.moved(err) else cursor.retry(err)
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             finally:
@@ -476,18 +488,21 @@ class AsyncSiaClient:
         self._backoff = Backoff(retries=read_retries, rand=rand)
         self._sleep = sleep or asyncio.sleep
         self._owns_channel = channel is None
-        made, self._md = _channel_setup(target, token, ca, cert, key, grpc.aio.secure_channel,
-                                        grpc.aio.insecure_channel, channel is None)
-        self._channel = channel if channel is not None else made
-        self._jobs = JobServiceStub(self._channel)
-        self._cluster = ClusterServiceStub(self._channel)
+        _, self._md = _channel_setup(target, token, ca, cert, key, grpc.aio.secure_channel,
+                                     grpc.aio.insecure_channel, False)
+        self._targets = Targets(target, lambda t: _channel_setup(
+            t, token, ca, cert, key, grpc.aio.secure_channel, grpc.aio.insecure_channel,
+            True)[0], channel)
+        self._jobs = FailoverStub(self._targets, JobServiceStub)
+        self._cluster = FailoverStub(self._targets, ClusterServiceStub)
         self._closed = False
 
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
             if self._owns_channel:
-                await self._channel.close()
+                for channel in self._targets.channels():
+                    await channel.close()
 
     async def __aenter__(self) -> AsyncSiaClient:
         return self
@@ -495,26 +510,29 @@ class AsyncSiaClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _write(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return await method(request, timeout=self._timeout, metadata=self._md)
-        except grpc.RpcError as err:
-            raise ApiError.from_rpc_error(err) from err
+    async def _write(self, method: Callable[..., Any], request: Any, *,
+                     idempotent: bool = False) -> Any:
+        """As SiaClient._write."""
+        return await self._read(method, request,
+                                idempotent=idempotent and self._targets.several)
 
-    async def _read(self, method: Callable[..., Any], request: Any) -> Any:
-        for attempt in itertools.count():
+    async def _read(self, method: Callable[..., Any], request: Any, *,
+                    idempotent: bool = True) -> Any:
+        tries = Attempts(self._targets, self._backoff, self._timeout, idempotent=idempotent)
+        while True:
             try:
-                return await method(request, timeout=self._timeout, metadata=self._md)
+                return await method(request, timeout=tries.try_timeout(self._timeout),
+                                    metadata=self._md)
             except grpc.RpcError as err:
-                if not self._backoff.should_retry(err, attempt):
+                delay = tries.retry(err)
+                if delay is None:
                     raise ApiError.from_rpc_error(err) from err
-            await self._sleep(self._backoff.delay(attempt))
-        raise AssertionError("unreachable")
+            await self._sleep(delay)
 
     async def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                      request_id: str | None = None) -> AsyncJobHandle:
         request = _create_request(_as_spec(spec), job_id, request_id)
-        job = await self._write(self._jobs.CreateJob, request)
+        job = await self._write(self._jobs.CreateJob, request, idempotent=True)
         return AsyncJobHandle(self, job.job_id)
 
     async def get(self, job_id: str) -> JobView:
@@ -534,7 +552,7 @@ class AsyncSiaClient:
 
     async def cancel(self, job_id: str) -> JobView:
         return JobView(await self._write(self._jobs.CancelJob,
-                                         pb.CancelJobRequest(job_id=job_id)))
+                                         pb.CancelJobRequest(job_id=job_id), idempotent=True))
 
     async def delete(self, job_id: str) -> None:
         await self._write(self._jobs.DeleteJob, pb.DeleteJobRequest(job_id=job_id))
@@ -550,7 +568,7 @@ class AsyncSiaClient:
                         yield ev
                 return
             except grpc.RpcError as err:
-                delay = cursor.retry(err)
+                delay = 0.0 if self._targets.moved(err) else cursor.retry(err)
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             finally:

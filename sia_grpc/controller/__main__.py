@@ -25,6 +25,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="DSN_OR_PATH",
                    help="the store instead: postgresql://USER@HOST/DB (password from "
                         "store_password_file, the DSN, PGPASSWORD or ~/.pgpass) or a path")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="with a postgresql:// store: where clients reach this controller, "
+                        "as a standby names the leader (default --listen)")
+    p.add_argument("--lease-ttl", dest="lease_ttl_s", type=float, metavar="SECONDS",
+                   help="with a postgresql:// store: the leader's lease (default 4; renewed "
+                        "every third of it)")
     p.add_argument("--policy", help="sia, pollux, gavel or fifo (default sia)")
     p.add_argument("--policy-set", action="append", default=[], metavar="POLICY.SETTING=VALUE",
                    help="a policy setting, e.g. sia.p=-1 (repeatable; over [policy.<name>] "
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, listen=args.listen, db_path=args.db_path,
                              store=args.store, policy=args.policy,
+                             advertise=args.advertise, lease_ttl_s=args.lease_ttl_s,
                              round_duration=args.round_duration,
                              tls_cert=args.tls_cert, tls_key=args.tls_key,
                              tls_client_ca=args.tls_client_ca, agent_listen=args.agent_listen,

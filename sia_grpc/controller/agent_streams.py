@@ -116,8 +116,9 @@ class AgentStreams:
         try:
             while True:
                 msg = await agent.outbox.get()
-                if msg is None:
+                if msg is None or not self.leading:  # (a leader whose lease ran out sends nothing)
                     break
+                msg.term = self.term  # the agent refuses a term lower than it has seen
                 yield msg
             if reader.done() and not reader.cancelled():
                 exc = reader.exception()

@@ -43,6 +43,12 @@ class ControllerConfig:
     # The PostgreSQL password, read from this file at start (else the DSN's, PGPASSWORD
     # or ~/.pgpass): never in the config, the environment listing or a log.
     store_password_file: str = ""
+    # High availability (a postgresql:// store; docs/operations.md, "Running two
+    # controllers (HA)"): the leader's lease on the store lasts lease_ttl_s, renewed
+    # every third of it; `advertise` is where clients reach this controller, named to
+    # them by a standby ("" = listen).
+    lease_ttl_s: float = 4.0
+    advertise: str = ""
     inline_solver: bool = False  # solve on a thread instead of a spawned process
     max_message_bytes: int = 16 << 20
     # Per tenant (0: no limit): jobs not yet ended, and CreateJob calls a second
@@ -115,7 +121,7 @@ class ControllerConfig:
             raise ConfigError(str(err)) from None
         object.__setattr__(self, "policy_params", normalized)
         for name in ("round_duration", "early_round_delay", "solve_timeout",
-                     "heartbeat_interval", "heartbeat_timeout"):
+                     "heartbeat_interval", "heartbeat_timeout", "lease_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         for name in ("max_active_jobs", "create_rate", "create_burst"):
@@ -124,7 +130,7 @@ class ControllerConfig:
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError("heartbeat_timeout: must exceed heartbeat_interval")
         object.__setattr__(self, "solve_timeout", min(self.solve_timeout, self.round_duration))
-        for name in ("listen", "agent_listen", "metrics_listen"):
+        for name in ("listen", "agent_listen", "metrics_listen", "advertise"):
             value = getattr(self, name)
             if (value or name == "listen") and not _host_port(value):
                 raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")

@@ -33,21 +33,22 @@ class Listeners:
     def _observe(self) -> None:
         """The gauges' callables. They run on the metric reader's thread (a scrape, an
         OTLP export), so each reads a snapshot (the state's views copy what they scan)."""
-        state = self.state
+        # `self.state` at each read, not now: a leader that steps down drops its state.
         self.telemetry.observe(
-            queue_length=lambda: state.jobs_by_state().get("QUEUED", 0),
-            queue_max_wait=lambda: state.queue_max_wait(self.clock.time()),
-            events_pending=self._events.qsize,
+            queue_length=lambda: self.state.jobs_by_state().get("QUEUED", 0),
+            queue_max_wait=lambda: self.state.queue_max_wait(self.clock.time()),
+            events_pending=lambda: self._events.qsize(),
             # Every state, 0 included: a series that vanished would hide from alerts.
-            jobs_by_state=lambda: dict.fromkeys(_JOB_STATES, 0) | state.jobs_by_state(),
-            nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | state.nodes_by_state(),
-            gpus_allocated=state.gpus_allocated, gpus_capacity=state.gpus_capacity,
+            jobs_by_state=lambda: dict.fromkeys(_JOB_STATES, 0) | self.state.jobs_by_state(),
+            nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | self.state.nodes_by_state(),
+            gpus_allocated=lambda: self.state.gpus_allocated(),
+            gpus_capacity=lambda: self.state.gpus_capacity(),
             agents_connected=lambda: len(self._agents),
             solve_timeout=lambda: self.config.solve_timeout,
-            queue_gpus_held=lambda: state.queue_metrics()["held"],
-            queue_gpus_guarantee=lambda: state.queue_metrics()["guarantee"],
-            queue_gpus_borrowed=lambda: state.queue_metrics()["borrowed"],
-            queue_jobs_pending=lambda: state.queue_metrics()["pending"])
+            queue_gpus_held=lambda: self.state.queue_metrics()["held"],
+            queue_gpus_guarantee=lambda: self.state.queue_metrics()["guarantee"],
+            queue_gpus_borrowed=lambda: self.state.queue_metrics()["borrowed"],
+            queue_jobs_pending=lambda: self.state.queue_metrics()["pending"])
 
     def _serve_metrics(self) -> None:
         """Register the gauges and, with metrics_listen, bind and serve /metrics."""
@@ -162,7 +163,8 @@ class Listeners:
 
     def _queues_in_force(self, queues: QueueSet) -> None:
         """Say what the queues are (and which jobs a removed queue leaves in the default
-        one); start their preemption counters at 0."""
+        one); start their preemption counters at 0. The next term starts with them."""
+        self._queues = queues
         orphans = collections.Counter(
             r.job.spec.queue for r in self.state.jobs.values()
             if r.state not in sm.TERMINAL and scheduled_in(queues, r.job.spec)[2])

@@ -57,7 +57,11 @@ class RoundLog:
         self._round_watchers.add(q)
         try:
             while self.serving:
-                yield await q.get()
+                rnd = await q.get()
+                if rnd is None:  # the controller stopped leading (or closes)
+                    break
+                yield rnd
+            self._check_office()
         finally:
             self._round_watchers.discard(q)
 

@@ -35,12 +35,14 @@ from sia_grpc.controller.agent_streams import AgentStream, AgentStreams
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.creates import Creates
 from sia_grpc.controller.exclusive import StoreLock
+from sia_grpc.controller.leadership import SQLITE_TERM, LeaderGate, Leadership, not_leader
 from sia_grpc.controller.limits import TenantLimits
 from sia_grpc.controller.listeners import Listeners
 from sia_grpc.controller.round_log import ROUNDS_KEPT, RoundLog
 from sia_grpc.controller.services import AgentService, ClusterService, JobService
 from sia_grpc.controller.solver_pool import SolverPool
 from sia_grpc.controller.store import JobStore, StoreError, describe, open_store
+from sia_grpc.controller.stores import is_postgres
 from sia_grpc.controller.validation import check_job_id
 from sia_grpc.observability import MetricsServer, setup_telemetry
 from sia_grpc.policy import params as policy_params
@@ -68,7 +70,7 @@ class Status(enum.Enum):
     CLOSED = "closed"
 
 
-class Controller(Listeners, Creates, RoundLog, AgentStreams):
+class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
     """`async with Controller(config) as c:` serves until closed; `c.port` is the bound port
     (`c.metrics_port` the Prometheus one, with `metrics_listen`).
 
@@ -84,21 +86,14 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
             telemetry = setup_telemetry(env={}, prometheus=True)
         self.telemetry = telemetry
         self.status = Status.CREATED
-        self.state = sm.ControllerState(sm.ControllerSettings.of(config))
         self._limits = TenantLimits(config.max_active_jobs, config.create_rate,
                                     config.create_burst)
-        self._pending_creates: collections.Counter[str] = collections.Counter()
         self.port = 0
         self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
         self.metrics_port = 0  # where /metrics is served (0: metrics_listen is off)
         self._metrics: MetricsServer | None = None
         self.tokens: TokenStore | None = None
-        self._oversubscribed: dict[str, int] | None = None  # the last warned of
-        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
-        self._events: asyncio.Queue = asyncio.Queue()
-        self._unpersisted: set[str] = set()  # jobs whose last write failed
         self._solves: set[asyncio.Task] = set()  # solves in flight
-        self._persist_retry_at = 0.0  # (monotonic) when to write them again
         self._agents: dict[str, AgentStream] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
@@ -111,13 +106,27 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self._job_watchers: set[asyncio.Event] = set()  # one per WatchJobs, set on commits
         self._round_watchers: set[asyncio.Queue] = set()
         self._early: asyncio.Task | None = None
+        self._upkeep: asyncio.Task | None = None  # the timer's store upkeep
+        self._create_flush: asyncio.Task | None = None
+        self._election: asyncio.Task | None = None  # on a shared store
+        self._closing_term = 0  # the term close() found this controller leading in
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        """The in-memory state as before any load: at creation, and when a leader
+        steps down (a standby holds nothing; the next term loads it again)."""
+        self.state = sm.ControllerState(sm.ControllerSettings.of(self.config))
+        self._pending_creates: collections.Counter[str] = collections.Counter()
+        self._oversubscribed: dict[str, int] | None = None  # the last warned of
+        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._unpersisted: set[str] = set()  # jobs whose last write failed
+        self._persist_retry_at = 0.0  # (monotonic) when to write them again
         self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
         # round -> [tick ns, solve done ns]; the round is published when acknowledged
         self._round_clock: dict[int, list[int]] = {}
         self._unacked_rounds: dict[int, pb.Round] = {}
         self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
-        self._upkeep: asyncio.Task | None = None  # the timer's store upkeep
-        self._create_flush: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -139,25 +148,14 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
 
     async def _start(self) -> None:
         self._auth = self._security()  # first: a bad file is a ConfigError
-        queues = self._read_queues()  # (so is a bad queues file)
+        self._queues = self._read_queues()  # (so is a bad queues file)
         self._claim()  # a second controller on this store or address stops here
         self._serve_metrics()  # next: a port in use fails before anything else is open
         self._store = await self._in_store(open_store, self.config.store_target,
                                            password=self.config.store_password(),
                                            synchronous=self.config.store_synchronous,
                                            rounds_limit=ROUNDS_KEPT)
-        now = self.clock.time()
-        self.state.started_at = now
-        for stored in await self._in_store(self._store.all_jobs):
-            self.state.restore(stored.job, stored.extra, now)
-        for node, reason in (await self._in_store(self._store.drains)).items():
-            self.state.restore_drain(node, reason, now)
-        self.state.queues = queues  # (before any event: the state machine's from the start)
-        self._queues_in_force(queues)
-        # The round history outlives a restart, and round numbers go on from it.
-        self.rounds.extend(await self._in_store(self._store.rounds))
-        if self.rounds:
-            self.state.round_no = max(self.state.round_no, self.rounds[-1].round)
+        self._shared = is_postgres(self.config.store_target)  # elected, not leader at once
         opts = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                 ("grpc.max_send_message_length", self.config.max_message_bytes),
                 # Agents ping to detect a partition (AgentConfig.keepalive_s); gRPC's
@@ -167,7 +165,9 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
                 # gRPC sets SO_REUSEPORT by default: a second controller on this port
                 # would then serve beside this one, clients alternating between them.
                 ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(options=opts, interceptors=[self._auth])
+        # The gate first: a standby names the leader to any caller (an address is no secret).
+        gate = LeaderGate(lambda: self.leading, lambda: self.leader_address)
+        server = grpc.aio.server(options=opts, interceptors=[gate, self._auth])
         api.add_JobServiceServicer_to_server(JobService(self), server)
         api.add_ClusterServiceServicer_to_server(ClusterService(self), server)
         api.add_AgentServiceServicer_to_server(AgentService(self), server)
@@ -180,19 +180,83 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self._bind(server)
         if self._lock is not None:  # the port bound, for whoever the lock refuses next
             self._lock.describe(f"listen {self.config.listen.rpartition(':')[0]}:{self.port}")
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         self._server = server
-        for name in ("", *api.SERVICE_NAMES):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.status = Status.RUNNING
         await self._warm()  # ready only once the solver process can take a round
+        if self._shared:  # a standby until it wins the lease (leadership.py)
+            self._election = asyncio.create_task(self._elect(), name="sia-election")
+        else:
+            self.term = SQLITE_TERM
+            await self._take_office()
+            self._elected = True
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("controller started", listen=self.config.listen, port=self.port,
+                 store=describe(self.config.store_target), standby=self._shared or None,
+                 agent_port=self.agent_port or None, metrics_port=self.metrics_port or None,
+                 tls=self.config.tls, jobs=len(self.state.jobs), policy=self.config.policy)
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", *api.SERVICE_NAMES):
+            await self._health.set(name, status)
+
+    async def _take_office(self) -> None:
+        """Load the state from the store and start the event loop and the timers: at
+        start on SQLite, on winning the lease on PostgreSQL (the store fenced first)."""
+        now = self.clock.time()
+        self.state.started_at = now
+        for stored in await self._in_store(self._store.all_jobs):
+            self.state.restore(stored.job, stored.extra, now)
+        for node, reason in (await self._in_store(self._store.drains)).items():
+            self.state.restore_drain(node, reason, now)
+        self.state.queues = self._queues  # (before any event: the state machine's from the start)
+        self._queues_in_force(self._queues)
+        # The round history outlives a restart, and round numbers go on from it.
+        self.rounds.extend(await self._in_store(self._store.rounds))
+        if self.rounds:
+            self.state.round_no = max(self.state.round_no, self.rounds[-1].round)
         self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
-        log.info("controller started", listen=self.config.listen, port=self.port,
-                 store=describe(self.config.store_target),
-                 agent_port=self.agent_port or None, metrics_port=self.metrics_port or None,
-                 tls=self.config.tls, jobs=len(self.state.jobs), policy=self.config.policy)
+        if self._shared:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    async def _leave_office(self) -> None:
+        """Step down: NOT_SERVING, rounds and timers stopped, waiting calls failed,
+        agent streams ended, the in-memory state dropped (a standby holds nothing)."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._stop_work(drop_queued=True)
+        refused = not_leader(self.leader_address)
+        while not self._events.empty():
+            _, done = self._events.get_nowait()
+            if done is not None and not done.done():
+                done.set_exception(refused)
+        for _, _, fut in self._creates:
+            if not fut.done():
+                fut.set_exception(refused)
+        for _ in range(3):  # continuations of what was just answered run now, refused
+            await asyncio.sleep(0)
+        self._fresh_state()
+        log.info("in-memory state dropped; standby")
+
+    async def _stop_work(self, *, drop_queued: bool = False) -> None:
+        """Cancel the timers, the event loop and the solves; end every agent stream
+        (with `drop_queued`, what is still queued to an agent is never sent) and
+        every watch."""
+        self._notify_watchers()  # open WatchJobs streams see `serving` off and end
+        for q in self._round_watchers:
+            q.put_nowait(None)
+        for t in [*self._tasks, *self._solves, self._early, self._create_flush]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*[t for t in (*self._tasks, *self._solves) if t],
+                             return_exceptions=True)
+        self._tasks = []
+        for agent in self._agents.values():
+            while drop_queued and not agent.outbox.empty():
+                agent.outbox.get_nowait()
+            agent.outbox.put_nowait(None)
 
     # ------------------------------------------------------------ metrics
 
@@ -208,15 +272,14 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
             await self._release(grace)
             return
         self.status = Status.CLOSING
-        self._notify_watchers()  # open WatchJobs streams see CLOSING and end
         await self._health.enter_graceful_shutdown()
-        for t in [*self._tasks, *self._solves, self._early, self._create_flush]:
-            if t is not None:
-                t.cancel()
-        await asyncio.gather(*[t for t in (*self._tasks, *self._solves) if t],
-                             return_exceptions=True)
-        for agent in self._agents.values():
-            agent.outbox.put_nowait(None)
+        # Out of office at once (new calls are refused, naming no one); the lease is
+        # released after the last write.
+        self._closing_term, self._elected = (self.term if self._elected else 0), False
+        if self._election is not None:
+            self._election.cancel()
+            await asyncio.gather(self._election, return_exceptions=True)
+        await self._stop_work()
         await self._release(grace)
         if self.telemetry is not None:
             self.telemetry.shutdown()
@@ -234,6 +297,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
             if self._upkeep is not None:  # awaited, not cancelled: its writes are queued
                 await asyncio.gather(self._upkeep, return_exceptions=True)
             await self._save_rounds()
+            if self._shared and self._closing_term:  # after the last write: the standby leads
+                await self._release_lease(self._closing_term)
             await self._in_store(self._store.close)
         self._writer.shutdown(wait=True)
         if self._lock is not None:
@@ -243,12 +308,15 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
 
     async def submit(self, event: sm.Event) -> None:
         """Handle `event` and carry out its actions; returns once they are durable."""
+        if not self._elected:  # a call that began as the leader stepped down
+            raise not_leader(self.leader_address)
         done = asyncio.get_running_loop().create_future()
         await self._events.put((event, done))
         await done
 
     def post(self, event: sm.Event) -> None:
-        self._events.put_nowait((event, None))
+        if self._elected:  # else: a late event of a term that ended (its state is gone)
+            self._events.put_nowait((event, None))
 
     async def _process(self) -> None:
         """Handle queued events in batches: decide each in order, carry out the
@@ -417,7 +485,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
 
     @property
     def serving(self) -> bool:
-        return self.status is Status.RUNNING
+        return self.status is Status.RUNNING and self._elected
 
     @property
     def agents(self) -> Mapping[str, AgentStream]:
@@ -495,6 +563,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
                         yield pb.JobEvent(kind=kind, revision=revision, job=job)
                 if not events:
                     await changed.wait()
+            self._check_office()
         finally:
             self._job_watchers.discard(changed)
 

@@ -162,8 +162,11 @@ class ClusterService(api.ClusterServiceServicer):
         return await self.c.forget_node(request.node)
 
     async def WatchRounds(self, request, context):
-        async for rnd in self.c.watch_rounds():
-            yield rnd
+        try:
+            async for rnd in self.c.watch_rounds():
+                yield rnd
+        except ApiError as err:  # the controller stepped down: NOT_LEADER
+            await context.abort_with_status(err.to_status())
 
 
 def _admin_only(what: str) -> None:

@@ -42,6 +42,7 @@ __all__ = ["ACK_MEMORY", "AgentConfig", "AgentConfigError", "AgentStatus", "Node
            "full_jitter_backoff"]
 
 ACK_MEMORY = 1000  # directive ids whose acks are remembered for re-delivery
+TERMS_KEPT = 10_000  # received messages' terms kept in NodeAgent.terms
 
 
 def _issue_command(node_id: str) -> str:
@@ -63,7 +64,9 @@ class AgentConfig:
     """What one node agent needs. Times are clock (real) seconds unless named modeled."""
 
     node_id: str
-    controller: str  # "host:port"
+    # "host:port", or several comma-separated (a controller pair: the agent finds the
+    # leader, following a standby's NOT_LEADER answer, else trying the next one)
+    controller: str
     gpu_type: str
     num_gpus: int
     time_scale: float = 1.0  # modeled seconds per real second (modeled workers)
@@ -88,9 +91,11 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.node_id:
             raise ValueError("node_id: must not be empty")
-        host, sep, port = self.controller.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"controller: expected HOST:PORT, got {self.controller!r}")
+        for address in self.controllers:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"controller: expected HOST:PORT[,HOST:PORT...], got "
+                                 f"{self.controller!r}")
         if not self.gpu_type:
             raise ValueError("gpu_type: must not be empty")
         if self.num_gpus < 1:
@@ -113,18 +118,25 @@ class AgentConfig:
                              f"client certificate (CN = node id); issue one with "
                              f"`{_issue_command(self.node_id)}`")
 
-    def channel(self) -> grpc.aio.Channel:
-        """A new channel to the controller: TLS when tls_ca is set, else plaintext."""
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The controller addresses, in the order tried."""
+        return tuple(a.strip() for a in self.controller.split(",") if a.strip()) or ("",)
+
+    def channel(self, address: str | None = None) -> grpc.aio.Channel:
+        """A new channel to the controller at `address` (the first by default): TLS
+        when tls_ca is set, else plaintext."""
+        address = address or self.controllers[0]
         ms = max(int(self.keepalive_s * 1000), 1000)  # the controller accepts 1 ping/s
         options = [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
         if not self.tls_ca:
-            return grpc.aio.insecure_channel(self.controller, options=options)
+            return grpc.aio.insecure_channel(address, options=options)
         from sia_grpc.security.tls import channel_credentials
 
         return grpc.aio.secure_channel(
-            self.controller, channel_credentials(self.tls_ca, self.tls_cert, self.tls_key),
+            address, channel_credentials(self.tls_ca, self.tls_cert, self.tls_key),
             options=options)
 
 
@@ -244,6 +256,12 @@ class NodeAgent:
         self._stream_up = False  # registered on a live stream
         self._call: Any = None  # that stream
         self._session_over = asyncio.Event()  # set when it ends
+        # Controllers' terms (ControllerMessage.term): the highest seen, and every
+        # message's in arrival order (the newest TERMS_KEPT, refused ones included).
+        self.term = 0
+        self.terms: collections.deque[int] = collections.deque(maxlen=TERMS_KEPT)
+        self.stale_refused = 0  # messages refused for a term below `term`
+        self._target = 0  # index into config.controllers: where the next stream goes
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -346,6 +364,8 @@ class NodeAgent:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
+                if self._follow_leader(exc):
+                    continue  # straight to the leader a standby named
                 if await self._stream_failed(exc):
                     return
             except (_ProtocolError, TimeoutError) as exc:
@@ -361,11 +381,47 @@ class NodeAgent:
             if self.registrations > before:
                 attempt = 0  # the controller was there: start the backoff afresh
                 self._told.clear()
+            self._next_target()
             delay = self._backoff(attempt)
             attempt += 1
             self._set_status(AgentStatus.BACKOFF)
             self._log.info("reconnecting", attempt=attempt, delay_s=round(delay, 3))
             await self.clock.sleep(delay)
+
+    def _next_target(self) -> None:
+        """The next stream goes to the next controller address (one: the same)."""
+        self._target = (self._target + 1) % len(self.config.controllers)
+
+    def _follow_leader(self, exc: grpc.aio.AioRpcError) -> bool:
+        """A standby's NOT_LEADER naming one of our addresses: go there next, now.
+        (Only ours: with mutual TLS agents use other ports than the clients' address
+        a standby names; then the next address is tried, with the backoff.)"""
+        from sia_grpc.api.errors import ApiError
+
+        err = ApiError.from_rpc_error(exc)
+        if err.reason != "NOT_LEADER":
+            return False
+        leader, addresses = err.metadata.get("leader", ""), self.config.controllers
+        if leader not in addresses or addresses.index(leader) == self._target:
+            return False
+        self._log.info("controller is a standby: to the leader", standby=addresses[self._target],
+                       leader=leader)
+        self._target = addresses.index(leader)
+        return True
+
+    def _check_term(self, msg: pb.ControllerMessage) -> bool:
+        """Record `msg`'s term; False (refused: logged once per stale term, counted)
+        when it is below the highest seen, i.e. from a deposed leader."""
+        self.terms.append(msg.term)
+        if msg.term >= self.term:
+            if msg.term > self.term and self.term:
+                self._log.warning("a new leader's term", term=msg.term, was=self.term)
+            self.term = msg.term
+            return True
+        self.stale_refused += 1
+        self._tell(f"term {msg.term}", "refusing a message from a deposed leader",
+                   term=msg.term, highest=self.term, kind=msg.WhichOneof("kind"))
+        return False
 
     async def _stream_failed(self, exc: grpc.aio.AioRpcError) -> bool:
         """Log a failed stream, and say whether the agent must give up (True: it is
@@ -406,7 +462,7 @@ class NodeAgent:
         """What a handshake of our own finds wrong with TLS to the controller, said
         with the agent's flags; None if nothing (e.g. the controller is down)."""
         cfg = self.config
-        problem = await asyncio.to_thread(probe_tls, cfg.controller, cfg.tls_ca,
+        problem = await asyncio.to_thread(probe_tls, cfg.controllers[self._target], cfg.tls_ca,
                                           cfg.tls_cert, cfg.tls_key)
         if problem is None:
             return None
@@ -418,7 +474,7 @@ class NodeAgent:
         """One stream, from Register until it fails or ends."""
         # A fresh channel each time, so gRPC's own reconnect backoff never stacks
         # on top of ours.
-        async with self.config.channel() as channel:
+        async with self.config.channel(self.config.controllers[self._target]) as channel:
             call = AgentServiceStub(channel).Connect()
             tasks: list[asyncio.Task[Any]] = []
             try:
@@ -439,6 +495,8 @@ class NodeAgent:
                 if first.WhichOneof("kind") != "registered":
                     raise _ProtocolError(f"expected Registered first, got "
                                          f"{first.WhichOneof('kind')}")
+                if not self._check_term(first):
+                    raise _ProtocolError(f"a deposed leader (term {first.term} < {self.term})")
                 self._on_registered(first.registered)
                 self.registrations += 1
                 self._stream_up, self._call = True, call
@@ -476,6 +534,8 @@ class NodeAgent:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 return
+            if not self._check_term(msg):
+                continue
             kind = msg.WhichOneof("kind")
             if kind == "directive":
                 self._directives.put_nowait(msg.directive)

@@ -68,6 +68,9 @@ class ScriptedController(AgentServiceServicer):
         self.streams: list[Stream] = []
         self.new_stream = asyncio.Event()
         self.refuse = 0  # abort this many coming streams with UNAVAILABLE, unregistered
+        self.refuse_with: grpc.Status | None = None  # ...with this status instead
+        self.term = 0  # ControllerMessage.term of Registered
+        self.attempts = 0  # Connect calls, refused ones included
 
     async def stream(self, n: int = 0) -> Stream:
         """Stream number `n` (0-based), once its Register has arrived."""
@@ -79,14 +82,17 @@ class ScriptedController(AgentServiceServicer):
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
+        self.attempts += 1
         if self.refuse:
             self.refuse -= 1
+            if self.refuse_with is not None:
+                await context.abort_with_status(self.refuse_with)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
         assert first.WhichOneof("kind") == "register", first
         s = Stream(messages=[first])
         self.streams.append(s)
         self.new_stream.set()
-        await context.write(pb.ControllerMessage(registered=pb.Registered(
+        await context.write(pb.ControllerMessage(term=self.term, registered=pb.Registered(
             controller_version="test", heartbeat_interval_s=self.heartbeat_interval_s)))
         reader = asyncio.create_task(self._read(context, s))
         try:

@@ -150,16 +150,18 @@ class JobExit(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., kind: _Optional[_Union[JobExit.Kind, str]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ControllerMessage(_message.Message):
-    __slots__ = ("registered", "directive", "profile", "drain")
+    __slots__ = ("registered", "directive", "profile", "drain", "term")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     directive: Directive
     profile: ProfileRequest
     drain: Drain
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., profile: _Optional[_Union[ProfileRequest, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
+    term: int
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., profile: _Optional[_Union[ProfileRequest, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("controller_version", "heartbeat_interval_s")

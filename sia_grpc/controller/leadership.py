@@ -1,0 +1,253 @@
+"""Leader election among controllers that share a PostgreSQL store.
+
+A controller on a shared store starts as a *standby*: its ports are bound, health
+says NOT_SERVING, every sia.v1 call is refused with UNAVAILABLE (reason NOT_LEADER,
+metadata `leader`: the leader's advertised address, so a client goes straight
+there), and it loads nothing. Every `lease_ttl_s / 3` it tries to take the store's
+lease (`JobStore.try_acquire`). Having won term T it fences the store at T (every
+write transaction then checks, in the database, that the lease is still held at
+T), loads the state, and leads: health SERVING, agents accepted, rounds run. It
+renews every third of the TTL and steps down (`_step_down`: rounds stopped, agent
+streams closed, calls refused, in-memory state dropped) when a renewal is refused,
+or has not succeeded by its local deadline.
+
+Why two controllers never act as leader at once (docs/architecture.md, "Leader
+election"): a renewal (or the acquire) sent at local monotonic time `s` makes the
+database set the expiry to its own `now + ttl`, read while executing, i.e. after
+`s`; so the database's lease ends no earlier than `s + ttl`. This controller acts
+as leader (`leading`: answers calls, sends to agents) only while its monotonic
+clock reads less than `s + ttl - guard`, checked at each use, so even a process
+paused past its lease (SIGSTOP, a long GC) stops acting the instant it resumes.
+Another controller acquires only once the database's lease has expired. The two
+intervals are disjoint by at least `guard` (a bound on the two clocks' drift over
+one TTL, and on the time a step-down takes). What a deposed leader still has in
+flight is stopped by fencing (its store writes are refused: `Fenced`) and by terms
+(every message to an agent carries T; an agent refuses a lower term than the
+highest it has seen).
+
+A SQLite store is not shared (the file lock keeps its controller single): that
+controller leads at once, at term `SQLITE_TERM`, unfenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+import grpc
+import structlog
+
+from sia_grpc.api.errors import ApiError
+from sia_grpc.controller.store import StoreError
+
+log = structlog.get_logger("sia.controller")
+
+SQLITE_TERM = 1  # the term of a controller on an unshared (SQLite) store
+NOT_LEADER = "NOT_LEADER"  # the ErrorInfo reason of a standby's refusal
+_SIA_METHODS = "/sia.v1."  # the services a standby refuses (health, reflection stay open)
+
+
+def not_leader(leader: str) -> ApiError:
+    """A standby's answer: UNAVAILABLE naming the leader (metadata `leader`) if known."""
+    where = f"the leader is {leader}" if leader else "no leader is known yet; retry shortly"
+    return ApiError(grpc.StatusCode.UNAVAILABLE, f"this controller is a standby: {where}",
+                    reason=NOT_LEADER, metadata={"leader": leader} if leader else {})
+
+
+class LeaderGate(grpc.aio.ServerInterceptor):
+    """Refuses every sia.v1 call that starts while `leading()` is False (`not_leader`)."""
+
+    def __init__(self, leading: Callable[[], bool], leader: Callable[[], str]) -> None:
+        self._leading, self._leader = leading, leader
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if (handler is None or not handler_call_details.method.startswith(_SIA_METHODS)
+                or self._leading()):
+            return handler
+        return _refusing(handler, not_leader(self._leader()))
+
+
+def _refusing(handler: grpc.RpcMethodHandler, err: ApiError) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s kind that aborts every call with `err`."""
+    async def refuse(request, context):
+        await context.abort_with_status(err.to_status())
+
+    for kind, make in (("unary_unary", grpc.unary_unary_rpc_method_handler),
+                       ("unary_stream", grpc.unary_stream_rpc_method_handler),
+                       ("stream_stream", grpc.stream_stream_rpc_method_handler),
+                       ("stream_unary", grpc.stream_unary_rpc_method_handler)):
+        if getattr(handler, kind) is not None:
+            return make(refuse, request_deserializer=handler.request_deserializer,
+                        response_serializer=handler.response_serializer)
+    return handler
+
+
+class Leadership:
+    """A part of `Controller`: the election (the module docstring). The controller
+    provides `_take_office()` (load and serve, once fenced) and `_leave_office()`
+    (stop, refuse, drop the state)."""
+
+    term = 0  # the term this controller leads (or last led) in; 0: never
+    leader_address = ""  # the leader's advertised address, as a standby last read it
+    _lease_end = 0.0  # monotonic: where this controller's view of its lease ends
+    _elected = False  # in office (fenced, loaded); `leading` also checks the lease
+    _shared = False  # on a shared store: elected, not leader at once
+    # (term, from, to): when this controller acted as leader, on its monotonic clock
+    # (`to` None while it still does); the newest 100 terms.
+    offices: collections.deque[tuple[int, float, float | None]]
+
+    def _monotonic(self) -> float:
+        return time.monotonic()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this controller acts as leader now: in office, and (on a shared
+        store) before the local end of its lease, read at each use."""
+        if not self._elected:
+            return False
+        return not self._shared or self._monotonic() < self._lease_end - self._guard
+
+    @property
+    def _guard(self) -> float:
+        """How long before the database's earliest expiry the local lease ends."""
+        return self.config.lease_ttl_s / 6
+
+    @property
+    def holder(self) -> str:
+        """Who this controller is in the lease: host, pid and a random suffix."""
+        if not hasattr(self, "_holder"):
+            self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        return self._holder
+
+    @property
+    def advertised(self) -> str:
+        """Where clients reach this controller: `advertise`, else the bound listen address."""
+        return self.config.advertise or f"{self.config.listen.rpartition(':')[0]}:{self.port}"
+
+    async def _lease(self, fn, *args, **kw):
+        """A lease call, on a thread of its own: never queued behind the store's writes."""
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def _elect(self) -> None:
+        """Standby until the lease is won, leader until it is lost; and again."""
+        ttl = self.config.lease_ttl_s
+        while True:
+            sent = self._monotonic()
+            try:
+                term = await self._lease(self._store.try_acquire, self.holder, ttl,
+                                         address=self.advertised)
+            except StoreError as err:
+                log.warning("lease: cannot reach the store", error=str(err))
+                term = None
+            if term is None:
+                await asyncio.sleep(await self._standby_wait(ttl))
+                continue
+            self._lease_end = sent + ttl
+            why = await self._serve_term(term)
+            await self._step_down(term, why)
+
+    async def _standby_wait(self, ttl: float) -> float:
+        """Learn who leads; how long to wait before trying again (just past the
+        leader's expiry when that is sooner than a third of the TTL)."""
+        try:
+            lease = await self._lease(self._store.leader)
+        except StoreError:
+            return ttl / 3
+        if lease is None:  # expired just now, nobody took it yet
+            return min(0.05, ttl / 3)
+        if lease.address != self.leader_address:
+            log.info("standby: the leader", leader=lease.address, term=lease.term)
+            self.leader_address = lease.address
+        return max(0.01, min(ttl / 3, lease.expires_in_s + 0.01))
+
+    async def _serve_term(self, term: int) -> str:
+        """Lead in `term` until the lease is lost; why it was."""
+        self.term = term
+        log.warning("elected leader", term=term, holder=self.holder, advertise=self.advertised)
+        holding = asyncio.create_task(self._hold(term), name="sia-lease")
+        office = asyncio.create_task(self._enter_office(term), name="sia-take-office")
+        await asyncio.wait((holding, office), return_when=asyncio.FIRST_COMPLETED)
+        if not office.done():  # lost while loading
+            office.cancel()
+            await asyncio.gather(office, return_exceptions=True)
+            return await holding
+        if (exc := office.exception()) is not None:
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+            log.error("could not take office", term=term, error=repr(exc))
+            await self._release_lease(term)
+            return f"could not take office: {exc!r}"
+        return await holding
+
+    async def _enter_office(self, term: int) -> None:
+        self._store.fence(term)  # before the first read: nothing unfenced is written
+        await self._take_office()
+        self._elected = True
+        self.leader_address = self.advertised
+        self._offices().append((term, self._monotonic(), None))
+
+    def _offices(self) -> collections.deque:
+        if not hasattr(self, "offices"):
+            self.offices = collections.deque(maxlen=100)
+        return self.offices
+
+    async def _hold(self, term: int) -> str:
+        """Renew every third of the TTL; return why the lease is lost (refused, or
+        not renewed by the local deadline)."""
+        ttl = self.config.lease_ttl_s
+        every, retry = ttl / 3, ttl / 12
+        last = self._monotonic()
+        while True:
+            await asyncio.sleep(max(0.0, last + every - self._monotonic()))
+            sent = self._monotonic()
+            left = self._lease_end - self._guard - sent
+            if left <= 0:
+                return "lease not renewed in time"
+            try:
+                held = await asyncio.wait_for(
+                    self._lease(self._store.renew, self.holder, term, ttl), left)
+            except TimeoutError:
+                return f"lease renewal took longer than {left:.2f} s"
+            except StoreError as err:  # transient (a dropped connection): again soon
+                log.warning("lease renewal failed; retrying", term=term, error=str(err))
+                last = sent - every + retry
+                continue
+            if not held:
+                return "lease lost (expired or taken)"
+            self._lease_end = sent + ttl
+            last = sent
+
+    async def _step_down(self, term: int, why: str) -> None:
+        was = self._elected
+        self._elected = False
+        self.leader_address = ""  # not this one any more; the lease will say who
+        if was:  # it acted as leader until now, or until its lease ran out if sooner
+            _, since, _ = self._offices()[-1]
+            until = min(self._monotonic(), self._lease_end - self._guard)
+            self.offices[-1] = (term, since, until)
+        log.warning("stepping down: standby", term=term, why=why)
+        if was:
+            await self._leave_office()
+        # The store stays fenced at `term`: a write still in flight is refused.
+
+    def _check_office(self) -> None:
+        """At the end of a watch: NOT_LEADER if this controller runs on but stepped
+        down (so the client moves to the leader), nothing if it closes."""
+        if self._shared and not self._elected and self.status.value == "running":
+            raise not_leader(self.leader_address)
+
+    async def _release_lease(self, term: int) -> None:
+        """Give the lease up (a clean stop): the standby need not wait for its expiry."""
+        try:
+            await asyncio.wait_for(self._lease(self._store.release, self.holder, term),
+                                   self.config.lease_ttl_s / 3)
+        except (StoreError, TimeoutError) as err:
+            log.warning("lease not released; it expires", term=term, error=str(err))
