@@ -98,11 +98,17 @@ class SqlStore:
 
     @contextmanager
     def _write(self, what: str) -> Iterator[Any]:
-        """A write transaction of the contract: fenced, when this store is."""
+        """A write transaction of the contract: fenced, when this store is.
+
+        The fence is checked last, just before the commit, in the same transaction: a
+        lease change waits for the commit (FOR SHARE) or fails the check, as at the
+        start, but the share lock lives only for the commit. Checked first, a write
+        waiting on another writer's lock held the lease row for its whole wait, and the
+        leader's renewal behind it missed its deadline: the leader stepped down."""
         with self._txn(what) as conn:
+            yield conn
             if self._fence is not None:
                 self._check_fence(conn, *self._fence)
-            yield conn
 
     def _check_fence(self, conn, name: str, term: int) -> None:
         # FOR SHARE: a concurrent acquire (FOR UPDATE) waits for this transaction.
