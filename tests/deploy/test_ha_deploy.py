@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -26,6 +25,7 @@ from deploy_common import (
     pod_spec,
     uses_ha,
 )
+from test_healthcheck import run_probe
 from test_manifests import controller_container, render
 
 from sia_grpc.controller.config import ControllerConfig, load_config
@@ -34,7 +34,6 @@ from sia_grpc.controller.stores import is_postgres
 
 HA_OVERLAYS = [o for o in OVERLAYS if uses_ha(o)]
 POD_IP = "10.4.2.7"  # stands in for $(POD_IP)
-SCRIPT = DEPLOY / "docker" / "sia-healthcheck.py"
 
 
 def test_the_ha_overlays_are_the_dev_and_production_pair() -> None:
@@ -106,14 +105,6 @@ def test_the_dev_postgres_is_what_the_dsn_names() -> None:
 
 
 # ---------------------------------------------------------------- the probes, live
-
-
-async def run_probe(args: list[str]) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SCRIPT), *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
-    return proc.returncode, out.decode()
 
 
 @contextlib.asynccontextmanager
