@@ -55,6 +55,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "PREEMPTION_REASONS",
+    "RENEW_FAILURES",
     "ROUND_SPAN",
     "SOLVE_PHASE",
     "MetricsServer",
@@ -224,9 +225,17 @@ _GAUGES: tuple[tuple[str, str, str, str, str | tuple[str, ...] | None], ...] = (
      "GPUs each queue holds beyond its guarantee, by type", ("queue", "gpu_type")),
     ("sia.queue.jobs.pending", "queue_jobs_pending", "{job}",
      "Jobs of each queue waiting to start (PROFILING or QUEUED)", "queue"),
+    # Summed over a controller pair: 1 (exactly one leader); 0 for longer than a lease's
+    # TTL means no controller schedules.
+    ("sia.leader", "leader", "",
+     "1 while this controller acts as leader, 0 while it is a standby", None),
 )
 # Why a round preempted a job (the `reason` of sia.preemptions).
 PREEMPTION_REASONS = ("reclaim", "policy")
+# How a leader's lease renewal failed (the `reason` of sia.lease.renew_failures): the
+# store call failed (retried), took too long (the leader steps down), or the store
+# refused it (the lease expired or was taken: the leader steps down).
+RENEW_FAILURES = ("error", "timeout", "refused")
 _GAUGE_KEYS = frozenset(key for _, key, _, _, _ in _GAUGES)
 
 
@@ -371,6 +380,10 @@ class Telemetry:
             "sia.preemptions", unit="{job}",
             description="Jobs a round preempted, by queue and reason (reclaim: for another "
                         "queue's guarantee; policy: the goodput ILP's choice)")
+        self._renew_failures = self.meter.create_counter(
+            "sia.lease.renew_failures", unit="{renewal}",
+            description="Lease renewals of a leader that failed, by reason (error: retried; "
+                        "timeout, refused: it stepped down)")
 
         self._callbacks: dict[str, Callable[[], Any]] = {}
         for name, key, unit, description, attr in _GAUGES:
@@ -401,6 +414,11 @@ class Telemetry:
         series that never appeared would never fire)."""
         for queue, reason in preempted:
             self._preemptions.add(0 if zero else 1, {"queue": queue, "reason": reason})
+
+    def count_renew_failure(self, reason: str, *, zero: bool = False) -> None:
+        """Count a failed lease renewal (`reason` in RENEW_FAILURES); `zero` adds 0, so the
+        series exist before the first failure (as for count_preemptions)."""
+        self._renew_failures.add(0 if zero else 1, {"reason": reason})
 
     def _gauge_callback(
         self, name: str, key: str, attr: str | tuple[str, ...] | None

@@ -14,7 +14,12 @@ localhost and 127.0.0.1; for another PKI give `--server-name`, a name in the
 certificate). Health checks need no token and no client certificate.
 
     sia-healthcheck [--addr 127.0.0.1:50051] [--ca FILE] [--server-name NAME]
-                    [--service NAME] [--timeout SECONDS]
+                    [--service NAME] [--timeout SECONDS] [--any-status]
+
+With `--any-status` it succeeds on any answer, NOT_SERVING included: the liveness
+check of a controller pair. A standby answers NOT_SERVING (only the leader is
+SERVING), and restarting it would not make it lead; what liveness must catch is a
+process that no longer answers at all (hung, deadlocked).
 
 Settings also come from the environment: SIA_HEALTH_ADDR, SIA_CA,
 SIA_HEALTH_SERVER_NAME. Without a CA the check is plaintext (the loopback
@@ -44,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--service", default="", metavar="NAME",
                    help="a service name, e.g. sia.v1.JobService (default: the server)")
     p.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS")
+    p.add_argument("--any-status", action="store_true",
+                   help="succeed on any answer, NOT_SERVING too (liveness: a standby is alive)")
     return p
 
 
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"sia-healthcheck: {err}", file=sys.stderr)
         return 1
-    if status != "SERVING":
+    if status != "SERVING" and not args.any_status:
         print(f"sia-healthcheck: {args.addr}: {status}", file=sys.stderr)
         return 1
     return 0

@@ -215,15 +215,24 @@ class Leadership:
                 held = await asyncio.wait_for(
                     self._lease(self._store.renew, self.holder, term, ttl), left)
             except TimeoutError:
+                self._renew_failed("timeout")
                 return f"lease renewal took longer than {left:.2f} s"
             except StoreError as err:  # transient (a dropped connection): again soon
+                self._renew_failed("error")
                 log.warning("lease renewal failed; retrying", term=term, error=str(err))
                 last = sent - every + retry
                 continue
             if not held:
+                self._renew_failed("refused")
                 return "lease lost (expired or taken)"
             self._lease_end = sent + ttl
             last = sent
+
+    def _renew_failed(self, reason: str) -> None:
+        """Count it (sia.lease.renew_failures): what precedes a step-down, and more often
+        a database or network in trouble."""
+        if self.telemetry is not None:
+            self.telemetry.count_renew_failure(reason)
 
     async def _step_down(self, term: int, why: str) -> None:
         was = self._elected

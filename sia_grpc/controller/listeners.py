@@ -15,7 +15,7 @@ from sia_grpc.controller.config import ConfigError, read_queues_file
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
 from sia_grpc.controller.queueing import scheduled_in
 from sia_grpc.controller.stores import is_postgres
-from sia_grpc.observability import PREEMPTION_REASONS, MetricsServer
+from sia_grpc.observability import PREEMPTION_REASONS, RENEW_FAILURES, MetricsServer
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
@@ -48,7 +48,10 @@ class Listeners:
             queue_gpus_held=lambda: self.state.queue_metrics()["held"],
             queue_gpus_guarantee=lambda: self.state.queue_metrics()["guarantee"],
             queue_gpus_borrowed=lambda: self.state.queue_metrics()["borrowed"],
-            queue_jobs_pending=lambda: self.state.queue_metrics()["pending"])
+            queue_jobs_pending=lambda: self.state.queue_metrics()["pending"],
+            leader=lambda: int(self.leading))
+        for reason in RENEW_FAILURES:  # the series exist before the first failure
+            self.telemetry.count_renew_failure(reason, zero=True)
 
     def _serve_metrics(self) -> None:
         """Register the gauges and, with metrics_listen, bind and serve /metrics."""

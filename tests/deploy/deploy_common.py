@@ -16,6 +16,7 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 BASE = K8S / "base"
 OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
+HA = K8S / "components" / "ha"  # the controller pair, a kustomize Component
 
 # The security settings another change adds to the CLIs (docs/security.md). Where a
 # parser does not have one yet, its tests skip naming it; every other flag must exist.
@@ -39,15 +40,28 @@ def kustomization(directory: Path) -> dict[str, Any]:
 
 
 def base_resources(directory: Path = BASE) -> list[dict[str, Any]]:
-    """The documents a kustomization's `resources` name, following directories."""
+    """The documents a kustomization's `resources` name, following directories (and
+    components, whose resources are added too)."""
     out: list[dict[str, Any]] = []
-    for entry in kustomization(directory).get("resources", []):
+    k = kustomization(directory)
+    for component in k.get("components", []):
+        out += base_resources((directory / component).resolve())
+    for entry in k.get("resources", []):
         target = (directory / entry).resolve()
         if target.is_dir():
             out += base_resources(target)
         else:
             out += documents(target)
     return out
+
+
+def uses_ha(directory: Path) -> bool:
+    """Whether an overlay (or one it builds on) adds the HA component."""
+    k = kustomization(directory)
+    if any((directory / c).resolve() == HA.resolve() for c in k.get("components", [])):
+        return True
+    return any(uses_ha((directory / r).resolve()) for r in k.get("resources", [])
+               if (directory / r).is_dir())
 
 
 def by_kind(docs: Sequence[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """deploy/k8s: every manifest validates against the Kubernetes OpenAPI schemas
 (kubernetes-validate, offline, strict: an unknown field fails), the kustomizations
 hold together, and the workloads are what docs/operations.md promises: one
-controller with Recreate, hardened containers, health probes on the service port,
-and container args that the real CLIs accept."""
+controller with Recreate on SQLite (the base, production), or a leader and a standby
+on PostgreSQL (components/ha: dev, production-ha); hardened containers, health
+probes on the service port, and container args that the real CLIs accept."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import yaml
 from deploy_common import (
     BASE,
     DEPLOY,
+    HA,
     K8S,
     OVERLAYS,
     ROOT,
@@ -43,6 +45,7 @@ from deploy_common import (
     option_strings,
     parse,
     pod_spec,
+    uses_ha,
     without_flags,
     yaml_files,
 )
@@ -81,10 +84,30 @@ def _schema_validator(version: str, kind: str, api_version: str) -> jsonschema.V
 
 def patch_errors(doc: dict[str, Any], version: str) -> list[str]:
     """Schema errors in a strategic-merge patch: everything but missing required
-    fields (a patch names only what it changes)."""
+    fields (a patch names only what it changes), its directives left out (`$patch:
+    delete`, and a field set to null: deleted)."""
     validator = _schema_validator(version, doc["kind"], doc["apiVersion"])
     return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in validator.iter_errors(doc) if e.validator != "required"]
+            for e in validator.iter_errors(without_directives(doc))
+            if e.validator != "required"]
+
+
+def without_directives(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_directives(v) for k, v in value.items()
+                if not k.startswith("$") and v is not None}
+    if isinstance(value, list):
+        return [without_directives(v) for v in value]
+    return value
+
+
+def test_patch_validation_still_rejects_an_unknown_field() -> None:
+    """Leaving the directives out does not let a misspelt field through."""
+    (doc,) = documents(HA / "controller-ha.yaml")
+    bad = json.loads(json.dumps(doc))
+    bad["spec"]["template"]["spec"]["volumes"][0]["emptyDirr"] = {}
+    assert any("emptyDirr" in e for e in patch_errors(bad, K8S_VERSIONS[0]))
+    assert not patch_errors(doc, K8S_VERSIONS[0])
 
 
 def is_patch(path: Path) -> bool:
@@ -134,7 +157,7 @@ def kustomizations() -> list[Path]:
 @pytest.mark.parametrize("directory", kustomizations(), ids=rel)
 def test_kustomization_references_exist(directory: Path) -> None:
     k = kustomization(directory)
-    named = [*k.get("resources", []),
+    named = [*k.get("resources", []), *k.get("components", []),
              *[p["path"] for p in k.get("patches", []) if "path" in p],
              *[f.split("=", 1)[-1] for g in k.get("configMapGenerator", [])
                for f in g.get("files", [])]]
@@ -144,6 +167,9 @@ def test_kustomization_references_exist(directory: Path) -> None:
         assert target.exists(), f"{rel(directory)}/kustomization.yaml: {entry} does not exist"
         if target.is_dir():
             assert (target / "kustomization.yaml").exists(), f"{entry}: not a kustomization"
+            kind = kustomization(target).get("kind", "Kustomization")
+            assert kind == ("Component" if entry in k.get("components", []) else
+                            "Kustomization"), f"{rel(directory)}: {entry} is a {kind}"
     # Every YAML file next to a kustomization is used by it (no forgotten manifest).
     used = {(directory / e).resolve() for e in named}
     for path in directory.glob("*.yaml"):
@@ -151,11 +177,15 @@ def test_kustomization_references_exist(directory: Path) -> None:
             assert path.resolve() in used, f"{rel(path)} is not in its kustomization"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+@pytest.mark.parametrize("overlay", [*OVERLAYS, HA], ids=lambda p: p.name)
 def test_overlay_patches_target_base_resources(overlay: Path) -> None:
     k = kustomization(overlay)
-    assert "../../base" in k["resources"]
-    base = {(d["kind"], d["metadata"]["name"]) for d in base_resources(overlay)}
+    # Built on the base, directly or through another overlay (production-ha).
+    bases = [(overlay / r).resolve() for r in k.get("resources", []) if (overlay / r).is_dir()]
+    assert overlay == HA or bases and all(b == BASE.resolve() or b.parent == K8S / "overlays"
+                                          for b in bases), bases
+    base = {(d["kind"], d["metadata"]["name"])
+            for d in base_resources(BASE) + base_resources(overlay)}
     for patch in k.get("patches", []):
         if "target" in patch:
             targets = [(patch["target"]["kind"], patch["target"]["name"])]
@@ -171,7 +201,8 @@ def test_overlay_patches_target_base_resources(overlay: Path) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_overlays_never_touch_replicas_or_strategy(overlay: Path) -> None:
-    """The single-writer guarantee lives in the base and no overlay may change it."""
+    """The single-writer guarantee lives in the base, the pair's in components/ha: no
+    overlay changes either (an overlay on SQLite with 2 replicas would corrupt it)."""
     k = kustomization(overlay)
     assert "replicas" not in k
     for patch in k.get("patches", []):
@@ -197,7 +228,10 @@ def test_rendered_kustomization_validates_and_keeps_the_invariants(directory: Pa
     for doc in docs:
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
-    check_single_writer(docs)
+    if uses_ha(directory):
+        check_pair(docs)
+    else:
+        check_single_writer(docs)
     for doc in docs:
         if (spec := pod_spec(doc)) is not None:
             check_hardened(doc, spec)
@@ -251,9 +285,13 @@ def check_hardened(doc: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 TOOL_DOCS = [d for p in sorted((K8S / "tools").glob("*.yaml")) for d in documents(p)]
+# What overlays add beside their patches (the dev overlay's example PostgreSQL).
+OVERLAY_DOCS = [d for o in OVERLAYS for p in sorted(o.glob("*.yaml"))
+                if p.name != "kustomization.yaml" and not is_patch(p) for d in documents(p)]
 
 
-@pytest.mark.parametrize("doc", [d for d in [*BASE_DOCS, *TOOL_DOCS] if pod_spec(d) is not None],
+@pytest.mark.parametrize("doc", [d for d in [*BASE_DOCS, *TOOL_DOCS, *OVERLAY_DOCS]
+                                 if pod_spec(d) is not None],
                          ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
 def test_every_container_is_hardened(doc: dict[str, Any]) -> None:
     check_hardened(doc, pod_spec(doc))
@@ -268,8 +306,8 @@ def test_maintenance_pod_mounts_the_store_the_controller_uses() -> None:
 
 
 def test_overlay_patches_do_not_weaken_security() -> None:
-    for overlay in OVERLAYS:
-        for path in overlay.glob("*.yaml"):
+    for overlay in [*OVERLAYS, HA]:
+        for path in filter(is_patch, overlay.glob("*.yaml")):
             text = path.read_text()
             for word in ("securityContext", "privileged", "hostPath", "capabilities"):
                 assert word not in text, f"{rel(path)} touches {word}"
@@ -281,7 +319,7 @@ def test_secrets_are_referenced_never_committed() -> None:
         assert "kind: Secret" not in text, rel(path)
         assert "PRIVATE KEY" not in text, rel(path)
     readme = (K8S / "README.md").read_text()
-    for doc in BASE_DOCS:
+    for doc in [*BASE_DOCS, *documents(HA / "controller-ha.yaml")]:
         for volume in (pod_spec(doc) or {}).get("volumes", []):
             if "secret" in volume:
                 name = volume["secret"]["secretName"]
@@ -506,3 +544,88 @@ def test_the_metrics_port_is_the_one_the_controller_serves_and_prometheus_scrape
     notes = deploy["spec"]["template"]["metadata"]["annotations"]
     assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                      "prometheus.io/path": "/metrics"}
+
+
+# ---------------------------------------------------------------- the pair (components/ha)
+
+
+def controller_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = pod_spec(one(docs, "Deployment", "sia-controller"))["containers"]
+    return c
+
+
+def resolved(value: int | str, replicas: int, *, up: bool) -> int:
+    """A rollingUpdate count or percentage as Kubernetes resolves it (surge rounds up,
+    unavailable down)."""
+    if isinstance(value, int):
+        return value
+    fraction = int(value.rstrip("%")) * replicas / 100
+    return int(-(-fraction // 1)) if up else int(fraction)
+
+
+def check_pair(docs: list[dict[str, Any]]) -> None:
+    deploy = one(docs, "Deployment", "sia-controller")
+    replicas = deploy["spec"]["replicas"]
+    assert 2 <= replicas <= 3
+    # Only the leader is Ready. Kubernetes stops a Ready old pod only while more than
+    # replicas - maxUnavailable pods are available, so anything less than all of them
+    # unavailable would wait forever for a new pod to become Ready.
+    strategy = deploy["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    rolling = strategy["rollingUpdate"]
+    assert resolved(rolling["maxUnavailable"], replicas, up=False) >= replicas, rolling
+    assert resolved(rolling.get("maxSurge", 0), replicas, up=True) == 0, rolling
+    spec = pod_spec(deploy)
+    assert not [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+    assert not [d for d in by_kind(docs, "PersistentVolumeClaim")
+                if d["metadata"]["name"] == "sia-store"]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (term,) = spec["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    check_pair_container(docs, controller_container(docs), spec)
+
+
+def check_pair_container(docs: list[dict[str, Any]], c: dict[str, Any],
+                         spec: dict[str, Any]) -> None:
+    env = {e["name"]: e for e in c["env"]}
+    # The DSN and the password come from one Secret, never from the ConfigMap.
+    secret = env["SIA_STORE"]["valueFrom"]["secretKeyRef"]
+    assert secret["key"] == "dsn"
+    password_file = Path(env["SIA_STORE_PASSWORD_FILE"]["value"])
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volume = next(v for v in spec["volumes"] if v["name"] == mounts[str(password_file.parent)])
+    assert volume["secret"]["secretName"] == secret["name"]
+    assert password_file.name == "password" and "items" not in volume["secret"]
+    (config,) = by_kind(docs, "ConfigMap")
+    toml = tomllib.loads(config["data"]["controller.toml"])["controller"]
+    assert not {"store", "store_password_file"} & set(toml)
+    assert "postgres" not in config["data"]["controller.toml"].replace("PostgreSQL", "")
+    # A standby names the leader by its pod IP and the client port.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert f"--advertise=$(POD_IP):{ports['grpc']}" in c["args"]
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # Ready: SERVING (the leader only). Alive: any answer (a standby too).
+    ready = parse(_healthcheck_parser(), c["readinessProbe"]["exec"]["command"][1:])
+    live = parse(_healthcheck_parser(), c["livenessProbe"]["exec"]["command"][1:])
+    assert not ready.any_status and live.any_status
+    assert (ready.addr, ready.ca, ready.server_name) == (live.addr, live.ca, live.server_name)
+    # Agents: one DNS name, the Service, which routes to the leader.
+    (agent,) = pod_spec(one(docs, "DaemonSet", "sia-nodeagent"))["containers"]
+    (target,) = [a.split("=", 1)[1] for a in agent["args"] if a.startswith("--controller=")]
+    service = one(docs, "Service", "sia-controller")
+    assert target == f"sia-controller.sia-system.svc:{ports['agents']}"
+    assert "," not in target and service["metadata"]["namespace"] == "sia-system"
+
+
+def test_the_pair_component_patches_only_the_controller_and_its_claim() -> None:
+    k = kustomization(HA)
+    assert k["kind"] == "Component"
+    targets = [(d["kind"], d["metadata"]["name"]) for p in k["patches"]
+               for d in documents(HA / p["path"])]
+    assert sorted(targets) == [("Deployment", "sia-controller"),
+                               ("PersistentVolumeClaim", "sia-store")]

@@ -179,3 +179,32 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     problems = [line for line in (out.stdout + out.stderr).splitlines()
                 if "sia-" in line]
     assert not problems, problems
+
+
+def test_the_pair_config_makes_a_leader_and_a_standby_on_postgres(tmp_path: Path) -> None:
+    """controller-ha.toml (the same on both hosts) with each host's controller.env: a
+    valid controller on PostgreSQL, its password from a file, each advertising its own
+    name; the unit reads that env file."""
+    from sia_grpc.controller.config import load_config
+    from sia_grpc.controller.stores import is_postgres
+
+    assert "-/etc/sia/controller.env" in values(UNITS["controller"], "EnvironmentFile")
+    text = (SYSTEMD / "controller-ha.toml").read_text()
+    settings = tomllib.loads(text)["controller"]
+    assert ":" not in settings["store"].split("@")[0].removeprefix("postgresql://"), \
+        "the DSN must not carry the password"
+    password = tmp_path / "pg-password"
+    password.write_text("s3cret\n")
+    config_file = tmp_path / "controller.toml"
+    config_file.write_text(text.replace(settings["store_password_file"], str(password)))
+    advertised = []
+    for host in ("ctl-a", "ctl-b"):
+        env = env_file(SYSTEMD / "controller-ha.env")
+        env["SIA_ADVERTISE"] = env["SIA_ADVERTISE"].replace("ctl-a", host)
+        config = load_config(config_file, env=env)
+        assert is_postgres(config.store_target) and config.store_password() == "s3cret"
+        assert config.tls and config.tokens_file
+        advertised.append(config.advertise)
+    assert advertised == ["ctl-a.internal:50051", "ctl-b.internal:50051"]
+    assert "ctl-b.internal:50051" in (SYSTEMD / "controller-ha.env").read_text()
+    assert "0640 -o root -g sia" in text  # how the password file is installed
