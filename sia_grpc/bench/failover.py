@@ -36,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -126,9 +128,13 @@ class Bench:
     nodes: list[NodeAgent] = field(default_factory=list)
     kills: list[dict] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # double bookings seen
+    crashes: list[str] = field(default_factory=list)  # controllers that exited unasked
 
     def __post_init__(self) -> None:
         self.pair = ControllerPair.on_free_ports(ttl=self.ttl, env=FAST_ROUNDS)
+        self.logs = tempfile.mkdtemp(prefix="sia-bench-failover-")
+        for name, n in zip("ab", self.pair.nodes, strict=True):
+            n.log = os.path.join(self.logs, f"controller-{name}.log")
 
     async def start(self) -> None:
         for n in self.pair.nodes:
@@ -196,6 +202,14 @@ class Bench:
                     break
         return needless, moved
 
+    async def standby_up(self, node: ControllerNode) -> bool:
+        """Whether `node` answers; one that exited on its own (not our SIGKILL) is
+        counted in `crashes` and started again."""
+        if node.proc.returncode is not None:
+            self.crashes.append(f"{node.address}: exit status {node.proc.returncode}")
+            await node.start(self.dsn)
+        return await _answers(node)
+
     # -- one kill -------------------------------------------------------------------
 
     async def kill_once(self, sia: AsyncSiaClient, stream: Stream) -> dict:
@@ -203,7 +217,8 @@ class Bench:
         standby = self.pair.other(leader)
         term = max(a.term for a in self.nodes)
         await until(lambda: self.settled(term), "the agents on the leader")
-        await until(lambda: _answers(standby), "the standby to answer")
+        await until(lambda: self.standby_up(standby), f"the standby to answer (its log: "
+                    f"{standby.log})")
         before = self.workers()
         killed_wall, killed = time.time(), time.monotonic()
         leader.kill()
@@ -287,7 +302,8 @@ async def failover(*, dsn: str, kills: int, agents: int = 32, gpus_per_agent: in
         "double_allocations": len(bench.conflicts), "refused_double_bookings": len(held),
         "needless_restarts": len(needless),
         "moved_by_first_round": sum(len(k["moved_by_first_round"]) for k in bench.kills),
-        "create_errors": len(stream.errors),
+        "create_errors": len(stream.errors), "controller_crashes": bench.crashes,
+        "logs": bench.logs,
         "terms_in_order": terms_ok,
         "stale_refused": sum(a.stale_refused for a in bench.nodes),
         "both_serving_samples": len(bench.pair.both_serving),
@@ -304,10 +320,11 @@ async def failover(*, dsn: str, kills: int, agents: int = 32, gpus_per_agent: in
 
 def passed(r: dict) -> bool:
     """The invariants (not the speed): nothing lost, nothing double-booked or
-    needlessly restarted, terms in order, never two leaders."""
+    needlessly restarted, terms in order, never two leaders, no controller crashed."""
     return (r["jobs_lost"] == 0 and r["double_allocations"] == 0
             and r["refused_double_bookings"] == 0 and r["needless_restarts"] == 0
-            and r["terms_in_order"] and r["stale_refused"] == 0 and r["both_serving_samples"] == 0)
+            and r["terms_in_order"] and r["stale_refused"] == 0 and r["both_serving_samples"] == 0
+            and not r["controller_crashes"])
 
 
 def run(*, kills: int, agents: int, gpus_per_agent: int, ttl: float, rate: float,
@@ -341,6 +358,9 @@ def _report(r: dict) -> None:
           f"max {fr['max']:.2f} s")
     print(f"  jobs: {r['jobs_accepted']} accepted, {r['jobs_present']} present, "
           f"{r['jobs_lost']} lost; {r['create_errors']} creates failed")
+    if r["controller_crashes"]:
+        print(f"  controllers that exited on their own: {r['controller_crashes']} "
+              f"(logs in {r['logs']})")
     print(f"  double allocations {r['double_allocations']} (RUNs refused by an agent as the "
           f"GPU was busy: {r['refused_double_bookings']}), needless restarts "
           f"{r['needless_restarts']} (moved by the new leader's first round: "

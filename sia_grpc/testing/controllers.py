@@ -56,6 +56,7 @@ class ControllerNode:
     proxy: TcpProxy | None = None
     proc: asyncio.subprocess.Process | None = None
     starts: int = 0  # processes started on this port so far
+    log: str | None = None  # a file its output is appended to (else discarded)
 
     @property
     def address(self) -> str:
@@ -65,11 +66,13 @@ class ControllerNode:
         if self.proxy is not None:
             dsn = via_proxy(dsn, self.proxy)
         self.starts += 1
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sia_grpc.controller", "--listen", self.address,
-            "--store", dsn, "--lease-ttl", str(self.ttl), "--log-format", "json",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-            env={**os.environ, **self.env})
+        with contextlib.ExitStack() as files:
+            out = files.enter_context(open(self.log, "ab")) if self.log \
+                else asyncio.subprocess.DEVNULL
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sia_grpc.controller", "--listen", self.address,
+                "--store", dsn, "--lease-ttl", str(self.ttl), "--log-format", "json",
+                stdout=out, stderr=out, env={**os.environ, **self.env})
 
     async def health(self, timeout: float = 0.5) -> int | None:
         """Its health status (SERVING only on the leader); None if it does not answer."""
