@@ -63,6 +63,20 @@ def _control_plane(args: argparse.Namespace) -> int:
                agents_in_process=args.agents_in_process, as_json=args.json, store=args.store)
 
 
+def _failover(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.failover import run
+    from sia_grpc.controller.store import is_postgres
+    from sia_grpc.testing.postgres import unavailable
+
+    if args.store and not is_postgres(args.store):
+        raise UsageError("--store: expected a postgresql:// DSN")
+    if not args.store and (why := unavailable()):
+        raise UsageError(f"no PostgreSQL server to start ({why}); give one with --store DSN")
+    return run(kills=args.kills, agents=args.agents, gpus_per_agent=args.gpus_per_agent,
+               ttl=args.lease_ttl, rate=args.rate, clients=args.clients, store=args.store,
+               json_out=args.json)
+
+
 def _replay(args: argparse.Namespace) -> int:
     from sia_grpc.bench.replay import run
 
@@ -123,6 +137,22 @@ def add_commands(sub: Any) -> None:
     cp.add_argument("--agents-in-process", action="store_true",
                     help="run the agents as tasks in the controller's process "
                          "(default: one agent process per GPU type)")
+
+    fo = command(bench_sub, "failover",
+                 "a controller pair on PostgreSQL, the leader SIGKILLed again and again "
+                 "under load: failover time, and nothing lost or double-booked", _failover)
+    fo.add_argument("--kills", type=count, default=20, help="SIGKILLs of the leader")
+    fo.add_argument("--agents", type=count, default=32, help="modeled agents (default 32)")
+    fo.add_argument("--gpus-per-agent", type=count, default=8)
+    fo.add_argument("--lease-ttl", type=positive(float), default=4.0, metavar="SECONDS",
+                    help="the controllers' lease_ttl_s (default 4, the config's default)")
+    fo.add_argument("--rate", type=positive(float), default=20.0,
+                    help="CreateJob calls per second, all clients together (default 20)")
+    fo.add_argument("--clients", type=count, default=4)
+    fo.add_argument("--store", default="", metavar="DSN",
+                    help="an empty PostgreSQL database (default: a throwaway server on "
+                         "this machine, fsync on)")
+    fo.add_argument("--json", metavar="OUT", help="also write the results as JSON")
 
     rp = command(sub, "replay", "submit a trace to a live controller with modeled agents, "
                                 "and compare with the simulator", _replay)

@@ -261,6 +261,13 @@ class NodeAgent:
         self.term = 0
         self.terms: collections.deque[int] = collections.deque(maxlen=TERMS_KEPT)
         self.stale_refused = 0  # messages refused for a term below `term`
+        # What each leader asked and what was refused (the newest TERMS_KEPT), for
+        # tests and `sia bench failover`: (term, directive) as received, and
+        # (directive, error) for every rejected one.
+        self.received: collections.deque[tuple[int, pb.Directive]] = collections.deque(
+            maxlen=TERMS_KEPT)
+        self.rejected: collections.deque[tuple[pb.Directive, str]] = collections.deque(
+            maxlen=TERMS_KEPT)
         self._target = 0  # index into config.controllers: where the next stream goes
 
     # -- lifecycle ------------------------------------------------------------------
@@ -538,6 +545,7 @@ class NodeAgent:
                 continue
             kind = msg.WhichOneof("kind")
             if kind == "directive":
+                self.received.append((msg.term, msg.directive))
                 self._directives.put_nowait(msg.directive)
             elif kind == "profile":  # in order with the directives: a STOP sent
                 self._directives.put_nowait(msg.profile)  # after it also ends it
@@ -604,6 +612,7 @@ class NodeAgent:
                     while len(self._acks) > ACK_MEMORY:
                         self._acks.popitem(last=False)
                 if error:
+                    self.rejected.append((d, error))
                     log.warning("directive rejected", error=error)
             self._send(ack=ack)
 

@@ -26,9 +26,9 @@ class TcpProxy:
         self.port = 0
 
     @classmethod
-    async def start(cls, host: str, port: int) -> TcpProxy:
+    async def start(cls, host: str, port: int, *, listen: str = "127.0.0.1") -> TcpProxy:
         proxy = cls(host, port)
-        proxy._server = await asyncio.start_server(proxy._accept, "127.0.0.1", 0)
+        proxy._server = await asyncio.start_server(proxy._accept, listen, 0)
         proxy.port = proxy._server.sockets[0].getsockname()[1]
         return proxy
 

@@ -10,23 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import sys
 import time
 import uuid
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sia_grpc.api import ClusterServiceStub, pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.nodeagent import AgentConfig, AgentStatus, NodeAgent
-from sia_grpc.testing.ports import free_port
+from sia_grpc.testing.controllers import SERVING, ControllerNode, ControllerPair
 from sia_grpc.testing.tcpproxy import TcpProxy
 
 pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(180)]
@@ -34,13 +30,8 @@ pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(180)]
 TTL_S = 2.0  # the lease: a failover takes about this long
 WAIT_S = 30.0  # real seconds a condition may take before the test fails
 CALL_S = 15.0  # the client's deadline per call: a failover fits in it
-ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-       "SIA_ROUND_DURATION": "1", "SIA_EARLY_ROUND_DELAY": "0.2",
-       "SIA_HEARTBEAT_INTERVAL": "0.5", "SIA_HEARTBEAT_TIMEOUT": "30",
-       "SIA_INLINE_SOLVER": "true"}
 SPEC = pb.JobSpec(name="c10", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE,
                   max_gpus=2)
-SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 async def until(predicate, what: str):
@@ -53,80 +44,13 @@ async def until(predicate, what: str):
         await asyncio.sleep(0.05)
 
 
-@dataclass
-class Node:
-    """One sia-controller process, its address, and (optionally) its own path to
-    the database through a proxy that can be cut."""
-
-    port: int
-    proxy: TcpProxy | None = None
-    proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self, dsn: str) -> None:
-        if self.proxy is not None:  # the same database, through this node's proxy
-            parts = urlsplit(dsn)
-            dsn = urlunsplit(parts._replace(
-                netloc=f"{parts.netloc.rpartition(':')[0]}:{self.proxy.port}"))
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sia_grpc.controller", "--listen", self.address,
-            "--store", dsn, "--lease-ttl", str(TTL_S), "--log-format", "json",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=ENV)
-
-    async def health(self) -> int | None:
-        try:
-            async with grpc.aio.insecure_channel(self.address) as ch:
-                resp = await health_pb2_grpc.HealthStub(ch).Check(
-                    health_pb2.HealthCheckRequest(), timeout=0.5)
-        except grpc.aio.AioRpcError:
-            return None
-        return resp.status
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-                self.proc.kill()
-            await self.proc.wait()
-
-
-@dataclass
-class Pair:
-    a: Node
-    b: Node
-    both_serving: list[float] = field(default_factory=list)  # when seen, if ever
-
-    @property
-    def nodes(self) -> tuple[Node, Node]:
-        return self.a, self.b
-
-    @property
-    def target(self) -> str:
-        return f"{self.a.address},{self.b.address}"
-
-    async def leader(self) -> Node | None:
-        serving = [n for n in self.nodes if await n.health() == SERVING]
-        return serving[0] if len(serving) == 1 else None
-
-    async def watch(self) -> None:
-        """Sample both health checks until cancelled; note any moment both serve."""
-        while True:
-            states = await asyncio.gather(*(n.health() for n in self.nodes))
-            if all(s == SERVING for s in states):
-                self.both_serving.append(time.monotonic())
-            await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def cluster(dsn: str, *, proxied: bool = False, agents: int = 2):
     proxies = []
     if proxied:
         pg_port = urlsplit(dsn).port
         proxies = [await TcpProxy.start("127.0.0.1", pg_port) for _ in range(2)]
-    pair = Pair(*(Node(free_port(), proxies[i] if proxies else None) for i in range(2)))
+    pair = ControllerPair.on_free_ports(ttl=TTL_S, proxies=tuple(proxies) or None)
     nodes: list[NodeAgent] = []
     watcher = None
     try:
@@ -145,8 +69,7 @@ async def cluster(dsn: str, *, proxied: bool = False, agents: int = 2):
             watcher.cancel()
         for agent in nodes:
             await agent.close()
-        for n in pair.nodes:
-            await n.stop()
+        await pair.stop()
         for p in proxies:
             await p.close()
 
@@ -164,8 +87,8 @@ async def accepted_jobs(sia: AsyncSiaClient, accepted: list[str]) -> None:
     assert set(accepted) <= present, set(accepted) - present
 
 
-async def start_and_load(pair: Pair, agents: list[NodeAgent], sia: AsyncSiaClient,
-                         jobs: int = 4) -> tuple[Node, list[str]]:
+async def start_and_load(pair: ControllerPair, agents: list[NodeAgent], sia: AsyncSiaClient,
+                         jobs: int = 4) -> tuple[ControllerNode, list[str]]:
     leader = await until(pair.leader, "one leader")
     await until(lambda: _registered(agents), "the agents to register")
     accepted = [(await sia.submit(SPEC)).job_id for _ in range(jobs)]
@@ -251,7 +174,7 @@ async def test_a_leader_cut_off_from_the_database_steps_down_first(postgres_dsn)
         assert pair.both_serving == []
 
 
-async def _serving(node: Node) -> bool:
+async def _serving(node: ControllerNode) -> bool:
     return await node.health() == SERVING
 
 
@@ -259,7 +182,7 @@ async def _all_above(agents: list[NodeAgent], term: int) -> bool:
     return all(a.term > term and a.status is AgentStatus.REGISTERED for a in agents)
 
 
-async def _refuses(old: Node, new: Node) -> bool:
+async def _refuses(old: ControllerNode, new: ControllerNode) -> bool:
     """Whether `old` answers as a standby naming `new`."""
     async with grpc.aio.insecure_channel(old.address) as ch:  # no client: it would follow
         try:

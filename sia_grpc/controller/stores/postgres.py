@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from sia_grpc.controller.stores.contract import StoreError
@@ -80,6 +80,14 @@ CREATE TABLE lease (
 );
 """,
 }
+
+# A connection whose peer vanished (a pulled cable, a blackholed route, a server
+# host that died) sends no FIN or RST: without these, a query on it waits for the
+# kernel's retransmissions (~15 min) and an idle one forever. With them it fails in
+# seconds: unacknowledged data for tcp_user_timeout ms, or an idle connection whose
+# keepalive probes go unanswered (idle + interval * count s). A DSN's own values win.
+_TCP_DEFAULTS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 1,
+                 "keepalives_count": 3, "tcp_user_timeout": 5000}
 
 # Taken by whoever creates or upgrades the schema: two controllers opening a new
 # database at once would otherwise both try.
@@ -151,8 +159,12 @@ class PostgresStore(SqlStore):
         self._pool: ConnectionPool | None = None
         extra = {"password": password} if password is not None else {}
         try:
-            conninfo = make_conninfo(dsn, connect_timeout=max(1, round(connect_timeout)),
-                                     application_name="sia-controller", **extra)
+            given = conninfo_to_dict(dsn)
+            defaults = {k: v for k, v in {**_TCP_DEFAULTS,
+                                          "connect_timeout": max(1, round(connect_timeout))
+                                          }.items() if k not in given}
+            conninfo = make_conninfo(dsn, application_name="sia-controller", **defaults,
+                                     **extra)
         except psycopg.Error as e:
             raise StoreError(f"store: cannot open {self.name}: {e}") from e
         # First one plain connection: its failure says why (a pool's says only "timeout").
