@@ -95,7 +95,41 @@ def markdown(runs: Sequence[Mapping[str, Any]], command: str = "") -> str:
         if group in PAPER_SIA_P99_H:
             ratios.append(f"paper's Sia p99 JCT: {PAPER_SIA_P99_H[group]} h")
         lines += ["", "; ".join(ratios), ""]
+        lines += _queue_table(group, [r for r in runs if _group(r["workload"]) == group])
     return "\n".join(lines)
+
+
+QUEUE_FIELDS = ("jobs", "avg_jct_h", "p99_jct_h", "gpu_hours", "guarantee_violation_gpu_h",
+                "shortfall_gpu_h", "reclaim_s", "reclaim_restarts")
+
+
+def _queue_table(group: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The group's runs with queues: a row per policy and queue (cells mean ± std over
+    the workloads; the violation and the reclaim time: the largest of any run)."""
+    cells: dict = defaultdict(lambda: defaultdict(list))  # (policy, queue) -> field -> values
+    for run in runs:
+        for queue, m in run["metrics"].get("queues", {}).items():
+            if m.get("jobs"):
+                for f in QUEUE_FIELDS:
+                    if m.get(f) is not None:
+                        cells[(run["policy"], queue)][f].append(float(m[f]))
+    if not cells:
+        return []
+
+    def most(values: list[float], digits: int) -> str:
+        return f"{max(values):.{digits}f}" if values else "—"
+
+    lines = [f"### Queues, {GROUP_TITLE.get(group, group)}", "",
+             "| policy | queue | jobs | avg JCT h | p99 JCT h | GPU h | violation GPU h (max) | "
+             "shortfall GPU h | reclaim s (max) | gave way |", "|" + "---|" * 10]
+    for policy, queue in sorted(cells, key=lambda k: (_order(k[0]), k[0])):
+        c = cells[(policy, queue)]
+        lines.append(
+            f"| {policy} | {queue} | {_ms(c['jobs'], 0)} | {_ms(c['avg_jct_h'])} | "
+            f"{_ms(c['p99_jct_h'])} | {_ms(c['gpu_hours'], 1)} | "
+            f"{most(c['guarantee_violation_gpu_h'], 2)} | {_ms(c['shortfall_gpu_h'])} | "
+            f"{most(c['reclaim_s'], 0)} | {_ms(c['reclaim_restarts'], 1)} |")
+    return [*lines, ""]
 
 
 def write(json_path: str, out: str | None, command: str = "") -> int:
