@@ -29,13 +29,14 @@ not given after the grace. A streak's grace runs from its first round: more dema
 arriving within a streak gets no new grace.
 
 **Reclaim** (`reclaim_s`, `reclaim_restarts`): an episode starts at round r when q is
-owed more than it held in the round before (owed_r > held_{r−1}; before the first
-round, and after a gap, it held nothing) and ends at the first round r' ≥ r with
-held_{r'} ≥ owed_{r'} (the run's end if none). `reclaim_s` is the longest t_{r'} −
-t_r over episodes and keys: 0 when q gets what it is owed in the very round it
-claims it. `reclaim_restarts` counts, over the rounds of q's episodes, the jobs of
-other queues that restarted in the round with fewer GPUs of the episode's type than
-the round before (preempted or shrunk: jobs that gave way; for `units`, of any type).
+owed more than it held in the round before or holds in r (owed_r > min(held_{r−1},
+held_r); before the first round, and after a gap, it held nothing) and ends at the
+first round r' ≥ r with held_{r'} ≥ owed_{r'} (the run's end if none). `reclaim_s`
+is the longest t_{r'} − t_r over episodes and keys: 0 when q gets what it is owed
+in the very round it claims it. `reclaim_restarts` counts, over the rounds of q's
+episodes, the jobs of other queues that restarted in the round with fewer GPUs of
+the episode's type than the round before (preempted or shrunk: jobs that gave way;
+for `units`, of any type; a job once per round).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import numpy as np
 
 from sia_grpc.sim.records import RoundRecord, SimResult, round_length
 
-__all__ = ["QueueMetrics", "UNITS", "compute_queues"]
+__all__ = ["UNITS", "Episode", "QueueMetrics", "compute_queues", "episodes"]
 
 UNITS = "units"  # the key of a type-flexible guarantee in `RoundRecord.owed`
 _HOUR = 3600.0
@@ -78,17 +79,28 @@ def compute_queues(result: SimResult) -> dict[str, QueueMetrics]:
     return {q: _queue(result, q, honoured) for q in result.queues}
 
 
+@dataclass(frozen=True)
+class Episode:
+    """One reclaim episode of a queue on one key (see the module's docstring)."""
+
+    key: str  # GPU type or units
+    start_s: float  # the round it claimed more than it held
+    end_s: float | None  # the first round it held what it was owed; None: never
+    gave_way: tuple[tuple[float, str], ...]  # (round's time, job) of jobs that gave way
+
+    def seconds(self, run_end_s: float) -> float:
+        return (run_end_s if self.end_s is None else self.end_s) - self.start_s
+
+
 def _queue(result: SimResult, queue: str, honoured: bool) -> QueueMetrics:
     jobs = [j for j in result.jobs if j.queue == queue]
     jcts = np.asarray([j.jct / _HOUR for j in jobs if j.jct is not None], dtype=float)
-    others = {j.name for j in result.jobs if j.queue != queue}
-    violation = shortfall = reclaim = 0.0
-    gave_way: set[tuple[int, str]] = set()  # (round, job): a job counts once a round
-    for key, owed, held in _series(result, queue):
+    violation = shortfall = 0.0
+    for _, owed, held in _series(result, queue):
         v, s = _violation(result, owed, held)
-        r, g = _reclaim(result, others, key, owed, held)
-        violation, shortfall, reclaim = violation + v, shortfall + s, max(reclaim, r)
-        gave_way |= g
+        violation, shortfall = violation + v, shortfall + s
+    claims = episodes(result, queue)
+    end = result.rounds[-1].time + (round_length(result) or 0.0) if result.rounds else 0.0
     return QueueMetrics(
         jobs=len(jobs), finished=int(jcts.size),
         avg_jct_h=float(jcts.mean()) if jcts.size else None,
@@ -96,8 +108,16 @@ def _queue(result: SimResult, queue: str, honoured: bool) -> QueueMetrics:
         gpu_hours=sum(j.gpu_seconds for j in jobs) / _HOUR,
         guarantee_violation_gpu_h=violation if honoured else None,
         shortfall_gpu_h=shortfall if honoured else None,
-        reclaim_s=reclaim if honoured else None,
-        reclaim_restarts=len(gave_way) if honoured else None)
+        reclaim_s=max([e.seconds(end) for e in claims], default=0.0) if honoured else None,
+        # (a job that gave way on two keys in one round counts once)
+        reclaim_restarts=len({g for e in claims for g in e.gave_way}) if honoured else None)
+
+
+def episodes(result: SimResult, queue: str) -> list[Episode]:
+    """The queue's reclaim episodes, every key, in order of key then time."""
+    others = {j.name for j in result.jobs if j.queue != queue}
+    return [e for key, owed, held in _series(result, queue)
+            for e in _episodes(result, others, key, owed, held)]
 
 
 def _series(result: SimResult, queue: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
@@ -145,28 +165,25 @@ def _violation(result: SimResult, owed: np.ndarray, held: np.ndarray) -> tuple[f
     return violation / _HOUR, float(short.sum()) * length / _HOUR
 
 
-def _reclaim(result: SimResult, others: set[str], key: str, owed: np.ndarray,
-             held: np.ndarray) -> tuple[float, set[tuple[int, str]]]:
-    """(longest episode in seconds, (round, job) of each job of `others` that gave
-    way in an episode's round) of one key."""
+def _episodes(result: SimResult, others: set[str], key: str, owed: np.ndarray,
+              held: np.ndarray) -> Iterator[Episode]:
     rounds = result.rounds
-    length = round_length(result) or 0.0
     follows = _contiguous(result)
-    longest, start = 0.0, None
-    gave_way: set[tuple[int, str]] = set()
+    start: float | None = None
+    gave_way: list[tuple[float, str]] = []
     for r, rnd in enumerate(rounds):
         before = held[r - 1] if r and follows[r] else 0.0
-        if start is None and owed[r] > before + _EPS:
-            start = rnd.time
+        if start is None and owed[r] > min(before, held[r]) + _EPS:
+            start, gave_way = rnd.time, []
         if start is None:
             continue
         if r and follows[r]:
-            gave_way |= {(r, job) for job in _gave_way(rounds[r - 1], rnd, others, key)}
+            gave_way += [(rnd.time, job) for job in _gave_way(rounds[r - 1], rnd, others, key)]
         if held[r] + _EPS >= owed[r]:
-            longest, start = max(longest, rnd.time - start), None
+            yield Episode(key, start, rnd.time, tuple(gave_way))
+            start = None
     if start is not None:  # still short when the run ended
-        longest = max(longest, rounds[-1].time + length - start)
-    return longest, gave_way
+        yield Episode(key, start, None, tuple(gave_way))
 
 
 def _gave_way(before: RoundRecord, rnd: RoundRecord, others: set[str],

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.sim.metrics import compute, from_json, to_json
-from sia_grpc.sim.queue_metrics import compute_queues
+from sia_grpc.sim.queue_metrics import Episode, compute_queues, episodes
 from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
 
 H = 3600.0
@@ -119,8 +119,16 @@ def test_reclaim_counts_the_jobs_that_gave_way():
     restarted = {1: ("y", "a1"), 2: ("x", "a1")}
     jobs = [JobRecord(n, "ncf", "adaptive", 0.0, 0.0, None, 0.0, 0, queue=q)
             for n, q in (("x", "b"), ("y", "b"), ("a1", "a"))]
-    m = metrics_a(rounds([0, 0, 4], alloc=alloc, restarted=restarted), jobs=jobs)
+    run = result(rounds([0, 0, 4], alloc=alloc, restarted=restarted), jobs=jobs)
+    m = compute_queues(run)["a"]
     assert (m.reclaim_s, m.reclaim_restarts) == (120.0, 1)
+    assert episodes(run, "a") == [Episode("rtx", 0.0, 120.0, ((120.0, "x"),))]
+
+
+def test_episodes_end_when_given_and_start_again_on_a_new_claim():
+    run = result(rounds([0, 4, 4, 2, 2], owed=4.0))  # 4 owed; given at 60; 2 taken at 180
+    assert [(e.start_s, e.end_s) for e in episodes(run, "a")] == [(0.0, 60.0), (180.0, None)]
+    assert compute_queues(run)["a"].reclaim_s == 300.0 - 180.0  # to the run's end
 
 
 def test_jobs_jct_and_gpu_hours_per_queue():
