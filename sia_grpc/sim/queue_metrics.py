@@ -105,10 +105,11 @@ def _queue(result: SimResult, queue: str, honoured: bool) -> QueueMetrics:
         jobs=len(jobs), finished=int(jcts.size),
         avg_jct_h=float(jcts.mean()) if jcts.size else None,
         p99_jct_h=float(np.percentile(jcts, 99)) if jcts.size else None,
-        gpu_hours=sum(j.gpu_seconds for j in jobs) / _HOUR,
-        guarantee_violation_gpu_h=violation if honoured else None,
-        shortfall_gpu_h=shortfall if honoured else None,
-        reclaim_s=max([e.seconds(end) for e in claims], default=0.0) if honoured else None,
+        gpu_hours=float(sum(j.gpu_seconds for j in jobs)) / _HOUR,
+        guarantee_violation_gpu_h=float(violation) if honoured else None,
+        shortfall_gpu_h=float(shortfall) if honoured else None,
+        reclaim_s=float(max([e.seconds(end) for e in claims], default=0.0)) if honoured
+        else None,
         # (a job that gave way on two keys in one round counts once)
         reclaim_restarts=len({g for e in claims for g in e.gave_way}) if honoured else None)
 
