@@ -30,7 +30,7 @@ def _policy_settings(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from sia_grpc.sim.report import write
 
-    return write(args.json_path, args.out, args.produced_by)
+    return write(args.json_path, args.out, args.produced_by, args.quota_free)
 
 
 def add_commands(sub: Any) -> None:
@@ -76,3 +76,6 @@ def add_commands(sub: Any) -> None:
     rep.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     rep.add_argument("--produced-by", default="", metavar="CMD",
                      help="the command that produced the JSON, quoted in the report")
+    rep.add_argument("--quota-free", metavar="RESULTS.json",
+                     help="runs of sia without --queues, for the queues' targets table: per "
+                          "workload, sia with queues against sia-partitioned and quota-free sia")

@@ -132,9 +132,64 @@ def _queue_table(group: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def write(json_path: str, out: str | None, command: str = "") -> int:
+# The targets of queues (issue 14; docs/results.md, "Queues"): shared queues beat
+# silos (avg JCT <= 0.8x sia-partitioned's with p99 no worse), and cost little (avg
+# JCT within +10 % of quota-free Sia).
+SILO_RATIO, PRICE = 0.8, 0.10
+
+
+def queue_targets(runs: Sequence[Mapping[str, Any]],
+                  quota_free: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """One row per workload with a run of `sia` with queues: its average and p99 JCT
+    beside `sia-partitioned`'s (the same queues) and, from `quota_free` (runs without
+    queues), quota-free Sia's; the largest guarantee violation of any of its queues;
+    and whether each target holds. [] when no run of `sia` has queues."""
+    def by_workload(rs: Sequence[Mapping[str, Any]], policy: str,
+                    queued: bool) -> dict[str, Mapping[str, Any]]:
+        return {r["workload"]: r["metrics"] for r in rs
+                if r["policy"] == policy and bool(r["metrics"].get("queues")) == queued}
+
+    shared, silos = by_workload(runs, "sia", True), by_workload(runs, "sia-partitioned", True)
+    free = by_workload(quota_free, "sia", False)
+    if not shared:
+        return []
+
+    def num(x: float | None, digits: int = 2) -> str:
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    def verdict(ok: bool | None) -> str:
+        return "—" if ok is None else ("yes" if ok else "**no**")
+
+    lines = ["### Queues against the targets", "",
+             "| workload | avg JCT h | partitioned | ratio | ≤ 0.8× | p99 JCT h | partitioned | "
+             "p99 no worse | quota-free | Δ | ≤ +10 % | violation GPU h (max) |",
+             "|" + "---|" * 12]
+    for w, m in sorted(shared.items()):
+        part, base = silos.get(w, {}), free.get(w, {})
+        avg, p99 = m.get("avg_jct_h"), m.get("p99_jct_h")
+        ratio = avg / part["avg_jct_h"] if avg and part.get("avg_jct_h") else None
+        delta = avg / base["avg_jct_h"] - 1 if avg and base.get("avg_jct_h") else None
+        worse = None if p99 is None or part.get("p99_jct_h") is None else \
+            p99 <= part["p99_jct_h"]
+        violations = [q["guarantee_violation_gpu_h"] for q in m["queues"].values()
+                      if q.get("guarantee_violation_gpu_h") is not None]
+        lines.append(
+            f"| {w} | {num(avg)} | {num(part.get('avg_jct_h'))} | {num(ratio)} | "
+            f"{verdict(None if ratio is None else ratio <= SILO_RATIO)} | {num(p99)} | "
+            f"{num(part.get('p99_jct_h'))} | {verdict(worse)} | {num(base.get('avg_jct_h'))} | "
+            f"{'—' if delta is None else f'{100 * delta:+.0f} %'} | "
+            f"{verdict(None if delta is None else delta <= PRICE)} | "
+            f"{num(max(violations, default=None))} |")
+    return [*lines, ""]
+
+
+def write(json_path: str, out: str | None, command: str = "",
+          quota_free: str | None = None) -> int:
     runs = json.loads(Path(json_path).read_text())
     text = markdown(runs, command)
+    targets = queue_targets(runs, json.loads(Path(quota_free).read_text()) if quota_free else [])
+    if targets:
+        text = "\n".join([text, *targets])
     if out:
         Path(out).write_text(text + "\n")
     else:

@@ -190,8 +190,6 @@ def queued_trace(tmp_path, *rows: str):
     return path
 
 
-
-
 def test_queues_add_per_queue_metrics_table_and_report(tmp_path, queues_path, capsys):
     # A policy that ignores queues (FIFO) still gets per-queue JCT and GPU-hours; its
     # guarantee figures are undefined ("-"): it reports no guarantee rows.
