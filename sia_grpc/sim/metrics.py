@@ -191,6 +191,7 @@ QUEUE_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("gpu_hours", "GPU h", 1),
     ("guarantee_violation_gpu_h", "violation GPU h", 2),
     ("shortfall_gpu_h", "shortfall GPU h", 2),
+    ("violation_waiting_gpu_h", "while waiting", 2),
     ("reclaim_s", "reclaim s", 0),
     ("reclaim_restarts", "gave way", 0),
 )

@@ -28,6 +28,14 @@ Round r adds short_r × |[t_r, t_r + L) ∩ [s + grace_r, ∞)|: the GPU-time ow
 not given after the grace. A streak's grace runs from its first round: more demand
 arriving within a streak gets no new grace.
 
+**Violation while waiting** (`violation_waiting_gpu_h`): the part of the violation
+in rounds where some job of q was active and had no GPUs. The guarantee rows bound
+each type's owed by what q's jobs could use *of that type*, each type on its own,
+while a job runs on one type: a queue whose few jobs all run (on one type, say) is
+still owed the guarantee of every other type, which no placement could give. This
+part leaves such rounds out: what remains is a queue below its guarantee while one
+of its jobs waits.
+
 **Reclaim** (`reclaim_s`, `reclaim_restarts`): an episode starts at round r when q is
 owed more than it held in the round before or holds in r (owed_r > min(held_{r−1},
 held_r); before the first round, and after a gap, it held nothing) and ends at the
@@ -64,6 +72,7 @@ class QueueMetrics:
     gpu_hours: float
     guarantee_violation_gpu_h: float | None  # None: the policy reported no guarantee rows
     shortfall_gpu_h: float | None
+    violation_waiting_gpu_h: float | None  # the violation in rounds a job of q waited
     reclaim_s: float | None
     reclaim_restarts: int | None
 
@@ -95,10 +104,11 @@ class Episode:
 def _queue(result: SimResult, queue: str, honoured: bool) -> QueueMetrics:
     jobs = [j for j in result.jobs if j.queue == queue]
     jcts = np.asarray([j.jct / _HOUR for j in jobs if j.jct is not None], dtype=float)
-    violation = shortfall = 0.0
+    violation = shortfall = waiting = 0.0
+    waited = _waited(result, queue)
     for _, owed, held in _series(result, queue):
-        v, s = _violation(result, owed, held)
-        violation, shortfall = violation + v, shortfall + s
+        v, s, w = _violation(result, owed, held, waited)
+        violation, shortfall, waiting = violation + v, shortfall + s, waiting + w
     claims = episodes(result, queue)
     end = result.rounds[-1].time + (round_length(result) or 0.0) if result.rounds else 0.0
     return QueueMetrics(
@@ -108,6 +118,7 @@ def _queue(result: SimResult, queue: str, honoured: bool) -> QueueMetrics:
         gpu_hours=float(sum(j.gpu_seconds for j in jobs)) / _HOUR,
         guarantee_violation_gpu_h=float(violation) if honoured else None,
         shortfall_gpu_h=float(shortfall) if honoured else None,
+        violation_waiting_gpu_h=float(waiting) if honoured else None,
         reclaim_s=float(max([e.seconds(end) for e in claims], default=0.0)) if honoured
         else None,
         # (a job that gave way on two keys in one round counts once)
@@ -138,6 +149,16 @@ def _held(result: SimResult, rnd: RoundRecord, queue: str, key: str) -> float:
     return float(gpus.get(key, 0))
 
 
+def _waited(result: SimResult, queue: str) -> np.ndarray:
+    """Per round: whether a job of the queue was active (submitted, not finished)
+    and had no allocation."""
+    mine = [j for j in result.jobs if j.queue == queue]
+    return np.array([any(j.submit_time <= r.time and (j.finish_time is None
+                                                       or j.finish_time > r.time)
+                         and j.name not in r.allocations for j in mine)
+                     for r in result.rounds], dtype=bool)
+
+
 def _contiguous(result: SimResult) -> np.ndarray:
     """Per round: whether it directly follows the round before (no idle gap)."""
     times = np.array([r.time for r in result.rounds], dtype=float)
@@ -146,13 +167,15 @@ def _contiguous(result: SimResult) -> np.ndarray:
     return gaps <= length * (1 + 1e-6)
 
 
-def _violation(result: SimResult, owed: np.ndarray, held: np.ndarray) -> tuple[float, float]:
-    """(violation, shortfall) in GPU-hours of one queue and key."""
+def _violation(result: SimResult, owed: np.ndarray, held: np.ndarray,
+               waited: np.ndarray) -> tuple[float, float, float]:
+    """(violation, shortfall, violation in rounds a job waited) in GPU-hours of one
+    queue and key."""
     length = round_length(result) or 0.0
     short = np.maximum(owed - held, 0.0)
     short[short <= _EPS] = 0.0
     follows = _contiguous(result)
-    violation, start, restore = 0.0, None, 0.0
+    violation, start, restore, waiting = 0.0, None, 0.0, 0.0
     for r, rnd in enumerate(result.rounds):
         if not short[r]:
             start = None
@@ -163,7 +186,8 @@ def _violation(result: SimResult, owed: np.ndarray, held: np.ndarray) -> tuple[f
         due = start + length + restore + result.min_runtime_s
         counted = max(0.0, rnd.time + length - max(rnd.time, due))
         violation += short[r] * counted
-    return violation / _HOUR, float(short.sum()) * length / _HOUR
+        waiting += short[r] * counted * waited[r]
+    return violation / _HOUR, float(short.sum()) * length / _HOUR, waiting / _HOUR
 
 
 def _episodes(result: SimResult, others: set[str], key: str, owed: np.ndarray,

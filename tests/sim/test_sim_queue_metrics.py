@@ -3,6 +3,7 @@ violation and its grace, the shortfall, the reclaim, and the JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -96,6 +97,24 @@ def test_partial_shortfall_counts_only_the_gpus_missing():
 def test_holding_more_than_owed_is_no_shortfall():
     m = metrics_a(rounds([8, 8, 8]))
     assert m.guarantee_violation_gpu_h == m.shortfall_gpu_h == 0.0 and m.reclaim_s == 0.0
+
+
+def test_the_violation_while_a_job_of_the_queue_waits():
+    # Violation 4 GPUs over [150, 240) (as above). a1 runs from the start; a2, of
+    # queue a too, waits (no allocation) from t = 60 until it runs at t = 180, and b's
+    # job waiting counts for nothing: only [150, 180) is a violation while waiting.
+    alloc = {r: {"a1": ("rtx", 1), **({"a2": ("rtx", 1)} if r == 3 else {})}
+             for r in range(4)}
+    jobs = [JobRecord("a1", "ncf", "adaptive", 0.0, 0.0, None, 0.0, 0, queue="a"),
+            JobRecord("a2", "ncf", "adaptive", 60.0, 180.0, None, 0.0, 0, queue="a"),
+            JobRecord("b1", "ncf", "adaptive", 0.0, None, None, 0.0, 0, queue="b")]
+    m = metrics_a(rounds([0, 0, 0, 0], alloc=alloc), jobs=jobs)
+    assert m.guarantee_violation_gpu_h == pytest.approx(4 * 90 / H)
+    assert m.violation_waiting_gpu_h == pytest.approx(4 * 30 / H)
+    # A job that finished is not waiting; without jobs of a waiting, nothing counts.
+    done = [dataclasses.replace(jobs[1], finish_time=60.0)]
+    assert metrics_a(rounds([0, 0, 0, 0], alloc=alloc), jobs=done).violation_waiting_gpu_h \
+        == 0.0
 
 
 def test_units_weigh_each_type():

@@ -15,7 +15,8 @@ def run(workload: str, policy: str, avg: float, p99: float,
     run with queues), None: a run without queues."""
     metrics: dict = {"avg_jct_h": avg, "p99_jct_h": p99}
     if violations is not None:
-        metrics["queues"] = {f"q{i}": {"jobs": 1, "guarantee_violation_gpu_h": v}
+        metrics["queues"] = {f"q{i}": {"jobs": 1, "guarantee_violation_gpu_h": v,
+                                       "violation_waiting_gpu_h": None if v is None else v / 3}
                              for i, v in enumerate(violations)}
     return {"workload": workload, "policy": policy, "metrics": metrics, "cpu_seconds": 1.0}
 
@@ -35,16 +36,16 @@ def test_each_target_is_judged_per_workload():
     lines = queue_targets(runs, free)
     # ratio 0.80 holds (≤ 0.8), p99 equal is "no worse", +7 % within +10 %.
     assert row(lines, "w/1") == ["w/1", "0.80", "1.00", "0.80", "yes", "5.00", "5.00", "yes",
-                                 "0.75", "+7 %", "yes", "0.00"]
+                                 "0.75", "+7 %", "yes", "0.00", "0.00"]
     # p99 6 > 5: worse; the largest violation of its queues.
     assert row(lines, "w/2") == ["w/2", "0.70", "1.00", "0.70", "yes", "6.00", "5.00", "**no**",
-                                 "0.70", "+0 %", "yes", "1.50"]
+                                 "0.70", "+0 %", "yes", "1.50", "0.50"]
 
 
 def test_missing_runs_leave_cells_undefined():
     lines = queue_targets([run("w/1", "sia", 0.9, 5.0, (None,))])
     assert row(lines, "w/1") == ["w/1", "0.90", "—", "—", "—", "5.00", "—", "—", "—", "—", "—",
-                                 "—"]
+                                 "—", "—"]
     assert queue_targets([run("w/1", "sia", 0.9, 5.0)]) == []  # no run with queues
 
 
@@ -57,4 +58,4 @@ def test_report_quota_free_adds_the_targets_table(tmp_path):
     text = out.read_text()
     assert "### Queues against the targets" in text
     assert "| saturn/workload-1 | 0.90 | 1.00 | 0.90 | **no** |" in text
-    assert "+12 % | **no** | 0.00 |" in text
+    assert "+12 % | **no** | 0.00 | 0.00 |" in text
