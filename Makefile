@@ -1,6 +1,7 @@
 # Two commands set up and run everything on a fresh machine:
 #   make demo   -- the main job
-#   make test   -- the whole test suite
+#   make test   -- the whole test suite (in parallel, one worker per core)
+# and `make test-fast` runs the unit tests of the core and the state machine.
 # Both create .venv when it is missing and install the project into it.
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench protos clean
+.PHONY: venv demo test test-fast lint bench protos clean
 
 venv: $(STAMP)
 
@@ -26,10 +27,21 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/sia demo
 
+# The whole suite, one pytest-xdist worker per core (--dist loadgroup is set in
+# pyproject.toml: the "heavy" group runs on one worker, one test at a time).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
+
+# The inner loop: goodput models, policies and solvers, the controller's state
+# machine (also under chaos), config and validation; no sockets, no processes.
+FAST_TESTS := tests/models tests/policy tests/controller/test_state.py \
+	tests/chaos/test_chaos_state.py tests/controller/test_validation.py \
+	tests/controller/test_config.py
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto $(FAST_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/sia bench policy

@@ -26,7 +26,10 @@ log = structlog.get_logger("sia.controller")
 
 
 @dataclass
-class _Agent:
+class AgentStream:
+    """One agent's open stream, as `Controller.agents` lists it. Read it; only the
+    controller changes it (`outbox` holds the messages queued to the agent)."""
+
     node_id: str
     outbox: asyncio.Queue
     context: grpc.aio.ServicerContext
@@ -38,7 +41,7 @@ class _Agent:
 class AgentStreams:
     """A part of `Controller`: the agents' streams (the module docstring)."""
 
-    def _check_takeover(self, old: _Agent, instance_id: str, new_peer: str) -> None:
+    def _check_takeover(self, old: AgentStream, instance_id: str, new_peer: str) -> None:
         """May a new stream for `old.node_id` replace `old`? Yes for the same agent
         (its reconnect) and for a stream that ended or fell silent past the heartbeat
         timeout (a crashed agent must not lock its node out); otherwise this is a
@@ -85,7 +88,8 @@ class AgentStreams:
         if old is not None:
             self._check_takeover(old, reg.instance_id, peer)
             old.outbox.put_nowait(None)  # its own older stream, or a silent one: replaced
-        agent = _Agent(node, asyncio.Queue(), context, reg.instance_id, self.clock.time(), peer)
+        agent = AgentStream(node, asyncio.Queue(), context, reg.instance_id, self.clock.time(),
+                            peer)
         self._agents[node] = agent
         log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
                  gpus=reg.gpus[0].count)

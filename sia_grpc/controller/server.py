@@ -13,7 +13,8 @@ import collections
 import enum
 import functools
 import time
-from collections.abc import AsyncIterator
+import types
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -30,7 +31,7 @@ from sia_grpc.api.errors import (
 )
 from sia_grpc.clock import Clock, WallClock
 from sia_grpc.controller import state as sm
-from sia_grpc.controller.agent_streams import AgentStreams, _Agent
+from sia_grpc.controller.agent_streams import AgentStream, AgentStreams
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.creates import Creates
 from sia_grpc.controller.exclusive import StoreLock
@@ -98,7 +99,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
         self._unpersisted: set[str] = set()  # jobs whose last write failed
         self._solves: set[asyncio.Task] = set()  # solves in flight
         self._persist_retry_at = 0.0  # (monotonic) when to write them again
-        self._agents: dict[str, _Agent] = {}
+        self._agents: dict[str, AgentStream] = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
         self._store: JobStore | None = None
         self._lock: StoreLock | None = None  # on the store file, for the controller's life
@@ -408,6 +409,14 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams):
     @property
     def serving(self) -> bool:
         return self.status is Status.RUNNING
+
+    @property
+    def agents(self) -> Mapping[str, AgentStream]:
+        """The agents connected now, by node id (a read-only view): who is on each
+        stream (`instance_id`, `peer`) and when it was last heard (`heard`, on the
+        controller's clock). GetCluster is the API's view of the nodes; this one is
+        for the process that embeds the controller (demos, test harnesses)."""
+        return types.MappingProxyType(self._agents)
 
     async def list_jobs(self, *, states: tuple[int, ...], tenant: str | None, page_size: int,
                         page_token: str) -> tuple[list[pb.Job], str]:

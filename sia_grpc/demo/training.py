@@ -106,7 +106,7 @@ async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
             target = f"127.0.0.1:{controller.port}"
             agents = [_spawn_agent(target, n, t, k, root / n) for n, t, k in NODES]
             async with asyncio.timeout(60):
-                while len(controller._agents) < len(NODES):
+                while len(controller.agents) < len(NODES):
                     await asyncio.sleep(0.1)
             async with AsyncSiaClient(target) as client:
                 ok = await _run(client, jobs, [t for _, t, _ in NODES], out, tty, refresh_s,

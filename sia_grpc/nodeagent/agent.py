@@ -23,8 +23,9 @@ import enum
 import functools
 import math
 import random
+import types
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,6 +250,12 @@ class NodeAgent:
     @property
     def draining(self) -> bool:
         return self.drain_reason is not None
+
+    @property
+    def profiling(self) -> Mapping[int, str]:
+        """The profiling passes running now: local GPU -> job id (a read-only view;
+        those GPUs refuse RUNs until their pass ends)."""
+        return types.MappingProxyType(self._profiling)
 
     async def start(self) -> None:
         """Begin connecting (in the background); returns at once. Idempotent."""

@@ -106,7 +106,7 @@ class LocalCluster:
 
     async def wait_registered(self, count: int, timeout: float = 20.0) -> None:
         async with asyncio.timeout(timeout):
-            while len(self.controller._agents) < count:
+            while len(self.controller.agents) < count:
                 await asyncio.sleep(0.02)
 
     async def close(self) -> None:

@@ -20,6 +20,9 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.testing.localcluster import LocalCluster
 
+# Heavy and timing-sensitive: the "heavy" xdist group (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("heavy")
+
 RATE = 600.0
 NODES = {"rtx": (2, 4), "aws": (1, 4)}
 VALID = set(pb.JobState.values()) - {pb.JOB_STATE_UNSPECIFIED}

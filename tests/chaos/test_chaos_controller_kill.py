@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,17 +16,15 @@ import grpc
 import pytest
 
 from sia_grpc.api import ClusterServiceStub, JobServiceStub, pb
+from sia_grpc.testing.ports import free_port
+
+# Heavy and timing-sensitive: the "heavy" xdist group (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("heavy")
 
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
        "SIA_ROUND_DURATION": "3", "SIA_EARLY_ROUND_DELAY": "0.3",
        "SIA_HEARTBEAT_INTERVAL": "0.5", "SIA_HEARTBEAT_TIMEOUT": "20",
        "SIA_INLINE_SOLVER": "true", "SIA_STORE_SYNCHRONOUS": "FULL"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _controller(port: int, db) -> subprocess.Popen:
@@ -61,6 +58,12 @@ def _no_gpu_twice(jobs: list[pb.Job]) -> None:
             seen[key] = j.job_id
 
 
+def _latest_round(cluster) -> int:
+    """The number of the last round that ran (0: none yet)."""
+    rounds = cluster.ListRounds(pb.ListRoundsRequest(limit=5), timeout=10).rounds
+    return max((r.round for r in rounds), default=0)
+
+
 def _all_jobs(stub) -> list[pb.Job]:
     out, token = [], ""
     while True:
@@ -73,7 +76,9 @@ def _all_jobs(stub) -> list[pb.Job]:
 
 @pytest.mark.timeout(150)
 def test_sigkilled_controller_loses_no_accepted_job_and_agents_reconnect(tmp_path):
-    port, db = _free_port(), tmp_path / "sia.db"
+    # The restarted controller comes back on the same port (the clients keep their
+    # target), so the port is named before the first one binds it.
+    port, db = free_port(), tmp_path / "sia.db"
     target = f"127.0.0.1:{port}"
     ctrl = _controller(port, db)
     agents = subprocess.Popen(
@@ -118,18 +123,21 @@ def test_sigkilled_controller_loses_no_accepted_job_and_agents_reconnect(tmp_pat
             # Under load, with workers running: then SIGKILL, mid-stream.
             _wait(lambda: any(j.status.state == pb.JOB_STATE_RUNNING
                               for j in _all_jobs(jobs)), 60, "a running job")
-            time.sleep(0.5)
+            _wait(lambda: len(accepted) >= 10, 60, "ten accepted creates")
             before = {j.job_id: j for j in _all_jobs(jobs)}
             ctrl.send_signal(signal.SIGKILL)
             ctrl.wait(timeout=10)
         with lock:
             ok_before_kill = list(accepted)
-        time.sleep(0.5)  # clients keep trying against the dead port
+            refused_before = len(refused)
+        # Clients keep trying against the dead port.
+        _wait(lambda: len(refused) > refused_before, 30, "a create refused while down")
         ctrl = _controller(port, db)
         with grpc.insecure_channel(target) as ch:
             grpc.channel_ready_future(ch).result(timeout=60)
             jobs, cluster = JobServiceStub(ch), ClusterServiceStub(ch)
-            time.sleep(1.0)
+            _wait(lambda: len(accepted) >= len(ok_before_kill) + 10, 60,
+                  "ten creates accepted by the restarted controller")
             stop.set()
             for t in threads:
                 t.join(10)
@@ -141,13 +149,17 @@ def test_sigkilled_controller_loses_no_accepted_job_and_agents_reconnect(tmp_pat
                 pb.GetClusterRequest()).nodes) == [("rtx-0", pb.NODE_STATE_READY),
                                                    ("rtx-1", pb.NODE_STATE_READY)],
                   30, "the agents to reconnect")
-            # A few rounds on the restored state: still no GPU twice, books within capacity.
-            for _ in range(4):
-                time.sleep(1.0)
+            # Two rounds on the restored state: still no GPU twice, books within capacity.
+            last, deadline = _latest_round(cluster), time.monotonic() + 60
+            while True:
                 current = _all_jobs(jobs)
                 _no_gpu_twice(current)
                 for t in cluster.GetCluster(pb.GetClusterRequest()).types:
                     assert t.allocated <= t.gpus
+                if _latest_round(cluster) >= last + 2:
+                    break
+                assert time.monotonic() < deadline, "timed out waiting for two rounds"
+                time.sleep(0.1)
             running = [i for i, j in before.items() if j.status.state == pb.JOB_STATE_RUNNING]
             kept = [i for i in running
                     if jobs.GetJob(pb.GetJobRequest(job_id=i)).status.generation

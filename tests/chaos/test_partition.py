@@ -32,7 +32,8 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.testing.localcluster import LocalCluster
 
-pytestmark = pytest.mark.timeout(120)
+# Heavy and timing-sensitive: the "heavy" xdist group (tests/conftest.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("heavy")]
 
 # Controller and modeled workers at 60× real time: the job needs ~18 real s on
 # one node; a 60 s round takes 1 s; heartbeats every 0.1 s, lost after 2 s.

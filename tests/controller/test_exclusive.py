@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sia_grpc.controller.config import ConfigError, ControllerConfig
 from sia_grpc.controller.exclusive import InUse
 from sia_grpc.controller.server import Controller
+from sia_grpc.testing.ports import started_record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,12 +86,6 @@ async def test_a_bad_store_path_is_a_config_error_naming_it(tmp_path, case):
 # -- the sia-controller process ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _controller(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sia_grpc.controller", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -109,10 +104,10 @@ def _refused(*args: str) -> tuple[int, list[str]]:
 
 
 def test_sia_controller_refuses_a_taken_port_and_a_used_store_in_one_line(tmp_path):
-    port = _free_port()
-    first = _controller("--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "a.db"),
+    first = _controller("--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
                         "--log-format", "json")
     try:
+        port = started_record(first.stderr)["port"]
         _wait_serving(port)
         code, lines = _refused("--listen", f"127.0.0.1:{port}", "--db", str(tmp_path / "b.db"))
         assert code == 1
@@ -141,16 +136,13 @@ def test_sia_controller_with_a_directory_for_a_store_exits_2_in_one_line(tmp_pat
 def test_ctrl_c_stops_the_controller_and_its_solver_without_a_traceback(tmp_path):
     """SIGINT to the whole process group, as a terminal sends it: the solver child
     (a real spawned process here) must not die of it with a KeyboardInterrupt."""
-    port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sia_grpc.controller", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "sia_grpc.controller", "--listen", "127.0.0.1:0",
          "--db", str(tmp_path / "c.db"), "--log-format", "json"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
         start_new_session=True)  # its own process group, as a shell job has
     try:
-        for line in proc.stderr:  # started: the solver process has answered its warm-up
-            if '"controller started"' in line:
-                break
+        started_record(proc.stderr)  # started: the solver process has answered its warm-up
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -29,6 +29,7 @@ from sia_grpc.controller.server import Controller
 from sia_grpc.controller.store import StoreError
 from sia_grpc.observability import setup_telemetry
 from sia_grpc.testing.localcluster import LocalCluster
+from sia_grpc.testing.ports import started_record
 
 CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
                           early_round_delay=5.0, heartbeat_interval=30.0,
@@ -207,22 +208,18 @@ async def test_a_solve_that_times_out_counts_its_wait_not_zero() -> None:
     assert values(solve, suffix="_sum")[None] >= count * config.solve_timeout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(60)
 def test_sia_controller_metrics_listen_flag(tmp_path) -> None:
-    port, metrics = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sia_grpc.controller", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "sia_grpc.controller", "--listen", "127.0.0.1:0",
          "--db", str(tmp_path / "c.db"), "--log-format", "json",
-         "--metrics-listen", f"127.0.0.1:{metrics}"],
+         "--metrics-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
     try:
+        log: list[str] = []
+        started = started_record(proc.stdout, log)
+        port, metrics = started["port"], started["metrics_port"]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             grpc.channel_ready_future(ch).result(timeout=30)  # /metrics is bound before
         families = scrape(metrics)
@@ -230,6 +227,7 @@ def test_sia_controller_metrics_listen_flag(tmp_path) -> None:
         assert values(families["sia_solve_timeout_seconds"]) == {None: 45.0}
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
+        out = "".join(log) + out
         assert proc.returncode == 0, out
         assert f'"metrics_port": {metrics}' in out
     finally:

@@ -53,7 +53,7 @@ async def test_second_stream_refused_while_the_first_is_alive_then_replaced_once
             grpc.aio.insecure_channel(f"127.0.0.1:{c.port}") as ch:
         first, reply = await _open(ch, "n3", "agent-a")
         assert reply.WhichOneof("kind") == "registered"
-        held = c._agents["n3"]
+        held = c.agents["n3"]
 
         second = AgentServiceStub(ch).Connect(timeout=30)
         await second.write(pb.AgentMessage(register=pb.Register(
@@ -69,7 +69,7 @@ async def test_second_stream_refused_while_the_first_is_alive_then_replaced_once
         assert f"node 'n3' is already connected from {peer}" in err.message
 
         # The first stream is untouched: still the node's, and still talking.
-        assert c._agents["n3"] is held and held.outbox.empty()
+        assert c.agents["n3"] is held and held.outbox.empty()
         clock.now += 1.0
         await first.write(pb.AgentMessage(heartbeat=pb.Heartbeat()))  # heard: alive
         async with asyncio.timeout(10):
@@ -81,7 +81,7 @@ async def test_second_stream_refused_while_the_first_is_alive_then_replaced_once
         clock.now += CONFIG.heartbeat_timeout + 1.0
         third, reply = await _open(ch, "n3", "agent-c")
         assert reply.WhichOneof("kind") == "registered"
-        assert c._agents["n3"].instance_id == "agent-c"
+        assert c.agents["n3"].instance_id == "agent-c"
         async with asyncio.timeout(10):
             assert await first.read() is grpc.aio.EOF
         third.cancel()
@@ -129,7 +129,7 @@ async def test_a_second_real_agent_is_refused_and_the_first_ones_job_never_notic
                     await asyncio.sleep(0.02)
             assert second.registrations == 0 and second.status is not AgentStatus.REGISTERED
             assert attempts[:3] == [0, 1, 2]  # the backoff grows: never reset by a refusal
-            assert lc.controller._agents["rtx-0"].instance_id == first.instance_id
+            assert lc.controller.agents["rtx-0"].instance_id == first.instance_id
             assert first.registrations == 1 and first.status is AgentStatus.REGISTERED
             assert [(r.job_id, r.generation) for r in first.backend.running()] == before
             now = await h.job()
@@ -142,6 +142,6 @@ async def test_a_second_real_agent_is_refused_and_the_first_ones_job_never_notic
             async with asyncio.timeout(30):
                 while second.registrations == 0:
                     await asyncio.sleep(0.02)
-            assert lc.controller._agents["rtx-0"].instance_id == second.instance_id
+            assert lc.controller.agents["rtx-0"].instance_id == second.instance_id
         finally:
             await second.close()

@@ -227,7 +227,7 @@ def test_an_undecodable_message_after_register_ends_the_stream_promptly(served, 
     with pytest.raises(grpc.RpcError) as info:
         list(raw(iter([reg.SerializeToString(), b"\x0a\xff\xff\xff\xff\x0f"]), timeout=3))
     assert info.value.code() != grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "fz-corrupt" not in served.controller._agents
+    assert "fz-corrupt" not in served.controller.agents
 
 
 def test_register_with_an_absurd_gpu_count_is_refused(tmp_path):

@@ -14,6 +14,7 @@ import grpc
 from sia_grpc.api import AgentServiceServicer, pb
 from sia_grpc.emulation import AppTruth
 from sia_grpc.nodeagent import AgentConfig, ManualClock, NodeAgent
+from sia_grpc.testing.ports import free_port
 
 WAIT_S = 5.0  # real seconds to wait for a message before failing
 
@@ -156,12 +157,13 @@ SHAPE = ("rtx", 1, 2, 128, 1)  # progress_rate's (gpu_type, nodes, replicas, ato
 
 def run(directive_id: int, job_id: str = "job-1", generation: int = 1,
         gpus: tuple[int, ...] = (0, 1), restore: float = 0.0, **kw: Any) -> dict[str, Any]:
-    """The fields of an ACTION_RUN directive."""
+    """The fields of an ACTION_RUN directive (its world's master port a free one: the
+    torch back-end's workers get it as MASTER_PORT)."""
     fields: dict[str, Any] = dict(
         round=1, directive_id=directive_id, job_id=job_id, generation=generation,
         action=pb.Directive.ACTION_RUN, spec=SPEC, local_gpus=list(gpus),
         world=pb.WorldLayout(world_size=len(gpus), rank_offset=0, master_addr="node-a",
-                             master_port=29500, nodes=["node-a"]),
+                             master_port=free_port(), nodes=["node-a"]),
         allocation=ALLOC, restore_progress=restore)
     fields.update(kw)
     return fields

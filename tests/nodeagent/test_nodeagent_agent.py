@@ -233,7 +233,7 @@ async def test_profile_holds_the_gpu_then_reports_in_range_sizes(controller, age
                                      local_batch_sizes=[16, 64, 128, 64, 2048]))
     times = {b: CIFAR.step_time("rtx", 1, 1, b) for b in (64, 128)}
     busy = 5 * (times[64][0] + times[128][0]) / 60.0  # 5 steps each, in clock seconds
-    await until(lambda: agent._profiling)
+    await until(lambda: agent.profiling)
     s.directive(**run(1, gpus=(3,)))
     (ack,) = await s.wait("ack")
     assert ack.error == "local_gpus: GPU 3 is profiling job p"
@@ -259,10 +259,10 @@ async def test_a_stop_ends_the_jobs_profiling_pass_before_its_ack(controller, ag
     s = await ctl.stream()
     s.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=3,
                                      local_batch_sizes=[64, 128]))
-    await until(lambda: agent._profiling)
+    await until(lambda: agent.profiling)
     s.directive(directive_id=1, job_id="p", generation=0, action=pb.Directive.ACTION_STOP)
     (ack,) = await s.wait("ack")
-    assert ack.ok and not agent._profiling
+    assert ack.ok and not agent.profiling
     s.directive(**run(2, gpus=(3,)))
     (ack,) = await s.wait("ack", lambda a: a.directive_id == 2)
     assert ack.ok, ack.error

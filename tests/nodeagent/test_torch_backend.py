@@ -69,7 +69,7 @@ async def test_env_contract_per_rank_on_emulated_gpus(backend, worker, tmp_path)
     for i, env in enumerate(envs):
         assert env == {
             "RANK": str(2 + i), "WORLD_SIZE": "4", "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "node-a", "MASTER_PORT": "29511",
+            "MASTER_ADDR": "node-a", "MASTER_PORT": str(l.world.master_port),
             contract.ENV_JOB_ID: "job-env", contract.ENV_GENERATION: "1",
             contract.ENV_AGENT_SOCKET: str(backend.socket_path),
             contract.ENV_CHECKPOINT_DIR: str(ckpt), contract.ENV_GPU_TYPE: "rtx",
@@ -99,7 +99,8 @@ async def test_env_on_real_gpus_single_node(tmp_path, worker, monkeypatch):
         for rank in (0, 1):
             env = read_json(ckpt_of(b, "job-gpu") / f"env-{rank}.json")
             # single node: rendezvous on the loopback, at the directive's port
-            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29511")
+            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (
+                "127.0.0.1", str(l.world.master_port))
             assert env["CUDA_VISIBLE_DEVICES"] == "7,5"  # the job's GPUs, local-rank order
             assert env[contract.ENV_TARGET_SAMPLES] == "5000"
             assert contract.ENV_PACE not in env and contract.ENV_PROFILE not in env

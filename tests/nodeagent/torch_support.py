@@ -17,6 +17,7 @@ import grpc
 from sia_grpc.api import WorkerServiceStub, pb
 from sia_grpc.nodeagent import Launch
 from sia_grpc.nodeagent.torchbackend import TorchBackend
+from sia_grpc.testing.ports import free_port
 
 WAIT_S = 15.0  # real seconds for a worker to do something (Python start-up on a busy box)
 
@@ -130,11 +131,13 @@ def command(worker: Path, *args: str) -> list[str]:
 def launch(job_id: str, cmd: list[str], *, generation: int = 1, gpus: tuple[int, ...] = (0,),
            world_size: int | None = None, rank_offset: int = 0, restore: float = 0.0,
            checkpoint_path: str = "", **spec: Any) -> Launch:
+    """A RUN for `job_id`; its world's master port is a free one (the stand-in workers
+    never bind it, but a real torch worker would)."""
     n = len(gpus)
     alloc = pb.Allocation(gpu_type="rtx", num_gpus=n, num_nodes=1, num_replicas=n,
                           atomic_batch_size=32, accum_steps=1, batch_size=64 * n)
     world = pb.WorldLayout(world_size=world_size or n, rank_offset=rank_offset,
-                           master_addr="node-a", master_port=29511, nodes=["node-a"])
+                           master_addr="node-a", master_port=free_port(), nodes=["node-a"])
     return Launch(job_id=job_id, generation=generation, local_gpus=gpus,
                   spec=pb.JobSpec(name=job_id, application="cifar10", command=cmd, **spec),
                   allocation=alloc, world=world, restore_progress=restore,

@@ -103,7 +103,7 @@ async def test_agent_with_its_certificate_registers(controller, pki):
                       tls_cert=pki["agent-node-1.crt"], tls_key=pki["agent-node-1.key"])
     async with NodeAgent(cfg):
         async with asyncio.timeout(10):
-            while "node-1" not in controller._agents:
+            while "node-1" not in controller.agents:
                 await asyncio.sleep(0.02)
 
 
@@ -114,7 +114,7 @@ async def test_agent_without_client_certificate_is_unauthenticated(controller, p
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "client certificate" in err.value.details()
     assert str(controller.agent_port) in err.value.details()  # says where to go instead
-    assert not controller._agents
+    assert not controller.agents
     # On the agent port the handshake itself demands a certificate.
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await connect(f"127.0.0.1:{controller.agent_port}", creds, "node-1")
@@ -127,7 +127,7 @@ async def test_agent_certificate_from_another_ca_fails_the_handshake(controller,
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await connect(f"127.0.0.1:{controller.agent_port}", creds, "node-1")
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert not controller._agents
+    assert not controller.agents
 
 
 async def test_agent_node_id_must_match_its_certificate_unless_admin(controller, pki):
@@ -263,14 +263,17 @@ async def test_watch_shows_only_the_callers_jobs(controller, pki, tokens):
             async for ev in b.watch():
                 seen.append(ev)
 
+        async def until_seen(job_id: str) -> None:
+            async with asyncio.timeout(10):
+                while not any(ev.job.job_id == job_id for ev in seen):
+                    await asyncio.sleep(0.02)
+
         task = asyncio.create_task(watch())
-        await asyncio.sleep(0.3)
         jb = (await b.submit(spec())).job_id
+        await until_seen(jb)  # the watch is past its snapshot: a's next job is an event
         await a.submit(spec())
-        async with asyncio.timeout(10):
-            while not any(ev.job.job_id == jb for ev in seen):
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
+        # Events come in revision order: once b's later job is seen, a's was passed over.
+        await until_seen((await b.submit(spec())).job_id)
         task.cancel()
         assert seen and {ev.job.spec.tenant for ev in seen} == {"team-b"}
 

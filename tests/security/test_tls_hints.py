@@ -159,7 +159,7 @@ async def test_agent_whose_certificate_the_controller_refuses_gives_up(controlle
     assert error == (f"the controller at 127.0.0.1:{controller.agent_port} refused the client "
                      f"certificate {cert}: it must be signed by the controller's "
                      "--tls-client-ca; issue one with `sia certs issue DIR --agent node-1`")
-    assert not controller._agents
+    assert not controller.agents
 
 
 async def test_plaintext_agent_against_a_tls_controller_gives_up(controller):

@@ -12,6 +12,9 @@ from train_support import Workers, epoch_indices, read_log, wait_until
 
 from sia_grpc.train.contract import EXIT_CHECKPOINTED, EXIT_COMPLETED
 
+# Heavy and timing-sensitive: the "heavy" xdist group (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("heavy")
+
 N = 480
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,14 +19,9 @@ from pathlib import Path
 import grpc
 
 from sia_grpc.api import WorkerServiceServicer, add_WorkerServiceServicer_to_server, pb
+from sia_grpc.testing.ports import free_port
 
 SCRIPT = Path(__file__).with_name("worker_script.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_environ() -> dict[str, str]:
@@ -44,7 +38,7 @@ class Workers:
     def __init__(self, tmp: Path, generation: int, world: int, *, script: Path = SCRIPT,
                  args: tuple[str, ...] = (), **env: object) -> None:
         self.log_dir = tmp
-        port = free_port()
+        port = free_port()  # torch's rendezvous: named before the workers start
         base = clean_environ()
         base.update({
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),

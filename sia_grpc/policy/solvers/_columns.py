@@ -1,24 +1,119 @@
-"""The reduced column form of a `ChoiceProblem` and pricing at capacity prices.
+"""The reduced column form of a `ChoiceProblem` and pricing at the coupling
+rows' prices.
 
 `_reduce` applies the exact reductions (columns that cannot fit their type, that
 are no better than none, or that another column of the same job and type
 dominates) and sorts what is left by (job, type, GPUs), so that per-job
-operations are segmented numpy reductions. `_Opts` is the options of a subset of
-jobs (none included) that the LP, MIP and DP solve over.
+operations are segmented numpy reductions. `_Side` holds the side rows over the
+reduced columns. `_Opts` is the options of a subset of jobs (none included)
+that the LP, MIP and DP solve over.
+
+The coupling rows are the capacity rows (one per type) and then the side rows;
+a price vector has one entry per coupling row, capacity prices first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from sia_grpc.policy.problem import ChoiceProblem
+from sia_grpc.policy.problem import ROW_TOL, ChoiceProblem
 
 
 def _cat(*parts) -> np.ndarray:
     """np.concatenate of arrays and scalars (np.r_ costs ~15 µs a call)."""
     return np.concatenate([np.atleast_1d(x) for x in parts])
+
+
+def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The indices of the concatenated ranges starts[k]:stops[k]."""
+    lens = stops - starts
+    total = int(lens.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(total)
+
+
+@dataclass
+class _Side:
+    """Side rows over the reduced columns, by row (CSR) and by column (CSC)."""
+
+    row_ptr: np.ndarray
+    row_col: np.ndarray
+    row_coef: np.ndarray
+    col_ptr: np.ndarray
+    col_row: np.ndarray
+    col_coef: np.ndarray
+    rhs: np.ndarray  # float64[R]
+    pen: np.ndarray  # float64[R]: inf for a hard row
+    m: int  # reduced columns
+
+    @property
+    def R(self) -> int:  # noqa: N802
+        return len(self.rhs)
+
+    @property
+    def soft(self) -> np.ndarray:
+        return np.isfinite(self.pen)
+
+    def activity(self, choice: np.ndarray) -> np.ndarray:
+        """A·x per side row for a (reduced) choice."""
+        cols = choice[choice >= 0]
+        e = _ranges(self.col_ptr[cols], self.col_ptr[cols + 1])
+        return np.bincount(self.col_row[e], weights=self.col_coef[e], minlength=self.R)
+
+    def shift(self, mu: np.ndarray) -> np.ndarray:
+        """Σ_r μ_r · a_rc per column."""
+        return self.by_col @ mu
+
+    @cached_property
+    def by_col(self):
+        """The rows as a scipy CSR matrix of columns × rows (its product with
+        prices is one pass over the entries)."""
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((self.col_coef, self.col_row, self.col_ptr), shape=(self.m, self.R))
+
+    def excess(self, act: np.ndarray) -> np.ndarray:
+        """By how much each row is exceeded (hard rows included)."""
+        return np.maximum(0.0, act - self.rhs)
+
+    def penalty(self, act: np.ndarray) -> float:
+        """The soft rows' cost at activity `act`."""
+        soft = self.soft
+        return float(self.pen[soft] @ self.excess(act)[soft])
+
+    def hard_ok(self, act: np.ndarray) -> bool:
+        over = act - self.rhs
+        return bool(np.all(self.soft | (over <= ROW_TOL * np.maximum(1.0, np.abs(self.rhs)))))
+
+
+def _side(p: ChoiceProblem, orig: np.ndarray) -> _Side | None:
+    """The side rows of `p` over the reduced columns `orig` (dropped columns are
+    0 in every solution, so their entries go), duplicate entries summed."""
+    if not p.num_rows:
+        return None
+    import scipy.sparse as sp
+
+    m = len(orig)
+    pos = np.full(p.num_cols, -1, dtype=np.int64)
+    pos[orig] = np.arange(m)
+    col = pos[np.asarray(p.row_col, dtype=np.int64)]
+    keep = col >= 0
+    row = np.repeat(np.arange(p.num_rows), np.diff(p.row_ptr))[keep]
+    ptr = _cat(0, np.cumsum(np.bincount(row, minlength=p.num_rows))).astype(np.int64)
+    a = sp.csr_matrix((np.asarray(p.row_coef, dtype=np.float64)[keep], col[keep], ptr),
+                      shape=(p.num_rows, m))
+    a.sum_duplicates()
+    b = a.tocsc()
+    b.sort_indices()
+    return _Side(row_ptr=a.indptr.astype(np.int64), row_col=a.indices.astype(np.int64),
+                 row_coef=a.data, col_ptr=b.indptr.astype(np.int64),
+                 col_row=b.indices.astype(np.int64), col_coef=b.data,
+                 rhs=np.asarray(p.row_rhs, dtype=np.float64),
+                 pen=np.asarray(p.row_penalty, dtype=np.float64), m=m)
 
 
 @dataclass
@@ -35,6 +130,7 @@ class _Cols:
     cap: np.ndarray  # int64[T]
     ne_jobs: np.ndarray  # jobs with at least one column
     ne_starts: np.ndarray  # their first column
+    side: _Side | None = None  # the side rows, if any
 
     @property
     def n(self) -> int:
@@ -48,14 +144,43 @@ class _Cols:
     def T(self) -> int:  # noqa: N802
         return len(self.cap)
 
+    @property
+    def K(self) -> int:  # noqa: N802
+        """Coupling rows: capacities, then side rows."""
+        return self.T + (self.side.R if self.side is not None else 0)
+
+    @property
+    def rhs(self) -> np.ndarray:
+        """The coupling rows' right-hand sides (the capacities alone without side rows)."""
+        return self.cap if self.side is None else _cat(self.cap.astype(np.float64),
+                                                       self.side.rhs)
+
     def usage(self, choice: np.ndarray) -> np.ndarray:
         cols = choice[choice >= 0]
         return np.bincount(self.typ[cols], weights=self.gpus[cols],
                            minlength=self.T).astype(np.int64)
 
+    def use(self, choice: np.ndarray) -> np.ndarray:
+        """Activity of every coupling row (the usage alone without side rows)."""
+        u = self.usage(choice)
+        return u if self.side is None else _cat(u.astype(np.float64),
+                                                self.side.activity(choice))
+
     def value(self, choice: np.ndarray) -> float:
+        """The columns' and nones' values (no soft-row penalty: see `score`)."""
         on = choice >= 0
         return float(self.none[~on].sum() + self.val[choice[on]].sum())
+
+    def score(self, choice: np.ndarray) -> float:
+        """The objective: value less the soft rows' penalties."""
+        v = self.value(choice)
+        return v if self.side is None else v - self.side.penalty(self.side.activity(choice))
+
+    def feasible(self, choice: np.ndarray) -> bool:
+        """Within the capacities and the hard side rows."""
+        if not np.all(self.usage(choice) <= self.cap):
+            return False
+        return self.side is None or self.side.hard_ok(self.side.activity(choice))
 
     def to_orig(self, choice: np.ndarray) -> np.ndarray:
         out = np.full(len(choice), -1, dtype=np.int64)
@@ -71,7 +196,17 @@ def _reduce(p: ChoiceProblem) -> _Cols:
     val = np.asarray(p.col_value, dtype=np.float64)
     none = np.asarray(p.none_value, dtype=np.float64)
     cap = np.asarray(p.capacity, dtype=np.int64)
-    keep = np.flatnonzero((gpus <= cap[typ]) & (val > none[job])) if len(job) else job
+    useful = val > none[job]
+    in_rows = None
+    if p.num_rows:
+        # None has no activity, so it dominates a column no better than none
+        # only if the column has no negative coefficient (none of a ≥ row's).
+        # A column in some side row neither dominates nor is dominated within
+        # its (job, type): its row entries differ from the others'.
+        rcol = np.asarray(p.row_col, dtype=np.int64)
+        in_rows = np.bincount(rcol, minlength=len(job)) > 0
+        useful |= np.bincount(rcol[np.asarray(p.row_coef) < 0], minlength=len(job)) > 0
+    keep = np.flatnonzero((gpus <= cap[typ]) & useful) if len(job) else job
     # Order by (job, type, GPUs, -value); builders usually emit that order already,
     # and an integer key sorts far faster than a float lexsort.
     key = (job[keep] * max(1, len(cap)) + typ[keep]) * (int(gpus.max(initial=0)) + 1) + gpus[keep]
@@ -85,8 +220,10 @@ def _reduce(p: ChoiceProblem) -> _Cols:
     if len(idx):
         # Dominated: an earlier column of the same (job, type) -- no more GPUs --
         # has at least the value (a segmented prefix max, by doubling).
-        group = np.cumsum(_cat(True, (job[idx][1:] != job[idx][:-1])
-                                | (typ[idx][1:] != typ[idx][:-1])))
+        cut = (job[idx][1:] != job[idx][:-1]) | (typ[idx][1:] != typ[idx][:-1])
+        if in_rows is not None:
+            cut |= in_rows[idx][1:] | in_rows[idx][:-1]
+        group = np.cumsum(_cat(True, cut))
         v = val[idx]
         prefix = v.copy()
         step = 1
@@ -98,14 +235,19 @@ def _reduce(p: ChoiceProblem) -> _Cols:
         idx = idx[prev < v]
     j = job[idx]
     first = _cat(True, j[1:] != j[:-1]) if len(j) else np.zeros(0, dtype=bool)
-    return _Cols(orig=idx.astype(np.int64), job=j, typ=typ[idx], gpus=gpus[idx],
+    orig = idx.astype(np.int64)
+    return _Cols(orig=orig, job=j, typ=typ[idx], gpus=gpus[idx],
                  gf=gpus[idx].astype(np.float64), val=val[idx], none=none.copy(), cap=cap,
-                 ne_jobs=j[first], ne_starts=np.flatnonzero(first))
+                 ne_jobs=j[first], ne_starts=np.flatnonzero(first), side=_side(p, orig))
 
 
 def _price(c: _Cols, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reduced values value − λ·gpus per column, and each job's best (≥ none)."""
+    """Reduced values value − λ·(the column's coupling-row entries) per column,
+    and each job's best (≥ none). `lam` holds the capacity prices and, when it
+    is longer, the side rows' prices."""
     rc = c.val - lam[c.typ] * c.gf
+    if len(lam) > c.T:
+        rc -= c.side.shift(lam[c.T:])
     best = c.none.copy()
     if c.m:
         seg = np.maximum.reduceat(rc, c.ne_starts)

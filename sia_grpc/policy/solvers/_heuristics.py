@@ -1,13 +1,16 @@
 """Incumbents: make a choice fit (`_repair`), improve it greedily (`_fill`) and
 by per-type knapsack moves (`_shift`), and round the LP over tied options
-(`_round_tied`)."""
+(`_round_tied`). With side rows: make a choice fit the hard rows too
+(`_repair_rows`) and improve it in the objective with the soft penalties
+(`_fill_rows`), one job's move at a time (`_RowState`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from sia_grpc.policy.solvers._columns import _cat, _Cols
-from sia_grpc.policy.solvers._highs import _lp
+from sia_grpc.policy.problem import ROW_TOL
+from sia_grpc.policy.solvers._columns import _cat, _Cols, _options, _Side
+from sia_grpc.policy.solvers._highs import _lp, _mip
 
 
 def _repair(c: _Cols, choice: np.ndarray) -> np.ndarray:
@@ -189,3 +192,207 @@ def _round_tied(c: _Cols, rc: np.ndarray, best: np.ndarray, tie: float,
             return None
         choice[tied] = out[1]
     return _repair(c, choice)  # a job split across types may overfill when rounded
+
+
+# -- with side rows -------------------------------------------------------------------------
+
+
+def _entries(side: _Side, col: int) -> tuple[np.ndarray, np.ndarray]:
+    """Side-row entries (rows, coefficients) of one column (none: no entries)."""
+    if col < 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    s, e = side.col_ptr[col], side.col_ptr[col + 1]
+    return side.col_row[s:e], side.col_coef[s:e]
+
+
+class _RowState:
+    """A choice with its usage and side-row activity, for moves one job at a
+    time: what a move changes, whether it keeps the hard rows, what it gains."""
+
+    def __init__(self, c: _Cols, choice: np.ndarray) -> None:
+        self.c, self.side = c, c.side
+        self.choice = choice.copy()
+        self.slack = c.cap - c.usage(choice)
+        self.act = self.side.activity(choice)
+        self.tol = ROW_TOL * np.maximum(1.0, np.abs(self.side.rhs))
+
+    def delta(self, j: int, col: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and change of activity if job j moves to `col`."""
+        r0, a0 = _entries(self.side, int(self.choice[j]))
+        r1, a1 = _entries(self.side, col)
+        rows = _cat(r0, r1).astype(np.int64)
+        return rows, _cat(-a0, a1)
+
+    def fits(self, j: int, col: int, rows: np.ndarray, d: np.ndarray) -> bool:
+        """Whether the move keeps the capacities and makes no hard row worse
+        than allowed (a row within its rhs stays within; one over it does not grow)."""
+        c, old = self.c, int(self.choice[j])
+        if col >= 0:
+            free = self.slack[c.typ[col]] + (c.gpus[old] if old >= 0 and c.typ[old] == c.typ[col]
+                                             else 0)
+            if c.gpus[col] > free:
+                return False
+        if not len(rows):
+            return True
+        u, inv = np.unique(rows, return_inverse=True)
+        dd = np.bincount(inv, weights=d)
+        hard = ~self.side.soft[u]
+        new = self.act[u] + dd
+        lim = np.maximum(self.side.rhs[u] + self.tol[u], self.act[u])
+        return bool(np.all(~hard | (new <= lim) | (dd <= 0)))
+
+    def gain(self, j: int, col: int, rows: np.ndarray, d: np.ndarray) -> float:
+        """Change of the objective (values and soft penalties) by the move."""
+        c, side, old = self.c, self.side, int(self.choice[j])
+        g = (c.val[col] if col >= 0 else c.none[j]) - (c.val[old] if old >= 0 else c.none[j])
+        if len(rows):
+            u, inv = np.unique(rows, return_inverse=True)
+            dd = np.bincount(inv, weights=d)
+            soft = side.soft[u]
+            before = np.maximum(0.0, self.act[u] - side.rhs[u])
+            after = np.maximum(0.0, self.act[u] + dd - side.rhs[u])
+            g -= float(side.pen[u][soft] @ (after - before)[soft])
+        return float(g)
+
+    def move(self, j: int, col: int, rows: np.ndarray, d: np.ndarray) -> None:
+        c, old = self.c, int(self.choice[j])
+        if old >= 0:
+            self.slack[c.typ[old]] += c.gpus[old]
+        if col >= 0:
+            self.slack[c.typ[col]] -= c.gpus[col]
+        np.add.at(self.act, rows, d)
+        self.choice[j] = col
+
+    def worst_hard_row(self) -> int:
+        """The hard row most over its rhs, or -1 when none is."""
+        over = np.where(self.side.soft, -np.inf, self.act - self.side.rhs - self.tol)
+        r = int(np.argmax(over)) if len(over) else -1
+        return r if r >= 0 and over[r] > 0 else -1
+
+
+def _repair_rows(c: _Cols, choice: np.ndarray, rc: np.ndarray,
+                 max_moves: int = 2000) -> np.ndarray | None:
+    """Make `choice` fit the capacities (`_repair`) and then the hard side rows:
+    while a hard row is over, move the job that brings it down at the least
+    loss of reduced value `rc` per unit, among moves that keep the capacities
+    and make no other hard row worse. None if that gets stuck."""
+    st = _RowState(c, _repair(c, choice))
+    side = st.side
+    for _ in range(max_moves):
+        r = st.worst_hard_row()
+        if r < 0:
+            return st.choice
+        a_r = np.zeros(c.m)
+        s, e = side.row_ptr[r], side.row_ptr[r + 1]
+        a_r[side.row_col[s:e]] = side.row_coef[s:e]
+        cur = st.choice
+        cur_a = np.where(cur >= 0, a_r[np.maximum(cur, 0)], 0.0)
+        cur_rc = np.where(cur >= 0, rc[np.maximum(cur, 0)], c.none)
+        # Moves to another column, and to none, that lower row r.
+        down = a_r - cur_a[c.job]
+        cols = np.flatnonzero((down < 0) & (np.arange(c.m) != cur[c.job]))
+        drop = np.flatnonzero(cur_a > 0)
+        cand_job = _cat(c.job[cols], drop)
+        cand_col = _cat(cols, np.full(len(drop), -1))
+        cand_down = -_cat(down[cols], -cur_a[drop])
+        cand_loss = cur_rc[cand_job] - _cat(rc[cols], c.none[drop])
+        order = np.argsort(cand_loss / cand_down, kind="stable")
+        for k in order.tolist():
+            j, col = int(cand_job[k]), int(cand_col[k])
+            rows, d = st.delta(j, col)
+            if st.fits(j, col, rows, d):
+                st.move(j, col, rows, d)
+                break
+        else:
+            return None
+    return None
+
+
+def _fill_rows(c: _Cols, choice: np.ndarray, rounds: int = 6, per_round: int = 4000) -> np.ndarray:
+    """Greedy improvement of a feasible choice by single-job moves that keep the
+    capacities and the hard rows and raise the objective (soft penalties
+    included). Moves are tried in order of their gain with each soft row priced
+    at its penalty where it is at or over its rhs, each checked exactly."""
+    st = _RowState(c, choice)
+    side = st.side
+    for _ in range(rounds):
+        on = st.choice >= 0
+        cur_val = c.none.copy()
+        cur_val[on] = c.val[st.choice[on]]
+        price = np.where(side.soft & (st.act >= side.rhs - st.tol), side.pen, 0.0)
+        shift = side.shift(price)
+        cur_shift = np.where(on, shift[np.maximum(st.choice, 0)], 0.0)
+        est = c.val - shift - (cur_val - cur_shift)[c.job]
+        drop_est = cur_shift - 0.0 + c.none - cur_val  # moving to none
+        cand = np.flatnonzero(est > 1e-12)
+        drop = np.flatnonzero(on & (drop_est > 1e-12))
+        cand_job = _cat(c.job[cand], drop)
+        cand_col = _cat(cand, np.full(len(drop), -1))
+        cand_est = _cat(est[cand], drop_est[drop])
+        if not len(cand_job):
+            break
+        order = np.argsort(-cand_est, kind="stable")[:per_round]
+        moved = np.zeros(c.n, dtype=bool)
+        for k in order.tolist():
+            j, col = int(cand_job[k]), int(cand_col[k])
+            if moved[j] or col == st.choice[j]:
+                continue
+            rows, d = st.delta(j, col)
+            if st.fits(j, col, rows, d) and st.gain(j, col, rows, d) > 1e-12:
+                st.move(j, col, rows, d)
+                moved[j] = True
+        if not moved.any():
+            break
+    return st.choice
+
+
+def _round_master(c: _Cols, primal, rc: np.ndarray, best: np.ndarray, time_limit: float,
+                  abs_gap: float, rel_gap: float, budget: int = 128) -> np.ndarray | None:
+    """The Dantzig-Wolfe master's primal rounded by a small MIP. Jobs on which
+    every proposal in use agrees keep that option, except the `budget` jobs
+    closest to a tie at the prices (each job's second-best option nearest its
+    best): those, and the jobs the proposals split, choose within what is left
+    of every row among their options at most as far from their best as the
+    last such job's second best, the proposals' options, and none. Reopening
+    near-tied jobs lets the MIP pay for rounding the split ones. None if that
+    MIP finds nothing."""
+    if not primal:
+        return None
+    job = _cat(*[jobs for jobs, _, _ in primal]).astype(np.int64)
+    col = _cat(*[choice for _, choice, _ in primal]).astype(np.int64)
+    key = np.unique(job * (c.m + 1) + (col + 1))
+    job, col = key // (c.m + 1), key % (c.m + 1) - 1
+    count = np.bincount(job, minlength=c.n)
+    fixed = np.full(c.n, -1, dtype=np.int64)
+    one = count[job] == 1
+    fixed[job[one]] = col[one]
+    split = count > 1
+    # Each job's second-smallest shortfall over its options (none included).
+    d = _cat(best[c.job] - rc, best - c.none)
+    owner = _cat(c.job, np.arange(c.n))
+    order = np.lexsort((d, owner))
+    starts = np.searchsorted(owner[order], np.arange(c.n))
+    second = np.full(c.n, np.inf)
+    has2 = np.bincount(owner, minlength=c.n) > 1
+    second[has2] = d[order[starts[has2] + 1]]
+    room = max(0, budget - int(split.sum()))
+    near = np.argsort(np.where(split, np.inf, second), kind="stable")[:room]
+    near = near[np.isfinite(second[near])]
+    delta = float(second[near].max()) if len(near) else 0.0
+    open_jobs = np.zeros(c.n, dtype=bool)
+    open_jobs[near] = True
+    open_jobs |= split
+    if not open_jobs.any():
+        return fixed if c.feasible(fixed) else None
+    keep = (d[:c.m] <= delta) & open_jobs[c.job]
+    keep[col[open_jobs[job] & (col >= 0)]] = True  # and what the master gives them
+    jobs = np.flatnonzero(open_jobs)
+    fixed[jobs] = -1
+    o = _options(c, jobs, keep, np.ones(c.n, dtype=bool))
+    rcap = c.cap - c.usage(fixed)
+    srhs = c.side.rhs - c.side.activity(fixed)
+    pick, _, _, _ = _mip(o, rcap, 0.0, time_limit, abs_gap, rel_gap, None, c.side, srhs)
+    if pick is None:
+        return None
+    fixed[o.jobs] = o.choice(pick)
+    return fixed if c.feasible(fixed) else None

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from sia_grpc.policy.solvers._columns import _cat, _Cols, _options, _Opts
+from sia_grpc.policy.solvers._columns import _cat, _Cols, _options, _Opts, _ranges, _Side
 
 
 def _reset_highs_after_fork() -> None:
@@ -57,27 +57,48 @@ def _new_highs():
     return h
 
 
-def _highs(o: _Opts, cap: np.ndarray, integer: bool, offset: float = 0.0):
+def _highs(o: _Opts, cap: np.ndarray, integer: bool, offset: float = 0.0,
+           side: _Side | None = None, srhs: np.ndarray | None = None):
     """A HiGHS model of the options: one = 1 row per job, one capacity row per
-    type, built in bulk as CSC."""
+    type, built in bulk as CSC. With `side`, also its rows (right-hand sides
+    `srhs`), each soft one with a slack column that pays its penalty."""
     import highspy
 
     nj, T, k = len(o.jobs), len(cap), len(o.val)
+    inf = highspy.kHighsInf
     has_g = o.gpus > 0
-    a_start = _cat(0, np.cumsum(1 + has_g)).astype(np.int32)
+    n_side = np.zeros(k, dtype=np.int64)
+    on = o.col >= 0
+    if side is not None:
+        n_side[on] = side.col_ptr[o.col[on] + 1] - side.col_ptr[o.col[on]]
+    a_start = _cat(0, np.cumsum(1 + has_g + n_side)).astype(np.int32)
     a_index = np.empty(a_start[-1], dtype=np.int32)
     a_value = np.ones(a_start[-1])
     a_index[a_start[:-1]] = o.local_job
     second = a_start[:-1][has_g] + 1
     a_index[second] = nj + o.typ[has_g]
     a_value[second] = o.gpus[has_g]
+    cost, upper, lo, hi = o.val.astype(np.float64), np.ones(k), np.zeros(0), np.zeros(0)
+    if side is not None:
+        e = _ranges(side.col_ptr[o.col[on]], side.col_ptr[o.col[on] + 1])
+        at = _ranges((a_start[:-1] + 1 + has_g)[on], a_start[1:][on])
+        a_index[at] = nj + T + side.col_row[e]
+        a_value[at] = side.col_coef[e]
+        soft = np.flatnonzero(side.soft)
+        a_start = _cat(a_start, a_start[-1] + 1 + np.arange(len(soft))).astype(np.int32)
+        a_index = _cat(a_index, nj + T + soft).astype(np.int32)
+        a_value = _cat(a_value, np.full(len(soft), -1.0))
+        cost, upper = _cat(cost, -side.pen[soft]), _cat(upper, np.full(len(soft), inf))
+        lo, hi = np.full(side.R, -inf), np.asarray(srhs, dtype=np.float64)
+    cols = len(cost)
+    integrality = _cat(np.full(k, int(integer)), np.zeros(cols - k)).astype(np.int32)
     h = _new_highs()
-    h.passModel(k, nj + T, len(a_index), int(highspy.MatrixFormat.kColwise.value),
+    h.passModel(cols, nj + T + len(lo), len(a_index), int(highspy.MatrixFormat.kColwise.value),
                 int(highspy.ObjSense.kMaximize.value), float(offset),
-                o.val.astype(np.float64), np.zeros(k), np.ones(k),
-                _cat(np.ones(nj), np.full(T, -highspy.kHighsInf)),
-                _cat(np.ones(nj), cap.astype(np.float64)),
-                a_start, a_index, a_value, np.full(k, int(integer), dtype=np.int32))
+                cost, np.zeros(cols), upper,
+                _cat(np.ones(nj), np.full(T, -inf), lo),
+                _cat(np.ones(nj), cap.astype(np.float64), hi),
+                a_start, a_index, a_value, integrality)
     return h
 
 
@@ -104,32 +125,37 @@ def _pick(o: _Opts, x: np.ndarray, integral: bool = False) -> np.ndarray:
     return pick
 
 
-def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve: bool):
-    """HiGHS simplex on the LP of `jobs` over `cols` and none, within `cap`.
-    Returns (capacity duals, a basic optimum rounded down as a choice for
-    `jobs`, the number of jobs it splits), or None."""
+def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve: bool,
+        srhs: np.ndarray | None = None):
+    """HiGHS simplex on the LP of `jobs` over `cols` and none, within `cap` (and
+    the side rows, with right-hand sides `srhs`, when given). Returns (the
+    coupling rows' duals, a basic optimum rounded down as a choice for `jobs`,
+    the number of jobs it splits), or None."""
     import highspy
 
     o = _options(c, jobs, cols, np.ones(c.n, dtype=bool))
-    h = _highs(o, cap, False)
+    h = _highs(o, cap, False, side=None if srhs is None else c.side, srhs=srhs)
     if not presolve:
         h.setOptionValue("presolve", "off")
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
     sol = h.getSolution()
-    x = np.asarray(sol.col_value)
+    x = np.asarray(sol.col_value)[:len(o.val)]
     frac = int(len(np.unique(o.local_job[(x > 1e-7) & (x < 1 - 1e-7)])))
     lam = np.maximum(np.asarray(sol.row_dual)[len(jobs):], 0.0)
+    if srhs is not None:  # a soft row's dual is at most its penalty (up to rounding)
+        lam[c.T:] = np.minimum(lam[c.T:], c.side.pen)
     return lam, o.choice(_pick(o, x)), frac
 
 
-def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start):
-    """HiGHS MIP over the options. Returns (option index per job or None, value
-    (with offset), proven bound, whether optimal)."""
+def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start, side=None, srhs=None):
+    """HiGHS MIP over the options (and the side rows with right-hand sides
+    `srhs`, when given). Returns (option index per job or None, value (with
+    offset), proven bound, whether optimal)."""
     import highspy
 
-    h = _highs(o, cap, True, offset)
+    h = _highs(o, cap, True, offset, side, srhs)
     h.setOptionValue("time_limit", max(0.01, time_limit))
     h.setOptionValue("mip_abs_gap", abs_gap)
     h.setOptionValue("mip_rel_gap", rel_gap)
@@ -137,7 +163,10 @@ def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start):
         k = len(o.val)
         x0 = np.zeros(k)
         x0[o.ptr[:-1] + start] = 1.0
-        h.setSolution(k, np.arange(k, dtype=np.int32), x0)
+        if side is not None:  # the soft rows' slacks at the start's excess
+            excess = np.maximum(0.0, side.activity(o.choice(start)) - srhs)
+            x0 = _cat(x0, excess[side.soft])
+        h.setSolution(len(x0), np.arange(len(x0), dtype=np.int32), x0)
     h.run()
     info = h.getInfo()
     status = h.getModelStatus()
@@ -145,7 +174,7 @@ def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start):
         return None, -np.inf, -np.inf, True
     if info.primal_solution_status != highspy.kSolutionStatusFeasible:
         return None, -np.inf, float(info.mip_dual_bound), False
-    x = np.asarray(h.getSolution().col_value)
+    x = np.asarray(h.getSolution().col_value)[:len(o.val)]
     return (_pick(o, x, True), float(info.objective_function_value), float(info.mip_dual_bound),
             status == highspy.HighsModelStatus.kOptimal)
 

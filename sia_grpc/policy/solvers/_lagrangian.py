@@ -9,41 +9,158 @@ import time
 
 import numpy as np
 
-from sia_grpc.policy.solvers._columns import _argmax, _cat, _Cols, _options, _Opts, _price
+from sia_grpc.policy.solvers._columns import (
+    _argmax,
+    _cat,
+    _Cols,
+    _options,
+    _Opts,
+    _price,
+    _ranges,
+)
 from sia_grpc.policy.solvers._highs import _new_highs
 
 _DW_MAX_ITERS = 400
 
 
-def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray]):
-    """Dantzig-Wolfe on the capacity rows. Returns (λ, L(λ), rc, best, master
-    objective, iterations, fractional jobs of the master's primal)."""
+def _price_caps(c: _Cols) -> np.ndarray:
+    """Upper limits on the coupling rows' prices: none on the capacities and hard
+    rows; a soft row's penalty (its excess costs that much). A hard row that
+    none violates (rhs < 0) gets a large finite limit, so that the master, which
+    pays it for a slack, is always feasible (any limit leaves L(λ) a bound)."""
+    if c.side is None:
+        return np.full(c.T, np.inf)
+    side = c.side
+    scale = 1.0 + float(np.abs(c.val).max(initial=0.0)) + float(np.abs(c.none).max(initial=0.0))
+    big = np.full(side.R, 1e3 * scale * (c.n + 1))
+    return _cat(np.full(c.T, np.inf),
+                np.where(side.soft, side.pen, np.where(side.rhs < 0, big, np.inf)))
+
+
+def _blocks(c: _Cols, share: float = 0.5) -> np.ndarray:
+    """Jobs grouped into blocks for Dantzig-Wolfe: the jobs that share side
+    rows (a queue's rows) are in one block, and the jobs in no such block form
+    one more. Each block prices and proposes on its own, so the master can mix
+    the blocks' proposals: far fewer iterations than one proposal for all jobs
+    when many rows bind. Rows join their jobs' blocks smallest first while the
+    block stays within `share` of the jobs, so that a row over many queues'
+    jobs (the restart budget) stays a coupling row of the master and does not
+    melt the queues into one block. Any partition is valid; at most
+    _MAX_BLOCKS blocks (the rest merged)."""
+    side = c.side
+    label = np.full(c.n, -1, dtype=np.int64)  # each job's block (a row's index; -1: none)
+    size = np.zeros(side.R, dtype=np.int64)  # jobs per block
+    entry_job = c.job[side.row_col]
+    cap = max(2, int(share * c.n))
+    counts = np.diff(side.row_ptr)
+    for r in np.argsort(counts, kind="stable").tolist():
+        jobs = entry_job[side.row_ptr[r]:side.row_ptr[r + 1]]
+        joined = np.unique(label[jobs])
+        joined = joined[joined >= 0]
+        fresh = len(np.unique(jobs[label[jobs] < 0]))
+        if fresh + int(size[joined].sum()) > cap:
+            continue
+        merge = np.zeros(side.R + 1, dtype=bool)  # indexed by label + 1
+        merge[joined + 1] = True
+        label[merge[label + 1]] = r
+        label[jobs] = r
+        size[r] = fresh + int(size[joined].sum())
+        size[joined[joined != r]] = 0
+    _, block = np.unique(label, return_inverse=True)
+    return block % _MAX_BLOCKS
+
+
+_MAX_BLOCKS = 64
+
+
+def _block_use(c: _Cols, choice: np.ndarray, block: np.ndarray, B: int):
+    """Each block's coupling-row activity (B × K) and value (B) under a choice."""
+    on = np.flatnonzero(choice >= 0)
+    cols, bj = choice[on], block[on]
+    use = np.bincount(bj * c.T + c.typ[cols], weights=c.gf[cols],
+                      minlength=B * c.T).reshape(B, c.T)
+    if c.side is not None:
+        side, R = c.side, c.side.R
+        e = _ranges(side.col_ptr[cols], side.col_ptr[cols + 1])
+        be = np.repeat(bj, side.col_ptr[cols + 1] - side.col_ptr[cols])
+        act = np.bincount(be * R + side.col_row[e], weights=side.col_coef[e],
+                          minlength=B * R).reshape(B, R)
+        use = np.hstack([use, act])
+    vals = c.none.copy()
+    vals[on] = c.val[cols]
+    return use, np.bincount(block, weights=vals, minlength=B)
+
+
+def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
+                block: np.ndarray | None = None, enough=None):
+    """Dantzig-Wolfe on the coupling rows, one convexity row per block of jobs
+    (`block`: each job's; None: one block), until the bound is within `tol` of
+    the master or `enough(bound)` says it proves what is needed. Returns (λ,
+    L(λ), rc, best, master objective, iterations, fractional jobs of the
+    master's primal, the master's primal as (job indices, choice of those
+    jobs, weight) per proposal in use)."""
     import highspy
 
-    T = c.T
+    K = c.K
+    B = 1 if block is None else int(block.max()) + 1
+    members = [np.arange(c.n)] if block is None else [np.flatnonzero(block == b)
+                                                       for b in range(B)]
     inf = highspy.kHighsInf
     h = _new_highs()
     h.setOptionValue("presolve", "off")
     h.passModel(highspy.HighsLp())
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    h.addRows(T + 1, _cat(np.full(T, -inf), 1.0), _cat(c.cap.astype(np.float64), 1.0),
+    h.addRows(K + B, _cat(np.full(K, -inf), np.ones(B)), _cat(c.rhs.astype(np.float64),
+                                                             np.ones(B)),
               0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
-    rows = np.arange(T + 1, dtype=np.int32)
-    columns: list[np.ndarray] = []
+    rows = np.arange(K + 1, dtype=np.int32)
+    columns: list[tuple[int, np.ndarray]] = []  # (block, its jobs' choice) per proposal
+    ub = _price_caps(c)
+    n_slack = int(np.isfinite(ub).sum())
+    for r in np.flatnonzero(np.isfinite(ub)):  # a row's slack, at the price limit
+        h.addCol(-float(ub[r]), 0.0, inf, 1, np.asarray([r], np.int32), np.asarray([-1.0]))
 
-    def add(choice: np.ndarray, use: np.ndarray | None = None, v: float | None = None) -> None:
-        use = c.usage(choice) if use is None else use
-        v = c.value(choice) if v is None else v
-        h.addCol(v, 0.0, inf, T + 1, rows, _cat(use.astype(np.float64), 1.0))
-        columns.append(choice)
+    def split(choice: np.ndarray, lam: np.ndarray | None = None,
+              best: np.ndarray | None = None):
+        """Each block's activity (B × K) and value (B) under `choice`; for one
+        block at prices `lam` the value is best_i + λ·activity summed."""
+        if block is None:
+            use = c.use(choice)
+            v = c.value(choice) if lam is None else float(best.sum() + lam @ use)
+            return use[None, :], np.asarray([v])
+        return _block_use(c, choice, block, B)
 
-    add(np.full(c.n, -1, dtype=np.int64))  # keeps the master feasible
+    def add(choice: np.ndarray, uses: np.ndarray, vals: np.ndarray, which=None) -> None:
+        if block is None:
+            h.addCol(float(vals[0]), 0.0, inf, K + 1, rows,
+                     _cat(uses[0].astype(np.float64), 1.0))
+            columns.append((0, choice))
+            return
+        which = np.arange(B) if which is None else which
+        nz = uses[which] != 0
+        cnt = nz.sum(axis=1) + 1
+        starts = _cat(0, np.cumsum(cnt)[:-1]).astype(np.int32)
+        idx = np.empty(int(cnt.sum()), dtype=np.int32)
+        val = np.ones(len(idx))
+        at_conv = starts + cnt - 1  # each column's convexity row comes last
+        body = np.ones(len(idx), dtype=bool)
+        body[at_conv] = False
+        idx[body] = np.nonzero(nz)[1]
+        val[body] = uses[which][nz]
+        idx[at_conv] = K + which
+        h.addCols(len(which), vals[which], np.zeros(len(which)), np.full(len(which), inf),
+                  len(idx), starts, idx, val)
+        columns.extend((int(b), choice[members[b]]) for b in which)
+
+    none = np.full(c.n, -1, dtype=np.int64)
+    add(none, *split(none))  # keeps the master feasible
     for s in seeds:
-        add(s)
-    lam_stab = np.zeros(T)
+        add(s, *split(s))
+    lam_stab = np.zeros(K)
     rc_stab, best_stab = _price(c, lam_stab)
     l_stab = float(best_stab.sum())
-    add(_argmax(c, rc_stab, best_stab))
+    first = _argmax(c, rc_stab, best_stab)
+    add(first, *split(first))
     alpha, mobj, it = 0.5, -math.inf, 0
     while it < _DW_MAX_ITERS:
         it += 1
@@ -52,29 +169,40 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray]):
             break
         mobj = h.getInfo().objective_function_value
         dual = np.asarray(h.getSolution().row_dual)
-        lam_m, pi = np.maximum(dual[:T], 0.0), float(dual[T])
-        if l_stab - mobj <= tol or time.perf_counter() > deadline:
+        lam_m, pi = np.minimum(np.maximum(dual[:K], 0.0), ub), dual[K:]
+        if l_stab - mobj <= tol or time.perf_counter() > deadline or (
+                enough is not None and enough(l_stab)):
             break
         while True:
             lam = alpha * lam_stab + (1.0 - alpha) * lam_m
             rc, best = _price(c, lam)
-            lval = float(best.sum() + lam @ c.cap)
+            lval = float(best.sum() + lam @ c.rhs)
             if lval < l_stab:
                 lam_stab, l_stab, rc_stab, best_stab = lam, lval, rc, best
             choice = _argmax(c, rc, best)
-            use = c.usage(choice)
-            v = float(best.sum() + lam @ use)  # the choice's value: best_i + λ·gpus
-            if v - lam_m @ use - pi > 1e-12 * max(1.0, abs(mobj)) or alpha == 0:
+            uses, vals = split(choice, lam, best)
+            # The blocks whose proposal improves the master.
+            if block is None:
+                red = np.asarray([vals[0] - lam_m @ uses[0] - float(pi[0])])
+            else:
+                red = vals - uses @ lam_m - pi
+            good = np.flatnonzero(red > 1e-12 * max(1.0, abs(mobj)))
+            if len(good) or alpha == 0:
                 break
             alpha = 0.0 if alpha < 0.1 else alpha / 2  # mis-pricing: trust the master more
-        add(choice, use, v)
-    frac = 0
+        if block is not None and not len(good):
+            break  # no block improves on the master even at its own prices
+        add(choice, uses, vals, good)
+    frac, primal = 0, []
     if np.isfinite(mobj):
-        mu = np.asarray(h.getSolution().col_value)
-        active = [columns[k] for k in np.flatnonzero(mu > 1e-9) if k < len(columns)]
-        if len(active) > 1:
-            frac = int(np.any(np.stack(active) != active[0], axis=0).sum())
-    return lam_stab, l_stab, rc_stab, best_stab, mobj, it, frac
+        mu = np.asarray(h.getSolution().col_value)[n_slack:]
+        used = [k for k in np.flatnonzero(mu > 1e-9) if k < len(columns)]
+        primal = [(members[columns[k][0]], columns[k][1], float(mu[k])) for k in used]
+        for b in range(B):
+            active = [columns[k][1] for k in used if columns[k][0] == b]
+            if len(active) > 1:
+                frac += int(np.any(np.stack(active) != active[0], axis=0).sum())
+    return lam_stab, l_stab, rc_stab, best_stab, mobj, it, frac, primal
 
 
 def _residual(c: _Cols, d: np.ndarray, d_none: np.ndarray, delta: float):

@@ -26,6 +26,27 @@ only the few capacity rows couple the jobs.
 6. What is left is solved exactly: by DP over the capacities that can still
    bind, or, when that state space is too large, by HiGHS MIP.
 
+With side rows (`ChoiceProblem.row_ptr`...: queues' guarantees, borrowing
+limits, a restart budget) the same steps run over every coupling row, and a
+problem without them takes exactly the path above:
+
+3'. Prices for all coupling rows: capacities, then side rows (a soft row's
+   price at most its penalty: beyond it, paying for the excess is cheaper; a
+   ≥ row's price rewards its columns). L(λ) adds λ_r·rhs_r over the side rows.
+   Dantzig-Wolfe with one convexity row per block of jobs (`_blocks`: the jobs
+   that share a queue's rows), so the master mixes the queues' proposals;
+   it stops once its bound proves the start or is within a twentieth of the gap.
+4'. Incumbents that keep the hard rows: the start, none, and the master's
+   primal rounded by a small MIP (the jobs it splits and the nearest-tied ones
+   reopened, everything else fixed); if the gap is still open, each job's
+   leanest best at λ moved one job at a time into the hard rows
+   (`_repair_rows`) and greedily improved with the penalties (`_fill_rows`).
+5'. Reduced-cost fixing as in 5 (it holds for every λ within the price limits).
+6'. HiGHS MIP on what is left, with the side rows (each soft one with a slack
+   that pays its penalty) over the right-hand sides the fixed jobs leave; the DP
+   knows only capacities. Hard rows that no choice keeps raise `FieldError`
+   naming `row_rhs`.
+
 Everything is local to the call (no module state), so calls are reentrant and
 can run in threads or a process pool.
 
@@ -40,12 +61,21 @@ import time
 
 import numpy as np
 
+from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
-from sia_grpc.policy.solvers._columns import _argmax, _price, _reduce
+from sia_grpc.policy.solvers._columns import _argmax, _Cols, _price, _reduce
 from sia_grpc.policy.solvers._exact import _dp
-from sia_grpc.policy.solvers._heuristics import _fill, _repair, _round_tied, _shift
+from sia_grpc.policy.solvers._heuristics import (
+    _fill,
+    _fill_rows,
+    _repair,
+    _repair_rows,
+    _round_master,
+    _round_tied,
+    _shift,
+)
 from sia_grpc.policy.solvers._highs import _lp, _mip
-from sia_grpc.policy.solvers._lagrangian import _lagrangian, _residual, _residual_start
+from sia_grpc.policy.solvers._lagrangian import _blocks, _lagrangian, _residual, _residual_start
 
 # stats["path"] holds the index of the path taken in PATHS (stats are floats).
 PATHS = ("empty", "fits", "lagrangian", "dp", "mip", "time_limit")
@@ -110,30 +140,112 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
         stats["path"] = float(PATHS.index(path))
         stats["total_s"] = time.perf_counter() - t0
         return ChoiceSolution(choice=np.asarray(choice_orig, dtype=np.int64), objective=obj,
-                              bound=bound, status=status, stats=stats)
+                              bound=bound, status=status, stats=stats,
+                              row_excess=p.row_excess(choice_orig))
 
     if c.m == 0:
-        return finish(np.full(p.num_jobs, -1, dtype=np.int64), float(c.none.sum()), "empty")
+        none = np.full(p.num_jobs, -1, dtype=np.int64)
+        _check_feasible(p, none)
+        return finish(none, p.objective(none), "empty")
     rc0, best0 = _price(c, np.zeros(c.T))
     greedy = _argmax(c, rc0, best0)
-    if np.all(c.usage(greedy) <= c.cap):
+    if c.feasible(greedy) and c.score(greedy) == c.value(greedy):  # no soft row exceeded
         return finish(c.to_orig(greedy), float(best0.sum()), "fits")
 
-    # A start in reduced indices (a column dropped as dominated maps to none,
-    # which keeps it feasible; `finish` still compares against the original).
+    # A start in reduced indices (a column dropped as dominated or as no better
+    # than none maps to none, which keeps it feasible: such a column is in no
+    # side row, or only with coefficients >= 0; `finish` still compares against
+    # the original).
     s_red = None
     if s0 is not None:
         pos = np.full(p.num_cols, -1, dtype=np.int64)
         pos[c.orig] = np.arange(c.m)
         s_red = np.where(s0 >= 0, pos[np.maximum(s0, 0)], -1)
-        s_red = _fill(c, s_red)
-
-    # Prices λ for the capacity rows, and incumbents. Small problems: HiGHS
-    # simplex on the whole LP is quicker than column generation, and its basic
-    # optimum splits at most #types jobs. Large ones: Dantzig-Wolfe.
-    cands = [] if s_red is None else [s_red]
-    tie = 1e-9 * max(1.0, float(np.abs(c.val).max()), float(np.abs(c.none).max()))
+    scale = max(1.0, abs(float(best0.sum())), abs(float(c.none.sum())))
     t_lp = time.perf_counter()
+    if c.side is None:
+        inc_red, lam, rc, best = _incumbents(c, s_red, deadline, rel_gap, scale, stats, t_lp)
+    else:
+        inc_red, lam, rc, best = _incumbents_rows(c, s_red, deadline, rel_gap, scale, stats,
+                                                  t_lp)
+    lbound = stats["lp_bound"]
+    # Without an incumbent (hard side rows that the heuristics could not keep)
+    # the MIP below searches everything.
+    found = inc_red is not None
+    inc = c.score(inc_red) if found else -np.inf
+    eps = _eps(inc, lbound, rel_gap) if found else 0.0
+    stats["incumbent"] = inc
+    if found and lbound - inc <= eps:
+        return finish(c.to_orig(inc_red), lbound, "lagrangian")
+    if found and time.perf_counter() > deadline:
+        return finish(c.to_orig(inc_red), lbound, "time_limit", "time_limit")
+
+    t_mip = time.perf_counter()
+    d = best[c.job] - rc  # shortfall of each column from its job's best at λ
+    d_none = best - c.none
+    # Reduced-cost fixing, then an exact solve of what is left: a DP that proves
+    # the optimum itself when that is cheap, else a DP within eps, else HiGHS
+    # MIP with half of eps left for its own gap. With side rows only the MIP
+    # (the DP knows the capacities alone).
+    pick = None
+    tiny = 1e-12 * max(1.0, abs(inc)) if found else 0.0
+    methods = [("dp", tiny, 0.2 * _DP_WORK), ("dp", eps, _DP_WORK)] if c.side is None else []
+    for method, eps_fix, work in [*methods, ("mip", 0.5 * eps, 0.0)]:
+        res = _residual(c, d, d_none, lbound - inc - eps_fix)
+        if res is None:  # nothing can beat the incumbent by more than eps_fix
+            stats["mip_s"] = time.perf_counter() - t_mip
+            return finish(c.to_orig(inc_red), min(lbound, inc + eps_fix), "lagrangian")
+        fixed, o, rcap = res
+        fixed_part = c.value(fixed) - float(c.none[o.jobs].sum())
+        stats.update(residual_jobs=float(len(o.jobs)), residual_cols=float(len(o.col)))
+        if method == "dp":
+            out = _dp(o, rcap, work)
+            if out is not None:
+                path, exact = "dp", True
+                pick, zbound = out[0], fixed_part + out[1]
+                break
+        else:
+            path = "mip"
+            srhs = None if c.side is None else c.side.rhs - c.side.activity(fixed)
+            pick, _, zbound, exact = _mip(o, rcap, fixed_part, deadline - time.perf_counter(),
+                                          0.5 * eps, rel_gap,
+                                          _residual_start(inc_red, o) if found else None,
+                                          c.side, srhs)
+    stats["mip_s"] = time.perf_counter() - t_mip
+
+    best_choice, best_val = inc_red, inc
+    if pick is not None:
+        cand = fixed.copy()
+        cand[o.jobs] = o.choice(pick)
+        if c.feasible(cand) and c.score(cand) > best_val:
+            best_choice, best_val = cand, c.score(cand)
+    if best_choice is None:
+        if exact:
+            _check_feasible(p, None)
+        raise TimeoutError("solve: no choice within the hard side rows found in time")
+    # A solution better than inc + eps_fix respects the fixing, so the optimum
+    # is at most max(inc + eps_fix, the residual's bound).
+    bound = min(lbound, max(inc + eps_fix, zbound))
+    return finish(c.to_orig(best_choice), bound, path if exact else "time_limit",
+                  None if exact else "time_limit")
+
+
+def _check_feasible(p: ChoiceProblem, choice: np.ndarray | None) -> None:
+    """The typed error for hard side rows that no choice keeps (`choice`: the
+    only candidate; None: proven infeasible)."""
+    if choice is None or not p.is_feasible(choice):
+        raise FieldError("row_rhs", "no choice keeps every hard side row")
+
+
+def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
+                stats: dict, t_lp: float):
+    """Capacity prices λ and the best incumbent the heuristics find: returns
+    (incumbent, λ, reduced values, each job's best at λ); L(λ) and timings go
+    into `stats`. Small problems: HiGHS simplex on the whole LP is quicker
+    than column generation, and its basic optimum splits at most #types jobs.
+    Large ones: Dantzig-Wolfe."""
+    cands = [] if s_red is None else [_fill(c, s_red)]
+    tie = 1e-9 * max(1.0, float(np.abs(c.val).max()), float(np.abs(c.none).max()))
     direct = (_lp(c, np.arange(c.n), np.ones(c.m, dtype=bool), c.cap, False)
               if c.m + c.n <= _DIRECT_LP else None)
     if direct is not None:
@@ -142,9 +254,8 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
         lbound = float(best.sum() + lam @ c.cap)
         cands.append(_fill(c, _repair(c, rounded), lam))
     else:
-        scale = max(1.0, abs(float(best0.sum())), abs(float(c.none.sum())))
-        lam, lbound, rc, best, _, iters, frac = _lagrangian(c, deadline, 1e-9 * scale,
-                                                            cands[:1])
+        lam, lbound, rc, best, _, iters, frac, _ = _lagrangian(c, deadline, 1e-9 * scale,
+                                                               cands[:1])
         stats["dw_iters"] = float(iters)
     stats["direct_lp"] = float(direct is not None)
     stats.update(lp_s=time.perf_counter() - t_lp, fractional_jobs=float(frac), lp_bound=lbound)
@@ -167,50 +278,43 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
         if c.value(shifted) > inc:
             inc_red, inc = shifted, c.value(shifted)
     stats["heuristic_s"] = time.perf_counter() - t_inc
-    eps = _eps(inc, lbound, rel_gap)
-    stats["incumbent"] = inc
-    if lbound - inc <= eps:
-        return finish(c.to_orig(inc_red), lbound, "lagrangian")
-    if time.perf_counter() > deadline:
-        return finish(c.to_orig(inc_red), lbound, "time_limit", "time_limit")
+    return inc_red, lam, rc, best
 
-    t_mip = time.perf_counter()
-    d = best[c.job] - rc  # shortfall of each column from its job's best at λ
-    d_none = best - c.none
-    # Reduced-cost fixing, then an exact solve of what is left: a DP that proves
-    # the optimum itself when that is cheap, else a DP within eps, else HiGHS
-    # MIP with half of eps left for its own gap.
-    pick = None
-    tiny = 1e-12 * max(1.0, abs(inc))
-    for method, eps_fix, work in (("dp", tiny, 0.2 * _DP_WORK), ("dp", eps, _DP_WORK),
-                                  ("mip", 0.5 * eps, 0.0)):
-        res = _residual(c, d, d_none, lbound - inc - eps_fix)
-        if res is None:  # nothing can beat the incumbent by more than eps_fix
-            stats["mip_s"] = time.perf_counter() - t_mip
-            return finish(c.to_orig(inc_red), min(lbound, inc + eps_fix), "lagrangian")
-        fixed, o, rcap = res
-        fixed_part = c.value(fixed) - float(c.none[o.jobs].sum())
-        stats.update(residual_jobs=float(len(o.jobs)), residual_cols=float(len(o.col)))
-        if method == "dp":
-            out = _dp(o, rcap, work)
-            if out is not None:
-                path, exact = "dp", True
-                pick, zbound = out[0], fixed_part + out[1]
-                break
-        else:
-            path = "mip"
-            pick, _, zbound, exact = _mip(o, rcap, fixed_part, deadline - time.perf_counter(),
-                                          0.5 * eps, rel_gap, _residual_start(inc_red, o))
-    stats["mip_s"] = time.perf_counter() - t_mip
 
-    best_choice, best_val = inc_red, inc
-    if pick is not None:
-        cand = fixed.copy()
-        cand[o.jobs] = o.choice(pick)
-        if np.all(c.usage(cand) <= c.cap) and c.value(cand) > best_val:
-            best_choice, best_val = cand, c.value(cand)
-    # A solution better than inc + eps_fix respects the fixing, so the optimum
-    # is at most max(inc + eps_fix, the residual's bound).
-    bound = min(lbound, max(inc + eps_fix, zbound))
-    return finish(c.to_orig(best_choice), bound, path if exact else "time_limit",
-                  None if exact else "time_limit")
+def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
+                     stats: dict, t_lp: float):
+    """`_incumbents` with side rows: prices for every coupling row by
+    Dantzig-Wolfe with a block of jobs per queue (`_blocks`), and incumbents
+    that keep the hard rows: the start, none, the master's primal rounded by a
+    small MIP; if those leave the gap open, each job's leanest best at the
+    prices, repaired and filled. The incumbent is None when all of them fail."""
+    none = np.full(c.n, -1, dtype=np.int64)
+    cands = [s for s in (s_red, none) if s is not None and c.feasible(s)]
+    inc0 = max(c.score(s) for s in cands) if cands else -np.inf
+
+    def proves(bound: float, inc: float = inc0) -> bool:
+        return bound - inc <= _eps(inc, bound, rel_gap)
+
+    # The bound need only be as tight as the gap: Dantzig-Wolfe stops once it
+    # proves the start, or is within a twentieth of the gap of its master.
+    lam, lbound, rc, best, _, iters, frac, primal = _lagrangian(
+        c, deadline, max(1e-9, 0.05 * rel_gap) * scale, cands[:1], _blocks(c), proves)
+    stats.update(dw_iters=float(iters), direct_lp=0.0, lp_s=time.perf_counter() - t_lp,
+                 fractional_jobs=float(frac), lp_bound=lbound)
+    t_inc = time.perf_counter()
+    if not proves(lbound):
+        # The MIP need only come within the gap of the bound, not prove its optimum.
+        rounded = _round_master(c, primal, rc, best, deadline - t_inc,
+                                0.25 * _eps(lbound, lbound, rel_gap), 0.0)
+        if rounded is not None:
+            cands.append(rounded)
+    inc = max(cands, key=c.score) if cands else None
+    if inc is None or not proves(lbound, c.score(inc)):
+        tie = 1e-9 * max(1.0, float(np.abs(c.val).max()), float(np.abs(c.none).max()))
+        for choice in (_argmax(c, rc, best, tie), inc):
+            fixed = None if choice is None else _repair_rows(c, choice, rc)
+            if fixed is not None:
+                cands.append(_fill_rows(c, fixed))
+        inc = max(cands, key=c.score) if cands else None
+    stats["heuristic_s"] = time.perf_counter() - t_inc
+    return inc, lam, rc, best
