@@ -17,7 +17,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise UsageError("--scale and --jobs must be >= 1")
     return run(args.workloads, [p.strip() for p in args.policy.split(",")], args.cluster,
                args.scale, args.jobs, args.json, args.plots, policy_config=args.policy_config,
-               sets=args.sets, round_duration=args.round_duration)
+               sets=args.sets, round_duration=args.round_duration, queues=args.queues)
 
 
 def _policy_settings(args: argparse.Namespace) -> int:
@@ -30,7 +30,7 @@ def _policy_settings(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from sia_grpc.sim.report import write
 
-    return write(args.json_path, args.out, args.produced_by)
+    return write(args.json_path, args.out, args.produced_by, args.quota_free)
 
 
 def add_commands(sub: Any) -> None:
@@ -61,6 +61,12 @@ def add_commands(sub: Any) -> None:
                      help="the rounds' length for every policy (default: each policy's "
                           "own: 60 s, Gavel 360 s)")
 
+    sim.add_argument("--queues", metavar="QUEUES.toml",
+                     help="queues for every policy: [[queue]] tables (guarantees, borrowing "
+                          "limits), priority classes, and an [assignment] rule for jobs "
+                          "whose trace names no queue (sia_grpc/data/queues/three-queues.toml"
+                          "); the JSON then has metrics.queues.<name>")
+
     command(sub, "policy-settings", "each policy's settings, defaults and help "
                                     "([policy.<name>], --set, --policy-set)", _policy_settings)
 
@@ -70,3 +76,6 @@ def add_commands(sub: Any) -> None:
     rep.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     rep.add_argument("--produced-by", default="", metavar="CMD",
                      help="the command that produced the JSON, quoted in the report")
+    rep.add_argument("--quota-free", metavar="RESULTS.json",
+                     help="runs of sia without --queues, for the queues' targets table: per "
+                          "workload, sia with queues against sia-partitioned and quota-free sia")

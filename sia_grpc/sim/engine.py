@@ -6,6 +6,11 @@ running job then advances by what it would really achieve over the round
 (`sia_grpc.emulation`: measured step times, statistical efficiency by epoch, calibrated
 slowdowns), losing its checkpoint-restore delay whenever its GPUs change.
 
+With queues (`sim.queues`), every job carries its queue and priority class and the
+time it has run on its current allocation, the policy gets the queues, and each
+round records what every queue held per GPU type (measured from the allocations
+the simulator applies) and what the policy's guarantee rows say it was owed.
+
 The policy sees only what a real scheduler would: each job's goodput model is
 Sia's bootstrapped estimator, fed with 1-GPU profiles of every type at
 submission and then with the step times the job reports from its own runs —
@@ -14,6 +19,7 @@ never the simulator's ground truth.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,8 +31,9 @@ from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import gain
 from sia_grpc.models.goodput import NUM_BATCH_SAMPLES
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob
-from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
+from sia_grpc.policy.queues import DEFAULT_QUEUE, QueueSet
+from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob, RoundResult
+from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
 from sia_grpc.sim.workload import Category, TraceJob
 
 _ADAPTIVITY = {Category.ADAPTIVE: Adaptivity.ADAPTIVE, Category.RIGID: Adaptivity.RIGID,
@@ -58,6 +65,7 @@ class _Job:
     finish_time: float | None = None
     delay: float = 0.0  # restore time still to pay before training resumes
     alloc: JobAllocation | None = None
+    since: float = 0.0  # when its current allocation began (for its stint)
     observed: set = field(default_factory=set)
     active_rounds: int = 0
     active_sum: int = 0  # Σ active jobs over the rounds this job was active
@@ -88,7 +96,9 @@ class _Job:
             batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
             restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained),
             progress=self.progress / app.max_progress,
-            restoring=self.alloc is not None and self.delay > 0)
+            restoring=self.alloc is not None and self.delay > 0,
+            queue=t.queue or DEFAULT_QUEUE, priority=t.priority,
+            stint=now - self.since if self.alloc is not None else 0.0)
 
 
 def _bootstrap(app: AppTruth) -> ThroughputEstimator:
@@ -108,10 +118,16 @@ def _bootstrap(app: AppTruth) -> ThroughputEstimator:
 
 def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
              workload_name: str = "", cluster_name: str = "",
-             config: SimConfig = SimConfig()) -> SimResult:
-    """Replay `workload` on `cluster` under `policy`; deterministic for equal inputs."""
+             config: SimConfig = SimConfig(), queues: QueueSet | None = None) -> SimResult:
+    """Replay `workload` on `cluster` under `policy`; deterministic for equal inputs.
+    With `queues`, the policy is given them and the rounds record each queue's
+    GPUs (the jobs' queues are their traces', `default` where none is named)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     round_s = policy.round_duration
+    if queues is not None:  # every job in a queue and class they define (else FieldError)
+        workload = [dataclasses.replace(j, queue=queues.queue(j.queue).name,
+                                        priority=queues.priority(j.priority).name)
+                    for j in workload]
     pending = sorted(workload, key=lambda j: (j.time, j.name))
     jobs: dict[str, _Job] = {}
     previous: dict[str, JobAllocation] = {}
@@ -130,12 +146,15 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
-        result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous)
+        result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous,
+                                 **({} if queues is None else {"queues": queues}))
         spent = time.perf_counter() - t0
         in_use = dict.fromkeys(cluster.gpu_types, 0)
+        restarted = []
         for j in active:
             alloc = result.allocations.get(j.trace.name)
-            _apply(j, alloc, now)
+            if _apply(j, alloc, now):
+                restarted.append(j.trace.name)
             j.active_rounds += 1
             j.active_sum += len(active)
             if alloc is not None:
@@ -144,7 +163,9 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         rounds.append(RoundRecord(
             time=now, policy_seconds=spent, active_jobs=len(active), gpus_in_use=in_use,
             allocations={n: (a.config.gpu_type, a.config.num_gpus)
-                         for n, a in result.allocations.items()}))
+                         for n, a in result.allocations.items()},
+            restarted=tuple(restarted),
+            **({} if queues is None else _queue_round(active, result, queues, cluster))))
         previous = {n: a for n, a in result.allocations.items()
                     if jobs[n].finish_time is None}
         now += round_s
@@ -153,26 +174,66 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         capacity=dict(cluster.capacity),
         jobs=tuple(_record(j, cluster) for j in sorted(jobs.values(), key=lambda j: j.trace.name)),
         rounds=tuple(rounds), wall_seconds=time.perf_counter() - wall0,
-        cpu_seconds=time.process_time() - cpu0)
+        cpu_seconds=time.process_time() - cpu0, round_seconds=round_s,
+        **({} if queues is None else _queue_specs(queues)))
 
 
-def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> None:
-    """Switch the job to its new allocation; a change of GPUs costs a restore."""
+def _queue_round(active: Sequence[_Job], result: RoundResult, queues: QueueSet,
+                 cluster: Cluster) -> dict:
+    """A round's queue fields of its RoundRecord. Held: the GPUs of the allocations the
+    jobs were given (what `_apply` switched them to), never the policy's own count."""
+    held = {q.name: dict.fromkeys(cluster.gpu_types, 0) for q in queues.queues}
+    for j in active:
+        if j.alloc is not None:
+            held[j.trace.queue][j.alloc.config.gpu_type] += j.alloc.config.num_gpus
+    return dict(held=held, owed=owed_by_rows(result, queues),
+                restore_s=max(j.app.restart_delay for j in active))
+
+
+def owed_by_rows(result: RoundResult, queues: QueueSet) -> dict[str, dict[str, float]] | None:
+    """What each queue is owed per GPU type (and "units"), from the policy's
+    guarantee rows `guarantee <queue>/<type or units>` (Σ −GPUs ≤ −owed); None when
+    the policy reports no queue usage at all (it does not honour queues)."""
+    if not result.queues:
+        return None
+    owed: dict[str, dict[str, float]] = {q.name: {} for q in queues.queues}
+    for name, (_, bound) in result.rows.items():
+        kind, _, where = name.partition(" ")
+        queue, _, key = where.partition("/")
+        if kind == "guarantee" and queue in owed and key:
+            owed[queue][key] = -float(bound)
+    return owed
+
+
+def _queue_specs(queues: QueueSet) -> dict:
+    """The SimResult fields of a run with queues."""
+    return dict(
+        queues={q.name: QueueSpec(guarantee=dict(q.guarantee),
+                                  guarantee_units=float(q.guarantee_units))
+                for q in queues.queues},
+        unit_weights=dict(queues.unit_weights),
+        min_runtime_s=max(queues.min_runtime(q.name) for q in queues.queues))
+
+
+def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> bool:
+    """Switch the job to its new allocation; a change of GPUs costs a restore.
+    Whether this began a checkpoint-restart cycle of the job."""
     old = job.alloc
     changed = (old is None) != (alloc is None) or (
         old is not None and alloc is not None and old.gpus != alloc.gpus)
     # One checkpoint-restart cycle is one restart: a resize or move of a running
     # job, or a preemption (whose later resume completes the same cycle). Every
     # (re)start pays the restore delay, the first start included.
+    if changed:
+        job.since = now
     if changed and alloc is not None:
         job.delay = job.app.restart_delay
-        if old is not None:
-            job.restarts += 1
         if job.start_time is None:
             job.start_time = now
-    elif changed and old is not None:
-        job.restarts += 1
+    restart = changed and old is not None
+    job.restarts += restart
     job.alloc = alloc
+    return restart
 
 
 def _advance(job: _Job, alloc: JobAllocation, now: float, round_s: float) -> None:
@@ -225,7 +286,7 @@ def _record(job: _Job, cluster: Cluster) -> JobRecord:
         start_time=job.start_time, finish_time=job.finish_time,
         gpu_seconds=job.gpu_seconds, restarts=job.restarts,
         isolated_jct=isolated_jct(job.app, job.trace, cluster, contention),
-        contention=contention)
+        contention=contention, queue=job.trace.queue, priority=job.trace.priority)
 
 
 def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
+from sia_grpc.sim.queue_metrics import compute_queues
+from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
 
 __all__ = [
     "Metrics",
@@ -181,16 +182,33 @@ def _cell(value: Any, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-def format_table(rows: Mapping[str, Metrics | Mapping[str, Any]], label: str = "") -> str:
+# The columns of the per-queue table (`sim.queue_metrics.QueueMetrics`).
+QUEUE_COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("jobs", "jobs", 0),
+    ("finished", "done", 0),
+    ("avg_jct_h", "avg JCT h", 2),
+    ("p99_jct_h", "p99 JCT h", 2),
+    ("gpu_hours", "GPU h", 1),
+    ("guarantee_violation_gpu_h", "violation GPU h", 2),
+    ("shortfall_gpu_h", "shortfall GPU h", 2),
+    ("violation_waiting_gpu_h", "while waiting", 2),
+    ("reclaim_s", "reclaim s", 0),
+    ("reclaim_restarts", "gave way", 0),
+)
+
+
+def format_table(rows: Mapping[str, Any], label: str = "",
+                 columns: Sequence[tuple[str, str, int]] = _COLUMNS) -> str:
     """An aligned text table, one row per key (policy or workload).
 
-    A row is a `Metrics` (plain numbers) or a `summarize` dict (cells "mean ± std";
-    a plain number in such a dict is shown as is). Undefined cells show "-"."""
-    header = [label or "name"] + [h for _, h, _ in _COLUMNS]
+    A row is a `Metrics` (plain numbers; or another metrics dataclass, with its
+    `columns`) or a `summarize` dict (cells "mean ± std"; a plain number in such a
+    dict is shown as is). Undefined cells show "-"."""
+    header = [label or "name"] + [h for _, h, _ in columns]
     body: list[list[str]] = []
     for key, row in rows.items():
-        get = (lambda f, r=row: getattr(r, f)) if isinstance(row, Metrics) else row.get
-        body.append([str(key)] + [_cell(get(f), d) for f, _, d in _COLUMNS])
+        get = row.get if isinstance(row, Mapping) else (lambda f, r=row: getattr(r, f))
+        body.append([str(key)] + [_cell(get(f), d) for f, _, d in columns])
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -210,9 +228,14 @@ def _num(x: float | None) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _plain_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (_num(v) if isinstance(v, float) else v) for k, v in values.items()}
+
+
 def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict[str, Any]:
     """The run and its metrics as plain JSON-able data (dicts, lists, str, int, float,
-    None; no NaN). `rounds=False` leaves out the per-round records."""
+    None; no NaN). `rounds=False` leaves out the per-round records. A run with
+    queues adds their configuration and `metrics.queues.<name>` (`sim.queue_metrics`)."""
     out: dict[str, Any] = {
         "workload": result.workload,
         "policy": result.policy,
@@ -222,8 +245,8 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
         "capacity": {str(k): int(v) for k, v in result.capacity.items()},
         "wall_seconds": _num(result.wall_seconds),
         "cpu_seconds": _num(result.cpu_seconds),
-        "metrics": {k: (_num(v) if isinstance(v, float) else v)
-                    for k, v in metrics.as_dict().items()},
+        "round_seconds": _num(result.round_seconds),
+        "metrics": _plain_metrics(metrics.as_dict()),
         "jobs": [
             {
                 "name": j.name,
@@ -238,10 +261,20 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
                 "isolated_jct": _num(j.isolated_jct),
                 "contention": _num(j.contention),
                 "rho": _num(_rho(j)),
+                "queue": j.queue,
+                "priority": j.priority,
             }
             for j in result.jobs
         ],
     }
+    if result.queues:
+        out["queues"] = {q: {"guarantee": {str(t): int(n) for t, n in spec.guarantee.items()},
+                             "guarantee_units": _num(spec.guarantee_units)}
+                         for q, spec in result.queues.items()}
+        out["unit_weights"] = {str(t): _num(w) for t, w in result.unit_weights.items()}
+        out["min_runtime_s"] = _num(result.min_runtime_s)
+        out["metrics"]["queues"] = {q: _plain_metrics(m.as_dict())
+                                    for q, m in compute_queues(result).items()}
     if rounds:
         out["rounds"] = [
             {
@@ -250,6 +283,12 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
                 "active_jobs": int(r.active_jobs),
                 "gpus_in_use": {str(k): int(v) for k, v in r.gpus_in_use.items()},
                 "allocations": {str(k): [str(t), int(g)] for k, (t, g) in r.allocations.items()},
+                "restarted": list(r.restarted),
+                **({} if not result.queues else {
+                    "held": {q: dict(h) for q, h in r.held.items()},
+                    "owed": None if r.owed is None else {
+                        q: {k: _num(v) for k, v in o.items()} for q, o in r.owed.items()},
+                    "restore_s": _num(r.restore_s)}),
             }
             for r in result.rounds
         ]
@@ -271,6 +310,8 @@ def from_json(data: Mapping[str, Any]) -> SimResult:
             restarts=int(j["restarts"]),
             isolated_jct=j.get("isolated_jct"),
             contention=float(1.0 if j.get("contention") is None else j["contention"]),
+            queue=j.get("queue", ""),
+            priority=j.get("priority", ""),
         )
         for j in data["jobs"]
     )
@@ -281,6 +322,10 @@ def from_json(data: Mapping[str, Any]) -> SimResult:
             active_jobs=int(r["active_jobs"]),
             gpus_in_use=dict(r["gpus_in_use"]),
             allocations={k: (str(t), int(g)) for k, (t, g) in r.get("allocations", {}).items()},
+            restarted=tuple(r.get("restarted", ())),
+            held={q: dict(h) for q, h in (r.get("held") or {}).items()},
+            owed=r.get("owed"),
+            restore_s=float(r.get("restore_s") or 0.0),
         )
         for r in data.get("rounds", ())
     )
@@ -295,4 +340,10 @@ def from_json(data: Mapping[str, Any]) -> SimResult:
         cpu_seconds=float(data.get("cpu_seconds") or 0.0),
         params=dict(data.get("params") or {}),
         settings=dict(data.get("settings") or {}),
+        round_seconds=data.get("round_seconds"),
+        queues={q: QueueSpec(guarantee=dict(spec["guarantee"]),
+                             guarantee_units=float(spec.get("guarantee_units") or 0.0))
+                for q, spec in (data.get("queues") or {}).items()},
+        unit_weights=dict(data.get("unit_weights") or {}),
+        min_runtime_s=float(data.get("min_runtime_s") or 0.0),
     )

@@ -1,5 +1,6 @@
-"""Figures of simulation runs: JCT and finish-time-fairness CDFs per policy, and
-GPUs allocated over time, one panel per GPU type (like the paper's Figure 5).
+"""Figures of simulation runs: JCT and finish-time-fairness CDFs per policy,
+GPUs allocated over time, one panel per GPU type (like the paper's Figure 5), and,
+for runs with queues, GPUs held per queue and type over time against its guarantee.
 
 Every figure follows the same conventions, so that figures can be published and
 read side by side:
@@ -22,6 +23,7 @@ touched.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from sia_grpc.sim.metrics import finished_jcts_h, rhos
-from sia_grpc.sim.records import SimResult
+from sia_grpc.sim.queue_metrics import UNITS
+from sia_grpc.sim.records import SimResult, round_length
 
 __all__ = [
     "AllocationFrame",
@@ -47,6 +50,9 @@ __all__ = [
     "ftf_cdf_figure",
     "jct_cdf",
     "jct_cdf_figure",
+    "queue_figure",
+    "queue_figures",
+    "queue_panels",
     "safe_name",
     "step_panels",
     "write_all",
@@ -318,21 +324,12 @@ def binned_mean(starts: np.ndarray, ends: np.ndarray, values: np.ndarray,
     return out
 
 
-def _round_length(result: SimResult) -> float | None:
-    """The run's round length: the shortest gap between rounds (the engine skips
-    idle stretches, so longer gaps are not rounds); None with fewer than two."""
-    times = np.asarray([r.time for r in result.rounds], dtype=float)
-    gaps = np.diff(times)
-    gaps = gaps[gaps > 0]
-    return float(gaps.min()) if gaps.size else None
-
-
 def _holding(result: SimResult, fallback_s: float) -> tuple[np.ndarray, np.ndarray]:
     """[start, end) of each round's allocation: a round's GPUs are held until the
     next round or one round length, whichever is first (jobs finishing inside a
     round hold their GPUs until it ends)."""
     starts = np.asarray([r.time for r in result.rounds], dtype=float)
-    length = _round_length(result) or fallback_s
+    length = round_length(result) or fallback_s
     ends = np.minimum(starts + length, np.append(starts[1:], np.inf))
     return starts, ends
 
@@ -394,7 +391,7 @@ def allocation_frame(results: Sequence[SimResult],
     than a bin. `labels` fixes the layers and their colours (pass the same to
     every workload's frame so an application keeps its colour across figures)."""
     end_s = max([_run_end_s(r) for r in results] + [0.0])
-    round_s = max([_round_length(r) or 0.0 for r in results]) or 60.0
+    round_s = max([round_length(r) or 0.0 for r in results]) or 60.0
     rounds_per_bin = max(1, math.ceil(end_s / (_MAX_BINS * round_s)))
     types = _gpu_types(results)
     capacity = {t: max([int(r.capacity.get(t, 0)) for r in results] + [0]) for t in types}
@@ -466,6 +463,92 @@ def allocation_over_time(result: SimResult, path: str | Path,
     return _save(allocation_figure(result, frame), path)
 
 
+# ------------------------------------------------------ queues over time
+
+# The layers of a queue's panel: what it holds up to its guarantee, what it holds
+# beyond (borrowed idle capacity), and what it was owed and not given (stacked on
+# top of what it holds, so the stack reaches what it was owed).
+_QUEUE_COLORS = {"held within guarantee": "#66c2a5", "borrowed (beyond guarantee)": "#8da0cb",
+                 "owed, not held": "#e41a1c"}
+
+
+def _queue_keys(result: SimResult, frame: AllocationFrame) -> list[tuple[str, str]]:
+    """(queue, GPU type or units) of every panel: the types a queue is guaranteed or
+    ever holds, its units if it has a type-flexible guarantee; queues with neither
+    jobs nor guarantees (an unused `default`) have none."""
+    used = {(q, t) for r in result.rounds for q, h in r.held.items() for t, n in h.items() if n}
+    keys = []
+    for q, spec in result.queues.items():
+        keys += [(q, t) for t in frame.gpu_types if spec.guarantee.get(t, 0) or (q, t) in used]
+        if spec.guarantee_units:
+            keys.append((q, UNITS))
+    return keys
+
+
+def queue_panels(result: SimResult, frame: AllocationFrame) -> list[StepPanel]:
+    """One panel per queue and GPU type (`_queue_keys`): the GPUs the queue held, as
+    the mean over each time bin, split at its guarantee, and what it was owed and
+    not held, against its guarantee. Each panel's y range is the type's capacity
+    (units: the whole cluster's), so the figures of every policy share it."""
+    keys = _queue_keys(result, frame)
+    weight = {t: float(result.unit_weights.get(t, 1.0)) for t in frame.gpu_types}
+    per_round = np.zeros((len(result.rounds), 3 * len(keys)))
+    for n, rnd in enumerate(result.rounds):
+        for k, (q, key) in enumerate(keys):
+            gpus = rnd.held.get(q, {})
+            held = (sum(weight.get(t, 1.0) * g for t, g in gpus.items()) if key == UNITS
+                    else float(gpus.get(key, 0)))
+            owed = float(((rnd.owed or {}).get(q) or {}).get(key, 0.0))
+            g = _guarantee(result, q, key)
+            per_round[n, 3 * k:3 * k + 3] = (min(held, g), max(held - g, 0.0),
+                                             max(owed - held, 0.0))
+    starts, ends = _holding(result, frame.bin_s)
+    binned = binned_mean(starts, ends, per_round, frame.edges_h * _HOUR)
+    panels = []
+    for k, (q, key) in enumerate(keys):
+        g = _guarantee(result, q, key)
+        top = (sum(weight[t] * frame.capacity[t] for t in frame.gpu_types) if key == UNITS
+               else frame.capacity.get(key, 0))
+        unit = "units" if key == UNITS else "GPUs"
+        panels.append(StepPanel(
+            heading=f"{q} · {key}: guarantee {g:g} {unit}",
+            layers=dict(zip(_QUEUE_COLORS, binned[:, 3 * k:3 * k + 3].T, strict=True)),
+            limit=g, limit_label="guarantee", ymax=_HEADROOM * max(1.0, top, g)))
+    return panels
+
+
+def _guarantee(result: SimResult, queue: str, key: str) -> float:
+    spec = result.queues[queue]
+    return float(spec.guarantee_units if key == UNITS else spec.guarantee.get(key, 0))
+
+
+def queue_figure(result: SimResult, frame: AllocationFrame | None = None) -> Any:
+    """GPUs held per queue over time against its guarantee, one panel (row) per
+    queue and GPU type (`queue_panels`); for a run with queues."""
+    frame = frame or allocation_frame([result])
+    title = (f"GPUs held per queue: {result.policy} on {_workload_label(result.workload)}, "
+             f"cluster {result.cluster}\n(mean over {_minutes(frame.bin_s)} bins; "
+             f"guarantee dashed)")
+    return step_panels(queue_panels(result, frame), frame.edges_h, title=title,
+                       ylabel="GPUs", colors=_QUEUE_COLORS, xlim=(0.0, frame.end_h),
+                       empty="no queues with guarantees or jobs")
+
+
+def queue_figures(results_by_policy: Mapping[str, Sequence[SimResult]],
+                  ) -> Iterator[tuple[str, str, Any]]:
+    """(workload, policy, figure) of `queue_figure` for every run with queues; the
+    figures of one workload share one frame (time axis and bins)."""
+    by_workload: dict[str, list[tuple[str, SimResult]]] = {}
+    for policy, results in results_by_policy.items():
+        for r in results:
+            if r.queues:
+                by_workload.setdefault(r.workload, []).append((policy, r))
+    for runs in by_workload.values():
+        frame = allocation_frame([r for _, r in runs])
+        for policy, r in runs:
+            yield r.workload, policy, queue_figure(r, frame)
+
+
 def safe_name(name: str) -> str:
     """`name` made safe as part of a file name."""
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", str(name)).strip("._")
@@ -490,15 +573,20 @@ def allocation_figures(results_by_policy: Mapping[str, Sequence[SimResult]],
 
 def write_all(results_by_policy: Mapping[str, Sequence[SimResult]],
               out_dir: str | Path) -> list[Path]:
-    """Write jct_cdf.png, ftf_cdf.png and allocation_<policy>_<workload>.png for
-    every run (`allocation_figures`) into out_dir; returns the paths written."""
+    """Write jct_cdf.png, ftf_cdf.png, allocation_<policy>_<workload>.png for every
+    run (`allocation_figures`) and, for runs with queues,
+    queues_<policy>_<workload>.png (`queue_figures`) into out_dir; returns the paths
+    written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [jct_cdf(results_by_policy, out / "jct_cdf.png"),
              ftf_cdf(results_by_policy, out / "ftf_cdf.png")]
     used: set[str] = set()
-    for workload, policy, fig in allocation_figures(results_by_policy):
-        stem = f"allocation_{safe_name(policy)}_{safe_name(workload)}"
+    figures = itertools.chain(
+        (("allocation", *f) for f in allocation_figures(results_by_policy)),
+        (("queues", *f) for f in queue_figures(results_by_policy)))
+    for kind, workload, policy, fig in figures:
+        stem = f"{kind}_{safe_name(policy)}_{safe_name(workload)}"
         name, k = stem, 1
         while name in used:  # two names that sanitise alike
             k += 1

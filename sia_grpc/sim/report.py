@@ -95,12 +95,106 @@ def markdown(runs: Sequence[Mapping[str, Any]], command: str = "") -> str:
         if group in PAPER_SIA_P99_H:
             ratios.append(f"paper's Sia p99 JCT: {PAPER_SIA_P99_H[group]} h")
         lines += ["", "; ".join(ratios), ""]
+        lines += _queue_table(group, [r for r in runs if _group(r["workload"]) == group])
     return "\n".join(lines)
 
 
-def write(json_path: str, out: str | None, command: str = "") -> int:
+QUEUE_FIELDS = ("jobs", "avg_jct_h", "p99_jct_h", "gpu_hours", "guarantee_violation_gpu_h",
+                "violation_waiting_gpu_h", "shortfall_gpu_h", "reclaim_s", "reclaim_restarts")
+
+
+def _queue_table(group: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The group's runs with queues: a row per policy and queue (cells mean ± std over
+    the workloads; the violation and the reclaim time: the largest of any run)."""
+    cells: dict = defaultdict(lambda: defaultdict(list))  # (policy, queue) -> field -> values
+    for run in runs:
+        for queue, m in run["metrics"].get("queues", {}).items():
+            if m.get("jobs"):
+                for f in QUEUE_FIELDS:
+                    if m.get(f) is not None:
+                        cells[(run["policy"], queue)][f].append(float(m[f]))
+    if not cells:
+        return []
+
+    def most(values: list[float], digits: int) -> str:
+        return f"{max(values):.{digits}f}" if values else "—"
+
+    lines = [f"### Queues, {GROUP_TITLE.get(group, group)}", "",
+             "| policy | queue | jobs | avg JCT h | p99 JCT h | GPU h | violation GPU h (max) | "
+             "while waiting (max) | shortfall GPU h | reclaim s (max) | gave way |",
+             "|" + "---|" * 11]
+    for policy, queue in sorted(cells, key=lambda k: (_order(k[0]), k[0])):
+        c = cells[(policy, queue)]
+        lines.append(
+            f"| {policy} | {queue} | {_ms(c['jobs'], 0)} | {_ms(c['avg_jct_h'])} | "
+            f"{_ms(c['p99_jct_h'])} | {_ms(c['gpu_hours'], 1)} | "
+            f"{most(c['guarantee_violation_gpu_h'], 2)} | "
+            f"{most(c['violation_waiting_gpu_h'], 2)} | {_ms(c['shortfall_gpu_h'])} | "
+            f"{most(c['reclaim_s'], 0)} | {_ms(c['reclaim_restarts'], 1)} |")
+    return [*lines, ""]
+
+
+# The targets of queues (issue 14; docs/results.md, "Queues"): shared queues beat
+# silos (avg JCT <= 0.8x sia-partitioned's with p99 no worse), and cost little (avg
+# JCT within +10 % of quota-free Sia).
+SILO_RATIO, PRICE = 0.8, 0.10
+
+
+def queue_targets(runs: Sequence[Mapping[str, Any]],
+                  quota_free: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """One row per workload with a run of `sia` with queues: its average and p99 JCT
+    beside `sia-partitioned`'s (the same queues) and, from `quota_free` (runs without
+    queues), quota-free Sia's; the largest guarantee violation of any of its queues;
+    and whether each target holds. [] when no run of `sia` has queues."""
+    def by_workload(rs: Sequence[Mapping[str, Any]], policy: str,
+                    queued: bool) -> dict[str, Mapping[str, Any]]:
+        return {r["workload"]: r["metrics"] for r in rs
+                if r["policy"] == policy and bool(r["metrics"].get("queues")) == queued}
+
+    shared, silos = by_workload(runs, "sia", True), by_workload(runs, "sia-partitioned", True)
+    free = by_workload(quota_free, "sia", False)
+    if not shared:
+        return []
+
+    def num(x: float | None, digits: int = 2) -> str:
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    def verdict(ok: bool | None) -> str:
+        return "—" if ok is None else ("yes" if ok else "**no**")
+
+    def most(m: Mapping[str, Any], field: str) -> float | None:  # over the run's queues
+        values = [q[field] for q in m["queues"].values() if q.get(field) is not None]
+        return max(values, default=None)
+
+    lines = ["### Queues against the targets", "",
+             "| workload | avg JCT h | partitioned | ratio | ≤ 0.8× | p99 JCT h | partitioned | "
+             "p99 no worse | quota-free | Δ | ≤ +10 % | violation GPU h (max) | "
+             "while waiting (max) |", "|" + "---|" * 13]
+    for w, m in sorted(shared.items()):
+        part, base = silos.get(w, {}), free.get(w, {})
+        avg, p99 = m.get("avg_jct_h"), m.get("p99_jct_h")
+        ratio = avg / part["avg_jct_h"] if avg and part.get("avg_jct_h") else None
+        delta = avg / base["avg_jct_h"] - 1 if avg and base.get("avg_jct_h") else None
+        worse = None if p99 is None or part.get("p99_jct_h") is None else \
+            p99 <= part["p99_jct_h"]
+        lines.append(
+            f"| {w} | {num(avg)} | {num(part.get('avg_jct_h'))} | {num(ratio)} | "
+            f"{verdict(None if ratio is None else ratio <= SILO_RATIO)} | {num(p99)} | "
+            f"{num(part.get('p99_jct_h'))} | {verdict(worse)} | {num(base.get('avg_jct_h'))} | "
+            f"{'—' if delta is None else f'{100 * delta:+.0f} %'} | "
+            f"{verdict(None if delta is None else delta <= PRICE)} | "
+            f"{num(most(m, 'guarantee_violation_gpu_h'))} | "
+            f"{num(most(m, 'violation_waiting_gpu_h'))} |")
+    return [*lines, ""]
+
+
+def write(json_path: str, out: str | None, command: str = "",
+          quota_free: str | None = None) -> int:
     runs = json.loads(Path(json_path).read_text())
     text = markdown(runs, command)
+    targets = queue_targets(runs, json.loads(Path(quota_free).read_text()) if quota_free else [])
+    if targets:
+        text = "\n".join([text, *targets])
     if out:
         Path(out).write_text(text + "\n")
     else:

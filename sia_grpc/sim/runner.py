@@ -16,10 +16,12 @@ from pathlib import Path
 
 from sia_grpc.policy import SettingError, make_policy
 from sia_grpc.policy import params as policy_params
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.sim.clusters import load_cluster
 from sia_grpc.sim.engine import SimConfig, simulate
+from sia_grpc.sim.queues import assign, read_queues
 from sia_grpc.sim.records import SimResult
-from sia_grpc.sim.workload import load_workload, shipped_workloads
+from sia_grpc.sim.workload import TraceJob, load_workload, shipped_workloads
 
 
 def resolve_workloads(items: Sequence[str]) -> list[str]:
@@ -112,14 +114,25 @@ def variants(policies: Sequence[str], file_params: Mapping[str, Mapping[str, obj
     return list(out.values())
 
 
+def load_trace(workload: str, queues: str | None) -> tuple[tuple[TraceJob, ...],
+                                                          QueueSet | None]:
+    """The workload's jobs and, with a queues file, the queues, each job in its queue
+    (its own, checked against the file, or the file's assignment rule's)."""
+    if queues is None:
+        return load_workload(workload), None
+    file = read_queues(queues)
+    return assign(load_workload(workload, file.queues), file), file.queues
+
+
 def run_one(workload: str, variant: Variant, cluster: str, scale: int,
-            round_duration: float | None = None) -> SimResult:
-    """One simulation; `round_duration` None: the policy's own round length."""
+            round_duration: float | None = None, queues: str | None = None) -> SimResult:
+    """One simulation; `round_duration` None: the policy's own round length;
+    `queues`: the path of a queues file (`sim.queues`), None: no queues."""
     policy = make_policy(variant.policy, variant.params, round_duration=round_duration)
-    trace = load_workload(workload)
+    trace, queue_set = load_trace(workload, queues)
     result = simulate(trace, load_cluster(cluster, scale=scale), policy,
                       workload_name=workload, cluster_name=f"{cluster}x{scale}",
-                      config=SimConfig())
+                      config=SimConfig(), queues=queue_set)
     return dataclasses.replace(result, policy=variant.label, params=dict(variant.params),
                                settings=policy_params.current(policy))
 
@@ -127,8 +140,9 @@ def run_one(workload: str, variant: Variant, cluster: str, scale: int,
 def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: int,
         processes: int, json_out: str | None, plots: str | None, *,
         policy_config: str | None = None, sets: Sequence[str] = (),
-        round_duration: float | None = None) -> int:
+        round_duration: float | None = None, queues: str | None = None) -> int:
     from sia_grpc.sim import metrics
+    from sia_grpc.sim.queue_metrics import compute_queues
 
     refs = resolve_workloads(workloads)
     for p in policies:
@@ -142,6 +156,9 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
                 raise ValueError(f"--round-duration: {err.problem}") from None
             raise ValueError(f"--set {err}") from None
     load_cluster(cluster, scale=scale)
+    if queues is not None:  # a bad file or a trace naming an unknown queue: said now
+        for w in refs:
+            load_trace(w, queues)
     if json_out and not Path(json_out).parent.is_dir():  # said now, not after hours
         raise ValueError(f"--json {json_out}: no directory {str(Path(json_out).parent)!r}")
     labels = [v.label for v in runs]
@@ -149,8 +166,8 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
     results: dict[tuple[str, str], SimResult] = {}
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
-        futures = {pool.submit(run_one, w, v, cluster, scale, round_duration): (w, v.label)
-                   for w, v in tasks}
+        futures = {pool.submit(run_one, w, v, cluster, scale, round_duration, queues):
+                   (w, v.label) for w, v in tasks}
         for done, fut in enumerate(as_completed(futures), start=1):
             w, p = futures[fut]
             results[(w, p)] = fut.result()
@@ -167,6 +184,11 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
         if len(refs) > 1:
             table_rows[f"{p} (mean ± std)"] = metrics.summarize(per_policy[p])
     print(metrics.format_table(table_rows))
+    if queues is not None:
+        queue_rows = {f"{p} {w} {q}": m for p in labels for w in refs
+                      for q, m in compute_queues(results[(w, p)]).items() if m.jobs}
+        print("\nPer queue (docs/results.md, \"What the columns mean\"):")
+        print(metrics.format_table(queue_rows, columns=metrics.QUEUE_COLUMNS))
     if json_out:
         payload = [metrics.to_json(results[(w, v.label)], metrics.compute(results[(w, v.label)]))
                    for w, v in tasks]

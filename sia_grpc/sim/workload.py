@@ -2,7 +2,7 @@
 
 A trace is a CSV file with a header row and one job per row:
 
-    name, time, application, num_replicas, batch_size[, category]
+    name, time, application, num_replicas, batch_size[, category][, queue][, priority]
 
 `time` is the submission time in seconds from the start (a non-negative number);
 `application` one of `sia_grpc.models.profiles.APPLICATIONS`; `num_replicas` and
@@ -11,6 +11,10 @@ rigid and strong-scaling jobs run with and rigid schedulers give every job;
 `category` (optional; empty or absent: adaptive) one of `adaptive`, `rigid`,
 `strong-scaling` (also spelt `strong_scaling` or `strong`; any case). Columns may
 come in any order; other columns are ignored. Names must be unique.
+`queue` and `priority` (optional; empty or absent: none named) are the job's queue
+and priority class (`sia_grpc.policy.queues`); `sia simulate --queues` checks them
+against the queues file (`load_workload(..., queues=)`) and gives a job that names no
+queue one by the file's assignment rule (`sia_grpc.sim.queues`).
 
 The artifact's traces ship in the package (`sia_grpc/data/artifact/workloads/`)
 and are named by their path there without `.csv`: `philly/workload-1`,
@@ -26,13 +30,18 @@ import io
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from sia_grpc.models.profiles import APPLICATIONS
+from sia_grpc.names import MAX_ID, is_name
+from sia_grpc.policy.errors import FieldError
+from sia_grpc.policy.queues import QueueSet
 
-__all__ = ["Category", "TraceJob", "WorkloadError", "load_workload", "shipped_workloads"]
+__all__ = ["Category", "TraceJob", "WorkloadError", "load_workload", "shipped_workloads",
+           "workload_csv"]
 
 
 class Category(enum.Enum):
@@ -59,6 +68,8 @@ class TraceJob:
     num_replicas: int  # the hand-tuned rigid GPU count
     batch_size: int  # the hand-tuned (global) batch size
     category: Category = Category.ADAPTIVE
+    queue: str = ""  # "": none named (the assignment rule's, or the default queue)
+    priority: str = ""  # "": the queues' default priority class
 
 
 class WorkloadError(ValueError):
@@ -66,7 +77,7 @@ class WorkloadError(ValueError):
 
 
 _REQUIRED = ("name", "time", "application", "num_replicas", "batch_size")
-_OPTIONAL = ("category",)
+_OPTIONAL = ("category", "queue", "priority")
 
 
 def _root():
@@ -137,10 +148,24 @@ def _positive_int(where: str, field: str, value: str) -> int:
     return int(x)
 
 
-def load_workload(path_or_name: str | os.PathLike[str]) -> tuple[TraceJob, ...]:
+def _queue_name(where: str, field: str, value: str, queues: QueueSet | None) -> str:
+    """A `queue` or `priority` cell: "" or a name, and with `queues` one they define."""
+    if value and not is_name(value, MAX_ID):
+        raise WorkloadError(f"{where}: {field}: {value!r} is not a valid name")
+    if value and queues is not None:
+        try:
+            (queues.queue if field == "queue" else queues.priority)(value)
+        except FieldError as err:
+            raise WorkloadError(f"{where}: {field}: {err.problem}") from None
+    return value
+
+
+def load_workload(path_or_name: str | os.PathLike[str],
+                  queues: QueueSet | None = None) -> tuple[TraceJob, ...]:
     """The jobs of a trace, sorted by (time, name): a CSV file, or a shipped trace's
     name such as `"saturn/workload-1"`. Raises WorkloadError naming file, line
-    and field for anything malformed."""
+    and field for anything malformed; with `queues`, also for a queue or priority
+    class they do not define."""
     text, src = _read(path_or_name)
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
@@ -192,9 +217,24 @@ def load_workload(path_or_name: str | os.PathLike[str]) -> tuple[TraceJob, ...]:
         if category is None:
             raise WorkloadError(f"{where}: category: unknown {raw!r} "
                                 f"(use adaptive, rigid or strong-scaling)")
+        queue = _queue_name(where, "queue", cell.get("queue", ""), queues)
+        priority = _queue_name(where, "priority", cell.get("priority", ""), queues)
         first_line[name] = line
         jobs.append(TraceJob(name=name, time=time, application=app, num_replicas=replicas,
-                             batch_size=batch, category=category))
+                             batch_size=batch, category=category, queue=queue,
+                             priority=priority))
     if not jobs:
         raise WorkloadError(f"{src}: no jobs")
     return tuple(sorted(jobs, key=lambda j: (j.time, j.name)))
+
+
+def workload_csv(jobs: Sequence[TraceJob]) -> str:
+    """`jobs` as a trace CSV that `load_workload` reads back to the same jobs (every
+    column, the optional ones included)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*_REQUIRED, *_OPTIONAL])
+    for j in jobs:
+        writer.writerow([j.name, repr(float(j.time)).removesuffix(".0"), j.application,
+                         j.num_replicas, j.batch_size, j.category.value, j.queue, j.priority])
+    return out.getvalue()

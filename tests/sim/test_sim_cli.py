@@ -180,3 +180,72 @@ def test_json_into_a_missing_directory_is_refused_before_simulating(trace, tmp_p
     assert main(["simulate", str(trace), "--json", str(out)]) == 2
     assert capsys.readouterr().err == (f"sia simulate: --json {out}: no directory "
                                        f"'{out.parent}'\n")
+
+
+# -- queues: --queues ----------------------------------------------------------------
+
+def queued_trace(tmp_path, *rows: str):
+    path = tmp_path / "q.csv"
+    path.write_text("\n".join(["name,time,application,num_replicas,batch_size,queue", *rows]))
+    return path
+
+
+def test_queues_add_per_queue_metrics_table_and_report(tmp_path, queues_path, capsys):
+    # A policy that ignores queues (FIFO) still gets per-queue JCT and GPU-hours; its
+    # guarantee figures are undefined ("-"): it reports no guarantee rows.
+    path = queued_trace(tmp_path, "j0,0,ncf,1,256,a", "j1,30,ncf,1,256,b", "j2,60,ncf,1,256,")
+    out = tmp_path / "runs.json"
+    rc = main(["simulate", str(path), "--policy", "fifo", "--jobs", "1", "--queues",
+               str(queues_path), "--json", str(out), "--plots", str(tmp_path / "img")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    table = captured.out.split("Per queue")[1]
+    assert f"fifo {path} a " in table and f"fifo {path} b " in table
+    assert "violation GPU h" in table and " default " not in table  # no jobs there
+    (run,) = json.loads(out.read_text())
+    q = run["metrics"]["queues"]
+    assert set(q) == {"a", "b", "default"}
+    assert q["a"]["jobs"] + q["b"]["jobs"] == 3 and q["default"]["jobs"] == 0
+    assert q["a"]["guarantee_violation_gpu_h"] is None
+    assert run["queues"]["a"] == {"guarantee": {"rtx": 4}, "guarantee_units": 0.0}
+    assert (tmp_path / "img" / f"queues_fifo_{plots_name(path)}.png").is_file()
+    report = tmp_path / "report.md"
+    assert main(["report", str(out), "--out", str(report)]) == 0
+    text = report.read_text()
+    assert "### Queues" in text and "| fifo | a |" in text and "| fifo | b |" in text
+
+
+def plots_name(path) -> str:
+    from sia_grpc.sim.plots import safe_name
+
+    return safe_name(str(path))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[queue]]\nname = 'a'\nguarantee = {rtx = 'x'}\n", "queue[0].guarantee.rtx: must be"),
+    ("[assignment]\nshares = {zz = 1}\n", "assignment.shares.zz: no such queue"),
+    ("[[queue]]\nnme = 'a'\n", "queue[0].nme: unknown key"),
+])
+def test_bad_queues_file_names_the_key(trace, tmp_path, capsys, text, message):
+    queues = tmp_path / "q.toml"
+    queues.write_text(text)
+    rc = main(["simulate", str(trace), "--policy", "fifo", "--jobs", "1", "--queues",
+               str(queues)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(f"sia simulate: {queues}: {message}"), err
+    assert "Traceback" not in err
+
+
+def test_a_trace_naming_an_unknown_queue_is_refused_naming_the_line(tmp_path, queues_path,
+                                                                   capsys):
+    path = queued_trace(tmp_path, "j0,0,ncf,1,256,a", "j1,0,ncf,1,256,c")
+    rc = main(["simulate", str(path), "--policy", "fifo", "--jobs", "1", "--queues",
+               str(queues_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{path} line 3: queue: unknown queue 'c'" in err, err
+
+
+def test_a_missing_queues_file(trace, tmp_path, capsys):
+    rc = main(["simulate", str(trace), "--queues", str(tmp_path / "none.toml")])
+    assert rc == 2 and "none.toml" in capsys.readouterr().err

@@ -280,3 +280,56 @@ def test_importing_sim_needs_no_matplotlib():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------ queues over time
+
+
+def queued_run(policy="sia", workload="saturn/w1") -> SimResult:
+    """Queue q (guarantee 4 a100) holds 6 a100 for 5 rounds (2 borrowed), then is
+    owed 4 and holds 1 for 5 rounds (3 short); queue r has no guarantee, a t4 job."""
+    from sia_grpc.sim.records import QueueSpec
+
+    recs = []
+    for k in range(10):
+        held_q = 6 if k < 5 else 1
+        recs.append(RoundRecord(k * 60.0, 0.01, 2, {"a100": held_q, "t4": 2},
+                                {"b": ("a100", held_q), "c": ("t4", 2)},
+                                held={"q": {"a100": held_q, "t4": 0},
+                                      "r": {"a100": 0, "t4": 2},
+                                      "default": {"a100": 0, "t4": 0}},
+                                owed={"q": {"a100": 4.0}, "r": {}, "default": {}}))
+    jobs = (JobRecord("b", "bert", "adaptive", 0.0, 0.0, 600.0, 0.0, 0, queue="q"),
+            JobRecord("c", "cifar10", "adaptive", 0.0, 0.0, 600.0, 0.0, 0, queue="r"))
+    return SimResult(workload=workload, policy=policy, cluster="het-24",
+                     capacity=dict(CAPACITY), jobs=jobs, rounds=tuple(recs), round_seconds=60.0,
+                     queues={"q": QueueSpec({"a100": 4}), "r": QueueSpec(),
+                             "default": QueueSpec()})
+
+
+def test_queue_figure_shows_held_borrowed_and_short_against_the_guarantee():
+    r = queued_run()
+    frame = plots.allocation_frame([r])
+    panels = plots.queue_panels(r, frame)
+    # q: its guaranteed type; r: the type it used; the unused default: nothing.
+    assert [p.heading for p in panels] == ["q · a100: guarantee 4 GPUs",
+                                          "r · t4: guarantee 0 GPUs"]
+    q = panels[0]
+    within, borrowed, short = q.layers.values()
+    assert list(within) == [4.0] * 5 + [1.0] * 5
+    assert list(borrowed) == [2.0] * 5 + [0.0] * 5
+    assert list(short) == [0.0] * 5 + [3.0] * 5  # stacked on what it holds: up to 4
+    assert q.limit == 4.0 and q.ymax > CAPACITY["a100"]
+    fig = plots.queue_figure(r, frame)
+    assert len(fig.axes) == 2
+    assert np.all(limit_line(fig.axes[0]).get_ydata() == 4.0)
+    assert fig.get_suptitle().startswith("GPUs held per queue: sia on saturn/w1")
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "held within guarantee", "borrowed (beyond guarantee)", "owed, not held", "guarantee"]
+
+
+def test_write_all_adds_queue_figures_for_runs_with_queues(tmp_path):
+    runs = {"sia": [queued_run()], "gavel": [result("gavel", "w1")]}
+    names = [p.name for p in plots.write_all(runs, tmp_path)]
+    assert "queues_sia_saturn_w1.png" in names and "queues_gavel_w1.png" not in names
+    assert is_png(tmp_path / "queues_sia_saturn_w1.png")
