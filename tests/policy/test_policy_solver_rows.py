@@ -361,3 +361,17 @@ def test_time_limit_with_rows_returns_a_feasible_answer_and_a_bound() -> None:
     assert q.is_feasible(sol.choice) and sol.objective >= q.objective(current) - 1e-9
     assert sol.objective == pytest.approx(q.objective(sol.choice), abs=1e-9)
     assert sol.bound >= solve_reference(q, "HIGHS").objective - 1e-7
+
+
+def test_an_empty_residual_mip_picks_nothing():
+    """Regression: reduced-cost fixing may leave the MIP no job at all (the growth
+    stage with side rows, `sia simulate philly/workload-1 --policy sia-partitioned
+    --queues ...`): its answer is an empty pick, not an IndexError."""
+    from sia_grpc.policy.solvers._columns import _Opts
+    from sia_grpc.policy.solvers._highs import _pick
+
+    empty = np.zeros(0, dtype=np.int64)
+    o = _Opts(jobs=empty, col=empty, ptr=np.zeros(1, dtype=np.int64), typ=empty, gpus=empty,
+              val=np.zeros(0))
+    assert len(_pick(o, np.zeros(0), True)) == 0
+    assert len(_pick(o, np.zeros(0), False)) == 0

@@ -109,6 +109,8 @@ def _pick(o: _Opts, x: np.ndarray, integral: bool = False) -> np.ndarray:
     lj = o.local_job
     pick = np.zeros(len(o.jobs), dtype=np.int64)
     if integral:
+        if not len(lj):  # (a residual with no jobs left: the growth stage's, with rows)
+            return pick
         order = np.lexsort((-x, lj))
         first = order[_cat(True, lj[order][1:] != lj[order][:-1])]
         pick[lj[first]] = first - o.ptr[lj[first]]
