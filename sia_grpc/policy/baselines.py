@@ -48,7 +48,7 @@ from sia_grpc.policy.candidates import (
     estimate,
 )
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
-from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues import QueueSet, partitioned
 from sia_grpc.policy.rounds import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.solvers import lp_interior
@@ -81,14 +81,6 @@ class PartitionedSiaPolicy(SiaPolicy):
         if queues is not None:
             queues = partitioned(queues, cluster.gpu_types)
         return super().optimize(cluster, jobs, previous, queues=queues)
-
-
-def partitioned(queues: QueueSet, gpu_types: Sequence[str]) -> QueueSet:
-    """`queues` as private partitions: each may hold its guarantee of each type and
-    no more (the guarantees become caps; type-flexible units are not a partition)."""
-    return dataclasses.replace(queues, queues=tuple(
-        dataclasses.replace(q, guarantee={}, guarantee_units=0.0, borrow_limit={
-            t: q.guarantee.get(t, 0) for t in gpu_types}) for q in queues.queues))
 
 
 @dataclass(frozen=True)

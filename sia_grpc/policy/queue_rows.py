@@ -83,12 +83,16 @@ def queue_usage(table: CandidateTable, jobs, chosen: dict[str, int],
 
 def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.ndarray,
                current: np.ndarray, queues: QueueSet, *, restarts_used: int = 0,
-               hold: np.ndarray | None = None) -> SideRows:
+               hold: np.ndarray | None = None,
+               silo: dict[str, dict[str, int]] | None = None) -> SideRows:
     """The side rows of one round. `values` are the final ones (holds applied: NaN
     where a row is no option); `none_value` the jobs' values of nothing (before holds,
     to size the penalty); `restarts_used`: restarts an earlier stage of the round has
     spent of the budget; `hold`: the jobs kept where they are this round (what they
-    hold of a type is owed to no other queue)."""
+    hold of a type is owed to no other queue); `silo`: what each queue's jobs hold
+    per type when each queue's guarantee is a private partition (`rounds.silo_use`):
+    a queue is owed that, up to its guarantee — what its jobs would get were its
+    guaranteed GPUs its own, not their largest shapes."""
     types = table.cluster.gpu_types
     job = table.job
     finite = np.isfinite(values)
@@ -122,7 +126,9 @@ def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.n
         mine = finite & ours
         guaranteed = {i: min(g, free[i] + kept[k, i]) for t, g in q.guarantee.items()
                       if t in types and g > 0 for i in [types.index(t)]}
-        for t, want in owed(job[mine], typ[mine], gpus[mine], guaranteed).items():
+        wants = (owed(job[mine], typ[mine], gpus[mine], guaranteed) if silo is None else
+                 {i: min(g, silo.get(q.name, {}).get(types[i], 0)) for i, g in guaranteed.items()})
+        for t, want in wants.items():
             if want > 0:
                 rows = np.flatnonzero(ours & (typ == t))
                 add(rows, -gpus[rows], -float(want), big, f"guarantee {q.name}/{types[t]}")

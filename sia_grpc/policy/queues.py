@@ -28,8 +28,9 @@ Pure data and validation: the controller and the simulator read it from a TOML f
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -40,7 +41,7 @@ from sia_grpc.policy.errors import FieldError
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = "default"
 
-__all__ = ["DEFAULT_PRIORITY", "DEFAULT_QUEUE", "PriorityClass", "Queue", "QueueSet"]
+__all__ = ["DEFAULT_PRIORITY", "DEFAULT_QUEUE", "PriorityClass", "Queue", "QueueSet", "partitioned"]
 
 
 def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -249,3 +250,11 @@ def _strings(value: Any) -> Iterable[str]:
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise FieldError("tenants", f"expected a list of tenant names, got {value!r}")
     return [str(v) for v in value]
+
+
+def partitioned(queues: QueueSet, gpu_types: Sequence[str]) -> QueueSet:
+    """`queues` as private partitions: each may hold its guarantee of each type and
+    no more (the guarantees become caps; type-flexible units are not a partition)."""
+    return dataclasses.replace(queues, queues=tuple(
+        dataclasses.replace(q, guarantee={}, guarantee_units=0.0, borrow_limit={
+            t: q.guarantee.get(t, 0) for t in gpu_types}) for q in queues.queues))

@@ -21,7 +21,7 @@ from sia_grpc.policy.queue_rows import (
     queue_rows,
     queue_usage,
 )
-from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues import QueueSet, partitioned
 from sia_grpc.policy.solvers import solve, solve_reference
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
@@ -134,15 +134,18 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     worth = none.copy()  # (before holds: what sizes the queues' penalties)
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
-    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
-                                                  hold=hold)
-    problem, rows, start = assemble(table, vals, none, current, side)
-    timings["build"] = time.perf_counter() - t0
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
+    silo = None
+    if queues is not None and any(q.guarantee for q in queues.queues):
+        silo = silo_use(table, jobs, vals, none, worth, current, queues, hold, timings, kw)
+    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
+                                                  hold=hold, silo=silo)
+    problem, rows, start = assemble(table, vals, none, current, side)
+    timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
     chosen, objective, stats = choose(problem, rows, start, timings, **kw)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
-            _stage2_rows, table, jobs, worth, current, queues, chosen, hold)
+            _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
         chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
                                 hold=hold, **kw)
     by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
@@ -157,7 +160,24 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                                rows=_row_report(side, table, chosen))
 
 
-def _stage2_rows(table, jobs, worth, current, queues, first, hold, vals) -> SideRows:
+def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
+             worth: np.ndarray, current: np.ndarray, queues: QueueSet, hold: np.ndarray,
+             timings: dict[str, float], kw: dict) -> dict[str, dict[str, int]]:
+    """What each queue's jobs hold per type when every queue's guarantee is a private
+    partition (`sia-partitioned`'s round, same values and holds): what a queue is owed
+    in the shared round, up to its guarantee. One more solve per round; sharing then
+    gives every queue at least its silo and the rest where goodput is highest."""
+    t0 = time.perf_counter()
+    walls = partitioned(queues, table.cluster.gpu_types)
+    side = queue_rows(table, jobs, vals, worth, current, walls, hold=hold)
+    problem, rows, start = assemble(table, vals, none, current, side)
+    timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
+    chosen, _, _ = choose(problem, rows, start, timings, **kw)
+    by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
+    return queue_usage(table, jobs, by_job, queues)
+
+
+def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -> SideRows:
     """The queues' rows for the growth stage: restarts stage 1 spent count."""
     job = table.job
     stay = np.isfinite(vals) & (current[job] >= 0) & (table.config == current[job])
@@ -167,7 +187,7 @@ def _stage2_rows(table, jobs, worth, current, queues, first, hold, vals) -> Side
     kept[job[stay]] = True
     used = int(np.sum(could & ~kept & (current >= 0)))
     return queue_rows(table, jobs, vals, worth, current, queues, restarts_used=used,
-                      hold=hold)
+                      hold=hold, silo=silo)
 
 
 def _row_report(side: SideRows | None, table: CandidateTable,
