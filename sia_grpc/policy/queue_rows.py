@@ -2,12 +2,10 @@
 objective, holds for the minimum runtime, and side rows over the candidate table.
 
 For queue q and GPU type t, let u_qt = Σ GPUs of the chosen configurations of q's
-jobs on t. What q's jobs "could use" of its guaranteed types counts each job once,
-on one type (a job runs on one type at a time): W_qt (`owed`) covers the
-guarantees with the jobs' largest options this round (Sia's at-most-2× growth per
-round and holds included), the jobs with the fewest usable guaranteed types first,
-each to the type with the most guarantee left uncovered. With one guaranteed type,
-W_qt = min(guarantee_qt, Σ_j largest option of j on t).
+jobs on t, and W_qt what q is owed: given `silo` (the round's usual case,
+`rounds.silo_use`), what q's jobs hold of t when q's guarantee is a private partition
+(Sia on them alone), up to the guarantee; without it (`owed`), what its jobs could
+hold together with their largest options, each job counted once, on one type.
 
     guarantee      u_qt ≥ W_qt                                          soft, penalty M
     units          Σ_t w_t·u_qt ≥ min(guarantee_units_q, D^u_q)        soft, penalty M

@@ -17,7 +17,8 @@ class's weight, so a higher class is served first and may preempt a lower one.
 what it is owed).
 
 How it enters Sia's ILP (docs/architecture.md, "Queues"): guarantee rows
-Σ_{jobs of q, type t} GPUs ≥ what q's jobs could hold together, up to the guarantee, and
+Σ_{jobs of q, type t} GPUs ≥ what q's jobs would hold in a private partition of the
+guarantee (its silo), and
 the same over units; borrowing rows Σ ≤ guarantee + limit; a restart-budget row; all
 soft but for the budget, with a penalty per GPU short that outweighs anything else the
 objective can gain, so a guarantee yields only where nothing can meet it.
