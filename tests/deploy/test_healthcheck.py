@@ -35,8 +35,11 @@ async def run_probe(args: list[str]) -> tuple[int, str]:
 
 def k8s_settings(tmp_path: Path) -> dict:
     settings = tomllib.loads((BASE / "controller.toml").read_text())["controller"]
+    # Ephemeral ports for everything the pod binds (the file's 9464 for /metrics too:
+    # two of these tests run at once under pytest-xdist).
     settings.update(listen="127.0.0.1:0", db_path=str(tmp_path / "sia.db"),
-                    checkpoint_root=str(tmp_path / "ckpt"), inline_solver=True)
+                    checkpoint_root=str(tmp_path / "ckpt"), inline_solver=True,
+                    metrics_listen="127.0.0.1:0" if settings.get("metrics_listen") else "")
     return settings
 
 
