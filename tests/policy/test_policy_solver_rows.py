@@ -5,12 +5,11 @@ queues, plus properties against brute force."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_policy_solvers import brute_force, close
 
 from sia_grpc.bench.solver_rows import (
     QueueShape,
@@ -41,24 +40,6 @@ def make(jobs: list[list[tuple[int, int, float]]], capacity: list[int],
     rows = [(np.asarray(c, dtype=np.int64), np.asarray(a, dtype=float), b, pen)
             for c, a, b, pen in rows]
     return add_rows(p, rows) if rows else p
-
-
-def brute_force(p: ChoiceProblem) -> float | None:
-    """The optimum by enumeration (-inf: nothing keeps the hard rows), or None
-    when there are too many choices."""
-    per_job = [[-1, *np.flatnonzero(p.col_job == j).tolist()] for j in range(p.num_jobs)]
-    if np.prod([len(o) for o in per_job], dtype=float) > 5e3:
-        return None
-    best = -np.inf
-    for combo in itertools.product(*per_job):
-        choice = np.asarray(combo, dtype=np.int64)
-        if p.is_feasible(choice):
-            best = max(best, p.objective(choice))
-    return best
-
-
-def close(a: float, b: float, rel: float) -> bool:
-    return abs(a - b) <= rel * max(1.0, abs(b)) + 1e-9
 
 
 def check(p: ChoiceProblem, sol, rel_gap: float = 1e-4) -> None:
@@ -304,7 +285,7 @@ def problems_with_rows(draw):
 @given(problems_with_rows())
 def test_property_feasible_optimal_excess_right(case) -> None:
     p, start = case
-    exact = brute_force(p)
+    exact = brute_force(p, limit=5e3)
     if exact == -np.inf:  # no choice keeps the hard rows
         with pytest.raises(FieldError):
             solve(p, start=start)

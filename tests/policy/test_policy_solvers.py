@@ -40,10 +40,11 @@ def make(jobs: list[list[tuple[int, int, float]]], capacity: list[int],
         col_value=arr[:, 3], none_value=nv, capacity=np.asarray(capacity, dtype=np.int64))
 
 
-def brute_force(p: ChoiceProblem) -> float | None:
-    """The optimum by enumeration, or None when there are too many choices."""
+def brute_force(p: ChoiceProblem, limit: float = 2e4) -> float | None:
+    """The optimum by enumeration (-inf: nothing keeps the hard side rows), or None
+    when there are more than `limit` choices."""
     per_job = [[-1, *np.flatnonzero(p.col_job == j).tolist()] for j in range(p.num_jobs)]
-    if np.prod([len(o) for o in per_job], dtype=float) > 2e4:
+    if np.prod([len(o) for o in per_job], dtype=float) > limit:
         return None
     best = -np.inf
     for combo in itertools.product(*per_job):
