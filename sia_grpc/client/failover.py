@@ -7,10 +7,24 @@ without a pause. Any other UNAVAILABLE (the controller is down, or unreachable)
 moves it to the next address, after the usual backoff. With several addresses a
 call retries until its deadline (the client's `timeout`, or the wait's), since a
 failover takes a lease's TTL; with one, as many times as `read_retries` says.
+
+One host name with several DNS records (A and AAAA: a headless Service, a
+round-robin name) counts as several addresses, one per record, resolved before the
+first call and again once every address known has failed (a replaced pod has a new
+IP). A name with one record, an IP literal and gRPC's own schemes (`unix:`, ...)
+are dialled as given. With TLS, a channel to a record's IP, or to the IP a standby
+names as the leader, verifies the certificate against the host name the user gave
+(the channel's `grpc.default_authority`), since the certificate names the DNS name
+or Service, not the pods' IPs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ipaddress
+import re
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,19 +39,94 @@ NOT_LEADER = "NOT_LEADER"  # (controller/leadership.py's; not imported: the SDK 
 _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+# gRPC's own address schemes, dialled as given (no DNS).
+_AS_IS = ("unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:")
+
+Resolve = Callable[[str, int], list[tuple[str, int]]]
+"""(host, port) -> the (IP, port) pairs to dial; raises OSError when it cannot."""
+
+
 def split_targets(target: str) -> list[str]:
     """"a:1,b:2" -> ["a:1", "b:2"] (one address: itself)."""
     return [t.strip() for t in target.split(",") if t.strip()] or [target]
 
 
+def resolve(host: str, port: int) -> list[tuple[str, int]]:
+    """`host`'s A and AAAA records (getaddrinfo, in its order, each once). Blocking."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys((info[4][0], info[4][1]) for info in found))
+
+
+def normalize(target: str, field: str = "target") -> str:
+    """One address as this module dials it: `dns:///HOST:PORT` (gRPC's form) as
+    HOST:PORT; gRPC's `unix:`, `ipv4:`, ... as given. ValueError naming `field`
+    for what this module cannot resolve itself (a DNS server of its own, xds:, http://)."""
+    if target.startswith(_AS_IS):
+        return target
+    if target.startswith("dns:"):
+        rest = target.removeprefix("dns:")
+        if rest.startswith("//"):  # dns://[DNS SERVER]/HOST:PORT
+            server, _, rest = rest[2:].partition("/")
+            if server or not rest:
+                raise ValueError(f"{field}: {target!r}: a DNS server of its own (dns://SERVER/) "
+                                 f"is not supported; give dns:///HOST:PORT or HOST:PORT")
+        return rest
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", target):
+        raise ValueError(f"{field}: {target!r}: unsupported scheme; give HOST:PORT, "
+                         f"dns:///HOST:PORT or unix:PATH (several: comma-separated)")
+    return target
+
+
+def host_name(address: str) -> tuple[str, int] | None:
+    """(host, port) of a HOST:PORT whose host is a name DNS may expand; None for an
+    IP literal, a scheme, or no port."""
+    host, sep, port = address.rpartition(":")
+    if address.startswith(_AS_IS) or not (sep and host and port.isdigit()):
+        return None
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    return host, int(port)
+
+
+def expand(targets: list[str], resolve: Resolve = resolve) -> dict[str, str | None]:
+    """The addresses to dial for `targets`, each -> the host name to verify its TLS
+    certificate against (None: its own host). A name with several records gives one
+    IP:PORT per record; anything else (one record, none now, an IP) stays itself:
+    gRPC resolves a name again on each connection. Blocking: in async code call it
+    off the event loop."""
+    found: dict[str, str | None] = {}
+    for target in targets:
+        named, records = host_name(target), []
+        if named is not None:
+            with contextlib.suppress(OSError):  # socket.gaierror: not known now
+                records = resolve(*named)
+        if named is not None and len(records) > 1:
+            found.update((_join(ip, port), named[0]) for ip, port in records)
+        else:
+            found.setdefault(target, None)
+    return found
+
+
+def _join(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 class Targets:
     """The addresses a client knows and the one it uses now, each with its channel,
-    opened on first use by `make(address)` (or the one channel given)."""
+    opened on first use by `make(address, name)` (`name`: the host name to verify
+    the TLS certificate against, or None) or the one channel given. The given
+    targets are resolved (`expand`) before the first call, and again after every
+    address known has failed: `refresh()` (blocking) or `refresh_async()`."""
 
-    def __init__(self, target: str, make: Callable[[str], Any] | None,
-                 channel: Any = None) -> None:
-        self.addresses = split_targets(target)
+    def __init__(self, target: str, make: Callable[[str, str | None], Any] | None,
+                 channel: Any = None, *, resolve: Resolve = resolve) -> None:
+        self.given = [normalize(t) for t in split_targets(target)]
+        self._resolve = resolve
+        self.names: dict[str, str | None] = dict.fromkeys(self.given)
+        self.addresses = list(self.names)
         self.current = self.addresses[0]
+        self.stale = channel is None  # a channel given is used as it is
         self._make = make
         self._channels: dict[str, Any] = {}
         if channel is not None:
@@ -47,10 +136,29 @@ class Targets:
     def several(self) -> bool:
         return len(self.addresses) > 1
 
+    def refresh(self) -> None:
+        """Resolve the given targets if due (blocking: the sync client)."""
+        if self.stale:
+            self._update(expand(self.given, self._resolve))
+
+    async def refresh_async(self) -> None:
+        """As `refresh`, off the event loop (getaddrinfo blocks; this is what
+        loop.getaddrinfo does too: the default executor)."""
+        if self.stale:
+            self._update(await asyncio.to_thread(expand, self.given, self._resolve))
+
+    def _update(self, found: dict[str, str | None]) -> None:
+        # Addresses a standby named are dropped: they failed too; the next standby
+        # names the leader again. Channels to old addresses stay open until close().
+        self.names, self.addresses, self.stale = found, list(found), False
+        if self.current not in found:
+            self.current = self.addresses[0]
+
     def channel(self) -> Any:
         found = self._channels.get(self.current)
         if found is None:
-            found = self._channels[self.current] = self._make(self.current)
+            found = self._channels[self.current] = self._make(
+                self.current, self.names.get(self.current))
         return found
 
     def channels(self) -> list[Any]:
@@ -59,19 +167,21 @@ class Targets:
     def moved(self, err: grpc.RpcError) -> bool:
         """After a failed call: to the leader a standby named (True: retry now), or,
         on another UNAVAILABLE or a try that timed out (a hung controller), to the
-        next address (False: after the backoff)."""
+        next address (False: after the backoff; all of them failed: `stale`)."""
         if _code(err) not in _MOVE_ON:
             return False
         info = ApiError.from_rpc_error(err)
         leader = info.metadata.get("leader", "") if info.reason == NOT_LEADER else ""
         if leader and leader != self.current:
-            if leader not in self.addresses:  # e.g. we were given a DNS name
+            if leader not in self.addresses:  # e.g. a pod IP behind the name we were given
                 self.addresses.append(leader)
+                self.names[leader] = leader_name(leader, self.current,
+                                                 self.names.get(self.current))
             self.current = leader
             return True
         if self.several:
-            self.current = self.addresses[(self.addresses.index(self.current) + 1)
-                                          % len(self.addresses)]
+            at = (self.addresses.index(self.current) + 1) % len(self.addresses)
+            self.current, self.stale = self.addresses[at], at == 0
         return False
 
     def not_leader(self, err: grpc.RpcError) -> bool:
@@ -97,6 +207,17 @@ class FailoverStub:
             return getattr(stub, name)(*args, **kw)
         call.__name__ = name
         return call
+
+
+def leader_name(leader: str, standby: str, name: str | None) -> str | None:
+    """The TLS name for the `leader` address that the standby at `standby` (verified
+    against `name`) named: an IP (a pod's, `advertise = $(POD_IP)`) is verified against
+    the name we reached the standby by, the DNS name or Service the certificate names;
+    a host name against itself (None)."""
+    if host_name(leader) is not None:
+        return None
+    via = host_name(standby)
+    return name or (via[0] if via else None)
 
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode:

@@ -54,7 +54,8 @@ from sia_grpc.api import (
     state_name,
 )
 from sia_grpc.api.errors import ApiError
-from sia_grpc.client.failover import Attempts, FailoverStub, Targets
+from sia_grpc.client.failover import Attempts, FailoverStub, Resolve, Targets
+from sia_grpc.client.failover import resolve as dns_resolve
 from sia_grpc.client.spec import spec_from_mapping
 from sia_grpc.security.tls import PemSource, channel_credentials
 
@@ -162,12 +163,17 @@ class Backoff:
 def _channel_setup(target: str, token: str | None, ca: PemSource | None,
                    cert: PemSource | None, key: PemSource | None,
                    secure: Callable[..., Any], insecure: Callable[..., Any],
-                   make: bool) -> tuple[Any, tuple[tuple[str, str], ...]]:
+                   make: bool, name: str | None = None
+                   ) -> tuple[Any, tuple[tuple[str, str], ...]]:
     """(channel or None, per-call metadata) for these credentials.
 
     With `ca`: TLS, the token as call credentials (composite). Without: plaintext,
-    the token as metadata on each call.
+    the token as metadata on each call. `name`: the host name the user gave for this
+    address (an IP it resolved to, or a leader's): the channel's authority, which
+    gRPC verifies the server's certificate against (`grpc.default_authority`; the
+    `ssl_target_name_override` that does the same is documented for tests only).
     """
+    options = [("grpc.default_authority", name)] if name else []
     token = (token or "").strip() or None
     if ca is None and (cert is not None or key is not None):
         raise ValueError("cert/key: a client certificate needs TLS; give ca= as well")
@@ -176,9 +182,9 @@ def _channel_setup(target: str, token: str | None, ca: PemSource | None,
         if token:
             creds = grpc.composite_channel_credentials(
                 creds, grpc.access_token_call_credentials(token))
-        return (secure(target, creds) if make else None), ()
+        return (secure(target, creds, options=options) if make else None), ()
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    return (insecure(target) if make else None), metadata
+    return (insecure(target, options=options) if make else None), metadata
 
 
 def _code(err: grpc.RpcError) -> grpc.StatusCode:
@@ -278,7 +284,7 @@ class SiaClient:
                  sleep: Callable[[float], None] | None = None,
                  rand: Callable[[], float] = random.random, token: str | None = None,
                  ca: PemSource | None = None, cert: PemSource | None = None,
-                 key: PemSource | None = None) -> None:
+                 key: PemSource | None = None, resolve: Resolve = dns_resolve) -> None:
         self.target = target
         self._timeout = timeout
         self._backoff = Backoff(retries=read_retries, rand=rand)
@@ -286,9 +292,9 @@ class SiaClient:
         self._owns_channel = channel is None
         _, self._md = _channel_setup(target, token, ca, cert, key, grpc.secure_channel,
                                      grpc.insecure_channel, False)
-        self._targets = Targets(target, lambda t: _channel_setup(
-            t, token, ca, cert, key, grpc.secure_channel, grpc.insecure_channel, True)[0],
-            channel)
+        self._targets = Targets(target, lambda t, name: _channel_setup(
+            t, token, ca, cert, key, grpc.secure_channel, grpc.insecure_channel, True, name)[0],
+            channel, resolve=resolve)
         self._jobs = FailoverStub(self._targets, JobServiceStub)
         self._cluster = FailoverStub(self._targets, ClusterServiceStub)
         self._closed = False
@@ -317,10 +323,12 @@ class SiaClient:
                idempotent: bool = False) -> Any:
         """A write: sent again only where that is safe (a standby refused it, or, with
         several addresses, `idempotent`)."""
+        self._targets.refresh()  # how many addresses there are, first
         return self._read(method, request, idempotent=idempotent and self._targets.several)
 
     def _read(self, method: Callable[..., Any], request: Any,
               deadline: float | None = None, *, idempotent: bool = True) -> Any:
+        self._targets.refresh()  # how many addresses there are decides the retries
         tries = Attempts(self._targets, self._backoff, self._timeout, deadline,
                          idempotent=idempotent)
         while True:
@@ -334,6 +342,7 @@ class SiaClient:
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             self._sleep(delay)
+            self._targets.refresh()  # when every address has failed: resolve again
 
     def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                request_id: str | None = None) -> JobHandle:
@@ -376,6 +385,7 @@ class SiaClient:
                 deadline: float | None) -> Iterator[pb.JobEvent]:
         cursor = _WatchCursor(job_id, since_revision, self._backoff)
         while True:
+            self._targets.refresh()
             call = self._jobs.WatchJobs(cursor.request(), timeout=_remaining(deadline),
                                         metadata=self._md)
             try:
@@ -482,7 +492,7 @@ class AsyncSiaClient:
                  sleep: Callable[[float], Awaitable[None]] | None = None,
                  rand: Callable[[], float] = random.random, token: str | None = None,
                  ca: PemSource | None = None, cert: PemSource | None = None,
-                 key: PemSource | None = None) -> None:
+                 key: PemSource | None = None, resolve: Resolve = dns_resolve) -> None:
         self.target = target
         self._timeout = timeout
         self._backoff = Backoff(retries=read_retries, rand=rand)
@@ -490,9 +500,9 @@ class AsyncSiaClient:
         self._owns_channel = channel is None
         _, self._md = _channel_setup(target, token, ca, cert, key, grpc.aio.secure_channel,
                                      grpc.aio.insecure_channel, False)
-        self._targets = Targets(target, lambda t: _channel_setup(
+        self._targets = Targets(target, lambda t, name: _channel_setup(
             t, token, ca, cert, key, grpc.aio.secure_channel, grpc.aio.insecure_channel,
-            True)[0], channel)
+            True, name)[0], channel, resolve=resolve)
         self._jobs = FailoverStub(self._targets, JobServiceStub)
         self._cluster = FailoverStub(self._targets, ClusterServiceStub)
         self._closed = False
@@ -513,11 +523,13 @@ class AsyncSiaClient:
     async def _write(self, method: Callable[..., Any], request: Any, *,
                      idempotent: bool = False) -> Any:
         """As SiaClient._write."""
+        await self._targets.refresh_async()
         return await self._read(method, request,
                                 idempotent=idempotent and self._targets.several)
 
     async def _read(self, method: Callable[..., Any], request: Any, *,
                     idempotent: bool = True) -> Any:
+        await self._targets.refresh_async()
         tries = Attempts(self._targets, self._backoff, self._timeout, idempotent=idempotent)
         while True:
             try:
@@ -528,6 +540,7 @@ class AsyncSiaClient:
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             await self._sleep(delay)
+            await self._targets.refresh_async()
 
     async def submit(self, spec: pb.JobSpec | Mapping[str, Any], *, job_id: str = "",
                      request_id: str | None = None) -> AsyncJobHandle:
@@ -561,6 +574,7 @@ class AsyncSiaClient:
                     since_revision: int = 0) -> AsyncIterator[pb.JobEvent]:
         cursor = _WatchCursor(job_id, since_revision, self._backoff)
         while True:
+            await self._targets.refresh_async()
             call = self._jobs.WatchJobs(cursor.request(), metadata=self._md)
             try:
                 async for ev in call:

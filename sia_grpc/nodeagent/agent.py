@@ -34,6 +34,8 @@ import structlog
 
 from sia_grpc import __version__
 from sia_grpc.api import AgentServiceStub, pb
+from sia_grpc.client.failover import Resolve, expand, normalize
+from sia_grpc.client.failover import resolve as dns_resolve
 from sia_grpc.clock import Clock, MonotonicClock
 from sia_grpc.nodeagent.backend import Launch, WorkerBackend
 from sia_grpc.security.tls import probe_tls
@@ -65,7 +67,8 @@ class AgentConfig:
 
     node_id: str
     # "host:port", or several comma-separated (a controller pair: the agent finds the
-    # leader, following a standby's NOT_LEADER answer, else trying the next one)
+    # leader, following a standby's NOT_LEADER answer, else trying the next one); a
+    # host name with several DNS records counts as several (client/failover.py)
     controller: str
     gpu_type: str
     num_gpus: int
@@ -91,7 +94,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not self.node_id:
             raise ValueError("node_id: must not be empty")
-        for address in self.controllers:
+        for address in self.controllers:  # (normalize: ValueError for dns://SERVER/, xds:)
             host, sep, port = address.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"controller: expected HOST:PORT[,HOST:PORT...], got "
@@ -121,16 +124,21 @@ class AgentConfig:
     @property
     def controllers(self) -> tuple[str, ...]:
         """The controller addresses, in the order tried."""
-        return tuple(a.strip() for a in self.controller.split(",") if a.strip()) or ("",)
+        return tuple(normalize(a.strip(), "controller") for a in self.controller.split(",")
+                     if a.strip()) or ("",)
 
-    def channel(self, address: str | None = None) -> grpc.aio.Channel:
+    def channel(self, address: str | None = None, name: str | None = None) -> grpc.aio.Channel:
         """A new channel to the controller at `address` (the first by default): TLS
-        when tls_ca is set, else plaintext."""
+        when tls_ca is set, else plaintext. `name`: the host name the controller's
+        certificate is verified against when `address` is an IP it resolved to (the
+        channel's authority, as in the SDK's `_channel_setup`)."""
         address = address or self.controllers[0]
         ms = max(int(self.keepalive_s * 1000), 1000)  # the controller accepts 1 ping/s
         options = [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
+        if name:
+            options.append(("grpc.default_authority", name))
         if not self.tls_ca:
             return grpc.aio.insecure_channel(address, options=options)
         from sia_grpc.security.tls import channel_credentials
@@ -213,12 +221,13 @@ class NodeAgent:
 
     `backend` defaults to modeled workers (`ModeledBackend`) on `clock`;
     `backoff(attempt) -> seconds` defaults to `full_jitter_backoff` with the
-    config's base and cap.
+    config's base and cap; `resolve(host, port)` to getaddrinfo (tests inject one).
     """
 
     def __init__(self, config: AgentConfig, backend: WorkerBackend | None = None, *,
                  clock: Clock | None = None,
-                 backoff: Callable[[int], float] | None = None) -> None:
+                 backoff: Callable[[int], float] | None = None,
+                 resolve: Resolve = dns_resolve) -> None:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         if backend is None:
@@ -268,7 +277,14 @@ class NodeAgent:
             maxlen=TERMS_KEPT)
         self.rejected: collections.deque[tuple[pb.Directive, str]] = collections.deque(
             maxlen=TERMS_KEPT)
-        self._target = 0  # index into config.controllers: where the next stream goes
+        # The controller addresses, config.controllers resolved (client/failover.py's
+        # `expand`: address -> the name to verify its certificate against), resolved
+        # before the first stream and again once every one has failed.
+        self._resolve = resolve
+        self._names: dict[str, str | None] = dict.fromkeys(config.controllers)
+        self._addresses = list(self._names)
+        self._stale = True
+        self._target = 0  # index into _addresses: where the next stream goes
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -396,8 +412,19 @@ class NodeAgent:
             await self.clock.sleep(delay)
 
     def _next_target(self) -> None:
-        """The next stream goes to the next controller address (one: the same)."""
-        self._target = (self._target + 1) % len(self.config.controllers)
+        """The next stream goes to the next controller address (one: the same);
+        after the last, the addresses are resolved again (a replaced pod's new IP)."""
+        self._target = (self._target + 1) % len(self._addresses)
+        self._stale = self._target == 0
+
+    async def _refresh(self) -> None:
+        """Resolve the controller addresses if due, off the event loop."""
+        if not self._stale:
+            return
+        now = self._addresses[self._target]
+        found = await asyncio.to_thread(expand, list(self.config.controllers), self._resolve)
+        self._names, self._addresses, self._stale = found, list(found), False
+        self._target = self._addresses.index(now) if now in found else 0
 
     def _follow_leader(self, exc: grpc.aio.AioRpcError) -> bool:
         """A standby's NOT_LEADER naming one of our addresses: go there next, now.
@@ -408,7 +435,7 @@ class NodeAgent:
         err = ApiError.from_rpc_error(exc)
         if err.reason != "NOT_LEADER":
             return False
-        leader, addresses = err.metadata.get("leader", ""), self.config.controllers
+        leader, addresses = err.metadata.get("leader", ""), self._addresses
         if leader not in addresses or addresses.index(leader) == self._target:
             return False
         self._log.info("controller is a standby: to the leader", standby=addresses[self._target],
@@ -468,9 +495,9 @@ class NodeAgent:
     async def _tls_hint(self) -> str | None:
         """What a handshake of our own finds wrong with TLS to the controller, said
         with the agent's flags; None if nothing (e.g. the controller is down)."""
-        cfg = self.config
-        problem = await asyncio.to_thread(probe_tls, cfg.controllers[self._target], cfg.tls_ca,
-                                          cfg.tls_cert, cfg.tls_key)
+        cfg, address = self.config, self._addresses[self._target]
+        problem = await asyncio.to_thread(probe_tls, address, cfg.tls_ca, cfg.tls_cert,
+                                          cfg.tls_key, name=self._names.get(address))
         if problem is None:
             return None
         return problem.hint(ca=cfg.tls_ca, cert=cfg.tls_cert, ca_flag="--tls-ca FILE",
@@ -481,7 +508,9 @@ class NodeAgent:
         """One stream, from Register until it fails or ends."""
         # A fresh channel each time, so gRPC's own reconnect backoff never stacks
         # on top of ours.
-        async with self.config.channel(self.config.controllers[self._target]) as channel:
+        await self._refresh()
+        address = self._addresses[self._target]
+        async with self.config.channel(address, self._names.get(address)) as channel:
             call = AgentServiceStub(channel).Connect()
             tasks: list[asyncio.Task[Any]] = []
             try:

@@ -237,10 +237,12 @@ def _expiry(cert: str | None) -> str:
 
 
 def probe_tls(target: str, ca: str | Path | None = None, cert: str | Path | None = None,
-              key: str | Path | None = None, *, timeout: float = 3.0) -> TlsProblem | None:
+              key: str | Path | None = None, *, timeout: float = 3.0,
+              name: str | None = None) -> TlsProblem | None:
     """Handshake with the server at `target` (HOST:PORT) as a client with these files
     would (`ca` None: plaintext), and say what fails; None when nothing TLS is wrong
-    (including a server that cannot be reached at all).
+    (including a server that cannot be reached at all). `name`: the host name to
+    verify the certificate against, when `target` is an IP it resolved to.
 
     gRPC reports most of these as a bare UNAVAILABLE ("Socket closed"); a handshake
     of our own can tell them apart. Blocking (up to two connections, each up to
@@ -263,7 +265,7 @@ def probe_tls(target: str, ca: str | Path | None = None, cert: str | Path | None
     except (OSError, ValueError):  # unusable files: reported where they are read
         return None
     try:
-        answer = _handshake(host, port, ctx, timeout)
+        answer = _handshake(host, port, ctx, timeout, name)
     except _Unreachable:
         return None
     except ssl.SSLCertVerificationError as err:
@@ -294,7 +296,8 @@ def _context(ca: str | Path | None, cert: str | Path | None = None,
     return ctx
 
 
-def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float) -> bytes:
+def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float,
+               name: str | None = None) -> bytes:
     """The server's first bytes after a TLS handshake and our HTTP/2 preface: b"" when
     it hung up, as a server refusing the client certificate does under TLS 1.3.
     Raises _Unreachable (no TCP connection) or the handshake's own error."""
@@ -302,7 +305,7 @@ def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float) -> byt
         raw = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as err:
         raise _Unreachable(str(err)) from None
-    with raw, ctx.wrap_socket(raw, server_hostname=host) as tls:
+    with raw, ctx.wrap_socket(raw, server_hostname=name or host) as tls:
         try:
             tls.sendall(_H2_PREFACE)
             return tls.recv(64)
