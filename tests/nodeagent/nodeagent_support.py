@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from sia_grpc.api import AgentServiceServicer, pb
+from sia_grpc.client.failover import resolve as dns_resolve
 from sia_grpc.emulation import AppTruth
 from sia_grpc.nodeagent import AgentConfig, ManualClock, NodeAgent
 from sia_grpc.testing.ports import free_port
@@ -143,9 +144,10 @@ async def until(predicate: Callable[[], bool]) -> None:
 @contextlib.asynccontextmanager
 async def started_agent(port: int, clock: ManualClock, *, backend: Any = None,
                         backoff: Callable[[int], float] = lambda attempt: 0.0,
-                        **config: Any) -> AsyncIterator[NodeAgent]:
+                        resolve: Any = dns_resolve, **config: Any) -> AsyncIterator[NodeAgent]:
     """A started agent on the manual clock; closed, and checked for leaked tasks, after."""
-    agent = NodeAgent(make_config(port, **config), backend, clock=clock, backoff=backoff)
+    agent = NodeAgent(make_config(port, **config), backend, clock=clock, backoff=backoff,
+                      resolve=resolve)
     await agent.start()
     try:
         yield agent

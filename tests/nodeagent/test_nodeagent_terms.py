@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import grpc
 import pytest
@@ -14,14 +15,16 @@ from nodeagent_support import ScriptedController, run, started_agent, until
 from sia_grpc.api import add_AgentServiceServicer_to_server, pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.nodeagent import AgentStatus
+from sia_grpc.testing.tls import self_signed
 
 
 @contextlib.asynccontextmanager
-async def scripted():
+async def scripted(creds: grpc.ServerCredentials | None = None):
     servicer = ScriptedController()
     server = grpc.aio.server()
     add_AgentServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = (server.add_insecure_port("127.0.0.1:0") if creds is None
+            else server.add_secure_port("127.0.0.1:0", creds))
     await server.start()
     try:
         yield servicer, port
@@ -83,3 +86,64 @@ async def test_a_standby_sends_the_agent_to_the_leader(clock, named):
             # Named: straight there; else the next address, after the backoff.
             assert backoffs == ([] if named else [0])
     await asyncio.sleep(0)
+
+
+async def test_an_agent_given_one_name_with_several_records_finds_the_leader(clock):
+    # ctl.test's records: a standby, then the leader; the standby names the leader by
+    # the IP:PORT that is one of the records, so the agent goes straight there.
+    async with scripted() as (standby, s_port), scripted() as (leader, l_port):
+        where = f"127.0.0.1:{l_port}"
+        standby.refuse, standby.refuse_with = 1, ApiError(
+            grpc.StatusCode.UNAVAILABLE, "standby", reason="NOT_LEADER",
+            metadata={"leader": where}).to_status()
+        table = {"ctl.test": [("127.0.0.1", s_port), ("127.0.0.1", l_port)]}
+        backoffs: list[int] = []
+
+        def backoff(attempt: int) -> float:
+            backoffs.append(attempt)
+            return 0.0
+        async with started_agent(s_port, clock, backoff=backoff, controller="ctl.test:50052",
+                                 resolve=lambda host, port: table[host]) as a:
+            await leader.stream()
+            await until(lambda: a.status is AgentStatus.REGISTERED)
+            assert standby.attempts == 1 and backoffs == []
+
+
+async def test_an_agent_resolves_the_name_again_once_every_record_failed(clock):
+    # The controller pods were replaced: the old records refuse, the new one serves.
+    async with scripted() as (old_a, a_port), scripted() as (old_b, b_port), \
+            scripted() as (new, n_port):
+        old_a.refuse = old_b.refuse = 10**6  # for ever
+        table = {"ctl.test": [("127.0.0.1", a_port), ("127.0.0.1", b_port)]}
+        asked: list[str] = []
+
+        def resolve(host: str, port: int) -> list[tuple[str, int]]:
+            asked.append(host)
+            return table[host]
+        async with started_agent(a_port, clock, controller="dns:///ctl.test:50052",
+                                 resolve=resolve) as a:
+            await until(lambda: old_a.attempts and old_b.attempts)
+            table["ctl.test"] = [("127.0.0.1", n_port), ("127.0.0.1", b_port)]
+            await new.stream()
+            await until(lambda: a.status is AgentStatus.REGISTERED)
+            assert len(asked) >= 2 and old_a.attempts >= 1
+
+
+async def test_tls_to_a_record_of_the_name_verifies_the_certificate_against_the_name(
+        clock, tmp_path):
+    # The certificate names localhost only; the agent dials the records' IPs.
+    cert, key = self_signed("localhost")
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    files = {"tls_ca": str(tmp_path / "c.pem"), "tls_cert": str(tmp_path / "c.pem"),
+             "tls_key": str(tmp_path / "k.pem")}  # (a client certificate: not checked here)
+    with socket.socket() as down:  # bound, not listening: refused
+        down.bind(("127.0.0.1", 0))
+        refused = down.getsockname()[1]
+    async with scripted(grpc.ssl_server_credentials([(key, cert)])) as (ctl, port):
+        table = {"localhost": [("127.0.0.1", refused), ("127.0.0.1", port)]}
+        async with started_agent(port, clock, controller=f"localhost:{port}",
+                                 resolve=lambda host, p: table[host], **files) as a:
+            await ctl.stream()
+            await until(lambda: a.status is AgentStatus.REGISTERED)
+            assert a.fatal is None
