@@ -543,8 +543,9 @@ def add_commands(subparsers: Any) -> None:
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
         p = argparsing.command(subparsers, name, summary, func, usage=(SpecError,))
         p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
-                       help=f"the controller's address, or a pair's comma-separated (the "
-                            f"leader is found; default {DEFAULT_TARGET}; env SIA_CONTROLLER)")
+                       help=f"the controller's address, or a pair's comma-separated, or one "
+                            f"DNS name with several records (the leader is found; default "
+                            f"{DEFAULT_TARGET}; env SIA_CONTROLLER)")
         p.add_argument("--token-file", metavar="FILE",
                        help="file holding the bearer token (default: env SIA_TOKEN, the "
                             "token itself)")

@@ -72,8 +72,8 @@ def normalize(target: str, field: str = "target") -> str:
                                  f"is not supported; give dns:///HOST:PORT or HOST:PORT")
         return rest
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", target):
-        raise ValueError(f"{field}: {target!r}: unsupported scheme; give HOST:PORT, "
-                         f"dns:///HOST:PORT or unix:PATH (several: comma-separated)")
+        raise ValueError(f"{field}: {target!r}: unsupported scheme; give HOST:PORT or "
+                         f"dns:///HOST:PORT (several: comma-separated)")
     return target
 
 

@@ -23,7 +23,10 @@ UNAVAILABLE with full-jitter exponential backoff; CreateJob is not retried here
 A controller pair: `SiaClient("a:50051,b:50051")` talks to the leader, following a
 standby's NOT_LEADER answer straight to it and moving to the other address when one
 is down; every call then retries within its deadline (`timeout`), CreateJob (its
-request_id: never a second job) and Cancel included (`failover.py`).
+request_id: never a second job) and Cancel included (`failover.py`). One DNS name
+with several records is several addresses (resolved at the first call and after all
+failed; `resolve=` replaces getaddrinfo in tests); with TLS, a record's or a
+redirected IP is verified against the name given.
 
 The two clients differ only in call shapes (`await`, `async for`); request
 building, the retry schedule, watch resumption and the terminal-state check are

@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sia-nodeagent",
                                 description="sia node agent: one node, one GPU type")
     p.add_argument("--controller", required=True, metavar="HOST:PORT[,HOST:PORT]",
-                   help="the controller; a pair's addresses comma-separated (the agent "
-                        "finds the leader and follows it over a failover)")
+                   help="the controller; a pair's addresses comma-separated, or one DNS "
+                        "name with several records (the agent finds the leader and "
+                        "follows it over a failover)")
     p.add_argument("--node-id", default=socket.gethostname(),
                    help="this node's name (default: the host name)")
     p.add_argument("--backend", choices=("modeled", "torch"), default="modeled",
