@@ -28,7 +28,7 @@ from sia_grpc.api.convert import queues_from_pb, queues_to_pb
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.params import PolicySpec
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult
+from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult, WarmStart
 
 
 @functools.lru_cache(maxsize=4)
@@ -39,13 +39,14 @@ def built(spec: PolicySpec) -> Policy:
 
 def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
                 previous: Mapping[str, JobAllocation],
-                queues: bytes | None = None) -> RoundResult:
+                queues: bytes | None = None, warm: WarmStart | None = None) -> RoundResult:
     """One round of the policy (runs in the worker process). The queues come as a
     serialized QueueConfig: a QueueSet's read-only mappings do not pickle, and neither
     does a generated message (its module is not importable under its proto name)."""
     return built(spec).optimize(
         cluster, list(jobs), dict(previous),
-        queues=None if queues is None else queues_from_pb(pb.QueueConfig.FromString(queues)))
+        queues=None if queues is None else queues_from_pb(pb.QueueConfig.FromString(queues)),
+        **({} if warm is None else {"warm": warm}))  # (a policy without one need not take it)
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -77,6 +78,8 @@ class SolverPool:
         self.spec = spec
         self._inline = inline
         self._pool: concurrent.futures.Executor | None = None
+        # The last round's warm start for the next (it only makes a round faster).
+        self._warm: WarmStart | None = None
 
     def _executor(self) -> concurrent.futures.Executor:
         if self._pool is None:
@@ -103,9 +106,12 @@ class SolverPool:
                     queues: QueueSet | None = None) -> RoundResult:
         """The round's result; raises TimeoutError (pool replaced) or the solve's error."""
         fut = self._submit(solve_round, self.spec, cluster, jobs, previous,
-                           None if queues is None else queues_to_pb(queues).SerializeToString())
+                           None if queues is None else queues_to_pb(queues).SerializeToString(),
+                           self._warm)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            result = await asyncio.wait_for(fut, timeout)
+            self._warm = result.warm
+            return result
         except TimeoutError:
             self._kill()
             raise

@@ -58,6 +58,7 @@ from sia_grpc.policy.types import (
     PolicyJob,
     RoundFromConfig,
     RoundResult,
+    WarmStart,
     positive,
 )
 
@@ -77,10 +78,11 @@ class PartitionedSiaPolicy(SiaPolicy):
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
-                 queues: QueueSet | None = None) -> RoundResult:
+                 queues: QueueSet | None = None,
+                 warm: WarmStart | None = None) -> RoundResult:
         if queues is not None:
             queues = partitioned(queues, cluster.gpu_types)
-        return super().optimize(cluster, jobs, previous, queues=queues)
+        return super().optimize(cluster, jobs, previous, queues=queues, warm=warm)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ class GavelPolicy(RoundFromConfig):
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
-                 queues: QueueSet | None = None) -> RoundResult:
+                 queues: QueueSet | None = None,
+                 warm: WarmStart | None = None) -> RoundResult:
         """(Queues are not this baseline's: it schedules one flat pool.)"""
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -252,7 +255,8 @@ class FifoPolicy(RoundFromConfig):
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
-                 queues: QueueSet | None = None) -> RoundResult:
+                 queues: QueueSet | None = None,
+                 warm: WarmStart | None = None) -> RoundResult:
         """(Queues are not this baseline's: it schedules one flat pool.)"""
         timings: dict[str, float] = {}
         t0 = time.perf_counter()

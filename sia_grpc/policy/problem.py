@@ -176,6 +176,9 @@ class ChoiceSolution:
     stats: dict[str, float] = field(default_factory=dict)
     row_excess: np.ndarray = field(  # float64[n_rows]: soft rows' excess (>= 0), 0 for hard
         default_factory=lambda: np.zeros(0))
+    # float64[n_types]: the capacity prices λ behind `bound` (zeros where no price
+    # was needed), a warm start for a like problem (`solve(..., prices=)`).
+    prices: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def gap(self) -> float:

@@ -96,7 +96,7 @@ def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.n
     finite = np.isfinite(values)
     gpus = table.gpus().astype(float)
     typ = table.types()
-    qix = np.array([_queue_index(queues, j.queue) for j in jobs], dtype=np.int64)
+    qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
     row_q = qix[job]
     worth = float(np.max(np.abs(values[finite]))) if np.any(finite) else 0.0
     worth += float(np.max(np.abs(none_value))) if len(none_value) else 0.0
@@ -208,8 +208,3 @@ def _most_per_job(job: np.ndarray, amount: np.ndarray) -> float:
         return 0.0
     starts = np.flatnonzero(np.concatenate([[True], job[1:] != job[:-1]]))
     return float(np.maximum.reduceat(amount, starts).sum())
-
-
-def _queue_index(queues: QueueSet, name: str) -> int:
-    q = queues.queue(name)
-    return next(k for k, x in enumerate(queues.queues) if x is q)

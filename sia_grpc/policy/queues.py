@@ -136,24 +136,31 @@ class QueueSet:
         m = self.max_restarts_per_round
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 0):
             raise FieldError("max_restarts_per_round", f"must be a whole number >= 0, got {m!r}")
+        # (Lookups by name run per job and round: dicts, not scans.)
+        object.__setattr__(self, "_index", {q.name: k for k, q in enumerate(qs)})
+        object.__setattr__(self, "_classes", {c.name: c for c in classes})
 
     # ------------------------------------------------------------ lookups
 
+    def index(self, name: str) -> int:
+        """The position in `queues` of the queue `name` ("": `DEFAULT_QUEUE`); FieldError
+        else."""
+        k = self._index.get(name or DEFAULT_QUEUE)
+        if k is None:
+            raise FieldError("queue", f"unknown queue {name or DEFAULT_QUEUE!r}; the cluster "
+                                      f"has {', '.join(q.name for q in self.queues)}")
+        return k
+
     def queue(self, name: str) -> Queue:
         """The queue `name` (a job naming none is in `DEFAULT_QUEUE`); FieldError else."""
-        name = name or DEFAULT_QUEUE
-        for q in self.queues:
-            if q.name == name:
-                return q
-        raise FieldError("queue", f"unknown queue {name!r}; the cluster has "
-                                  f"{', '.join(q.name for q in self.queues)}")
+        return self.queues[self.index(name)]
 
     def priority(self, name: str) -> PriorityClass:
         """The priority class `name` ("": the default); FieldError else."""
+        found = self._classes.get(name or self.default_priority)
+        if found is not None:
+            return found
         name = name or self.default_priority
-        for c in self.priority_classes:
-            if c.name == name:
-                return c
         raise FieldError("priority", f"unknown priority class {name!r}; the classes are "
                                      f"{', '.join(c.name for c in self.priority_classes)}")
 

@@ -23,7 +23,7 @@ from sia_grpc.policy.queue_rows import (
 )
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.solvers import solve, solve_reference
-from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
+from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult, SiloHint, WarmStart
 
 REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
 SOLVERS = ("highs", *REFERENCE_SOLVERS)
@@ -126,13 +126,15 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
               values: Callable[[np.ndarray], np.ndarray], none_value: float,
               timings: dict[str, float], *, time_limit: float, rel_gap: float,
               solver: str, hold: np.ndarray | None = None,
-              grow: Grow | None = None, queues: QueueSet | None = None) -> RoundResult:
+              grow: Grow | None = None, queues: QueueSet | None = None,
+              warm: WarmStart | None = None) -> RoundResult:
     """The rest of a round for an ILP policy: `values(current)` gives every
     candidate's value from each job's current configuration index (-1: none).
     Jobs where `hold` is true keep their current configuration (`hold_current`).
     With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`).
     With `queues`, priority weights, minimum-runtime holds and the queues' rows
-    (`queue_rows`) join the program."""
+    (`queue_rows`) join the program; `warm` (the previous round's
+    `RoundResult.warm`) starts the queues' silo solves."""
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
     vals = values(current)
@@ -146,14 +148,16 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
-    silo = None
+    silo, hints, silo_counts = None, {}, {}
     if queues is not None and any(q.guarantee for q in queues.queues):
-        silo = silo_use(table, jobs, vals, none, current, queues, timings, kw)
+        silo, hints, silo_counts = silo_use(table, jobs, vals, none, queues, timings, kw,
+                               {} if warm is None else warm.silos)
     side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
                                                   hold=hold, silo=silo)
     problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    chosen, objective, stats = choose(problem, rows, start, timings, **kw)
+    chosen, objective, stats, _ = choose(problem, rows, start, timings, **kw)
+    stats.update(silo_counts)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
             _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
@@ -168,35 +172,56 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     if queues is None:
         return result
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
-                               rows=_row_report(side, table, chosen))
+                               rows=_row_report(side, table, chosen),
+                               warm=WarmStart(silos=hints))
 
 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
-             current: np.ndarray, queues: QueueSet, timings: dict[str, float],
-             kw: dict) -> dict[str, dict[str, int]]:
+             queues: QueueSet, timings: dict[str, float], kw: dict,
+             hints: Mapping[str, SiloHint]) -> tuple[dict[str, dict[str, int]],
+                                                     dict[str, SiloHint], dict[str, float]]:
     """What each queue's jobs hold per type with the queue's guarantee as a private
     partition (Sia on its jobs alone, its guarantee of each type the capacity; same
     values and holds): what a queue is owed in the shared round, up to its
     guarantee. One small solve per queue with a guarantee, each without side rows
     (one solve with a capacity row per queue and type was ~10x slower); sharing then
-    gives every queue at least its silo and the rest where goodput is highest."""
+    gives every queue at least its silo and the rest where goodput is highest.
+
+    Each solve starts from the queue's `hints` (the last round's silo: its prices,
+    which often prove the answer without an LP, and its choice as the start), and
+    leaves its own for the next round. Returns what each queue's jobs hold per type,
+    the hints for the next round and counts (`silo_solves`, `silo_hinted`: solves
+    that their prices proved without an LP) for the round's solver stats."""
     types = table.cluster.gpu_types
     name = np.array([queues.queue(j.queue).name for j in jobs], dtype=object)
+    ids = [j.job_id for j in jobs]
     out = {q.name: dict.fromkeys(types, 0) for q in queues.queues}
+    left: dict[str, SiloHint] = {}
+    counts = {"silo_solves": 0.0, "silo_hinted": 0.0}
     gpus, typ = table.gpus(), table.types()
     for q in queues.queues:
         mine = name == q.name
         if not q.guarantee or not mine.any():
             continue
         t0 = time.perf_counter()
+        hint = hints.get(q.name)
+        before = np.full(table.num_jobs, -1, dtype=np.int64)  # the last silo, as a start
+        if hint is not None:
+            before[mine] = [hint.choice.get(ids[i], -1) for i in np.flatnonzero(mine)]
         problem, rows, start = assemble(
-            table, vals, none, current, only=mine,
+            table, vals, none, before, only=mine,
             capacity=np.array([q.guarantee.get(t, 0) for t in types]))
         timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-        chosen, _, _ = choose(problem, rows, start, timings, **kw)
+        chosen, _, stats, prices = choose(problem, rows, start, timings, prices=(
+            None if hint is None else np.array(hint.prices)), **kw)
+        counts["silo_solves"] += 1
+        counts["silo_hinted"] += stats.get("hinted", 0.0)
         for r in chosen[chosen >= 0]:
             out[q.name][types[typ[r]]] += int(gpus[r])
-    return out
+        on = np.flatnonzero(chosen >= 0)
+        left[q.name] = SiloHint(prices=tuple(float(x) for x in prices),
+                                choice={ids[i]: int(table.config[chosen[i]]) for i in on})
+    return out, left, counts
 
 
 def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -> SideRows:
@@ -228,16 +253,19 @@ def _row_report(side: SideRows | None, table: CandidateTable,
 
 def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
            timings: dict[str, float], *, time_limit: float, rel_gap: float,
-           solver: str = "highs") -> tuple[np.ndarray, float, dict[str, float]]:
+           solver: str = "highs", prices: np.ndarray | None = None,
+           ) -> tuple[np.ndarray, float, dict[str, float], np.ndarray]:
     """Solve the problem: each job's chosen row of the table (-1: none), the
-    objective and the solver's statistics.
+    objective, the solver's statistics and the capacity prices behind its bound
+    (a warm start for a like problem; `prices` are such a start, `solve`'s).
 
     `solver` is "highs" (the production path) or a reference path, "glpk_mi" or
     "cvxpy-highs" (the same ILP through CVXPY), for comparison and benchmarks.
     """
     t0 = time.perf_counter()
     if solver == "highs":
-        sol = solve(problem, time_limit=time_limit, rel_gap=rel_gap, start=start)
+        sol = solve(problem, time_limit=time_limit, rel_gap=rel_gap, start=start,
+                    prices=prices)
     elif solver in REFERENCE_SOLVERS:
         sol = solve_reference(problem, solver=REFERENCE_SOLVERS[solver], time_limit=time_limit)
     else:
@@ -246,7 +274,7 @@ def choose(problem: ChoiceProblem, rows: np.ndarray, start: np.ndarray,
     chosen = np.full(len(sol.choice), -1, dtype=np.int64)
     picked = sol.choice >= 0
     chosen[picked] = rows[sol.choice[picked]]
-    return chosen, float(sol.objective), {**sol.stats, "gap": sol.gap}
+    return chosen, float(sol.objective), {**sol.stats, "gap": sol.gap}, sol.prices
 
 
 def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarray,
@@ -279,7 +307,7 @@ def grow_into_idle(table: CandidateTable, current: np.ndarray, chosen: np.ndarra
     for i in np.flatnonzero(chosen >= 0):
         start[i] = at.get(int(chosen[i]), -1)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    grown, _, _ = choose(problem, rows, start, timings, **solve_kw)
+    grown, _, _, _ = choose(problem, rows, start, timings, **solve_kw)
     # A job whose stage-1 row was not an option to stage 2 keeps it.
     return np.where(keep[np.maximum(chosen, 0)] & (grown < 0), chosen, grown)
 

@@ -39,6 +39,7 @@ from sia_grpc.policy.types import (
     RoundFromConfig,
     RoundResult,
     SettingError,
+    WarmStart,
     positive,
     setting,
 )
@@ -149,7 +150,8 @@ class SiaPolicy(RoundFromConfig):
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
-                 queues: QueueSet | None = None) -> RoundResult:
+                 queues: QueueSet | None = None,
+                 warm: WarmStart | None = None) -> RoundResult:
         cfg = self.config
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -164,7 +166,7 @@ class SiaPolicy(RoundFromConfig):
         return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
                          -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
                          rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
-                         queues=queues)
+                         queues=queues, warm=warm)
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:

@@ -134,6 +134,25 @@ class JobAllocation:
 
 
 @dataclass(frozen=True)
+class SiloHint:
+    """One queue's silo solve in a round (`rounds.silo_use`): its capacity prices
+    and each job's configuration (job id -> index in the cluster's configs). The
+    next round's silo solve of that queue starts from them; only its speed
+    depends on them, never its answer beyond the solver's gap."""
+
+    prices: tuple[float, ...]
+    choice: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a round leaves for the next to start from (`RoundResult.warm`, given
+    back as `optimize(..., warm=)`): per queue, its silo solve."""
+
+    silos: Mapping[str, SiloHint] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RoundResult:
     """A policy's decision for one round, and what it cost to reach."""
 
@@ -147,6 +166,7 @@ class RoundResult:
     # borrowing, restarts) as (activity, bound) of Σ coef·x ≤ bound.
     queues: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     rows: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    warm: WarmStart | None = None  # for the next round's `optimize(..., warm=)`
 
 
 class SettingError(ValueError):
@@ -194,4 +214,7 @@ class Policy(Protocol):
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
-                 queues: QueueSet | None = None) -> RoundResult: ...
+                 queues: QueueSet | None = None,
+                 warm: WarmStart | None = None) -> RoundResult: ...
+    # (`warm` is given only to a policy whose last result left one, so a policy
+    # without warm starts need not take it.)

@@ -131,6 +131,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     pending = sorted(workload, key=lambda j: (j.time, j.name))
     jobs: dict[str, _Job] = {}
     previous: dict[str, JobAllocation] = {}
+    warm = None  # what the last round leaves the next to start from (speed only)
     rounds: list[RoundRecord] = []
     now, k = 0.0, 0
     horizon = config.max_hours * 3600.0
@@ -146,8 +147,12 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
+        # (`warm` only to a policy that leaves one: one without a warm start need not
+        # take the argument)
         result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous,
-                                 **({} if queues is None else {"queues": queues}))
+                                 **({} if queues is None else {"queues": queues}),
+                                 **({} if warm is None else {"warm": warm}))
+        warm = result.warm
         spent = time.perf_counter() - t0
         in_use = dict.fromkeys(cluster.gpu_types, 0)
         restarted = []

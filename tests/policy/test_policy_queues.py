@@ -274,3 +274,32 @@ def test_placer_moves_a_pinned_job_last():
     assert any(plain.placements[j] != prev[j] for j in pinned)
     res = place(cl, alloc, prev, pinned)
     assert all(res.placements[j] == prev[j] for j in pinned)
+
+
+def test_a_rounds_warm_start_speeds_the_next_silos_not_their_answer():
+    """Each round leaves its queues' silo prices and choices (`RoundResult.warm`);
+    given back, most of the next round's silo solves need no LP, and the round's
+    answer is the one a cold round gives, up to the solver's gap."""
+    from sia_grpc.bench.scenarios import sample_jobs
+    from sia_grpc.bench.solver_rows import policy_queues
+    from sia_grpc.policy.cluster import paper_hetero_cluster
+
+    rng = np.random.default_rng(3)
+    cl = paper_hetero_cluster(4)
+    qs, split = policy_queues(rng, cl, 4, num_jobs=200)
+    names = [q.name for q in qs.queues]
+    jobs = [dataclasses.replace(j, queue=names[int(k)]) for j, k in
+            zip(sample_jobs(rng, 200, cl), rng.choice(4, size=200, p=split), strict=True)]
+    sia = make_policy("sia")
+    prev, warm, hinted = {}, None, 0.0
+    for _ in range(4):
+        res = sia.optimize(cl, jobs, prev, queues=qs, warm=warm)
+        cold = sia.optimize(cl, jobs, prev, queues=qs)
+        assert res.objective == pytest.approx(cold.objective, rel=1e-3)
+        assert set(res.warm.silos) == {q.name for q in qs.queues if q.guarantee}
+        assert res.solver_stats["silo_solves"] == len(res.warm.silos)
+        hinted += res.solver_stats["silo_hinted"]
+        warm, prev = res.warm, dict(res.allocations)
+        jobs = [dataclasses.replace(j, age=j.age + sia.round_duration) for j in jobs]
+    assert cold.solver_stats["silo_hinted"] == 0.0
+    assert hinted > 0

@@ -251,6 +251,46 @@ def test_start_never_makes_things_worse(seed: int) -> None:
     assert again.objective >= sol.objective - 1e-12
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_price_hints_only_change_the_time(seed: int) -> None:
+    """Prices given (`solve(..., prices=)`) bound the optimum whatever they are, so
+    the answer is within the gap of the reference with the optimal prices, the
+    last round's (perturbed) ones or nonsense ones; the optimal ones spare the LP."""
+    p = random_case(seed)
+    glpk = solve_reference(p, "GLPK_MI")
+    base = solve(p)
+    rng = np.random.default_rng(seed)
+    hints = [base.prices, base.prices * (1 + 0.01 * rng.standard_normal(len(base.prices))),
+             rng.exponential(1.0, len(p.capacity)), np.zeros(len(p.capacity))]
+    for hint in hints:
+        sol = solve(p, prices=np.maximum(hint, 0.0), start=base.choice)
+        check(p, sol)
+        assert close(sol.objective, glpk.objective, 1e-4)
+        assert sol.bound >= glpk.objective - 1e-9
+        assert len(sol.prices) == len(p.capacity) and np.all(sol.prices >= 0)
+
+
+def test_the_prices_of_an_answer_prove_it_again_without_an_lp() -> None:
+    """Where the Lagrangian proved an answer, its own prices prove it again."""
+    proved = [p for p in map(random_case, range(40))
+              if path_name(solve(p).stats) == "lagrangian"]
+    assert len(proved) >= 10
+    for p in proved:
+        base = solve(p)
+        again = solve(p, prices=base.prices, start=base.choice)
+        assert again.stats["hinted"] == 1.0 and again.stats["direct_lp"] == 0.0
+        assert again.objective >= base.objective - 1e-12
+
+
+@pytest.mark.parametrize("prices", [[-1.0], [np.nan], [1.0, 2.0], [np.inf]])
+def test_unusable_price_hints_are_ignored(prices: list) -> None:
+    p = make([[(0, 2, -0.5)], [(0, 2, -0.4)], [(0, 2, -0.3)]], [4])
+    sol = solve(p, prices=np.asarray(prices))
+    check(p, sol)
+    assert sol.stats.get("hinted", 0.0) == 0.0
+    assert sol.objective == pytest.approx(-0.7 - 1.0)
+
+
 @pytest.mark.parametrize("start", [
     [0, 1, 2],  # over capacity
     [1, -1, -1],  # job 0 given job 1's column

@@ -85,22 +85,28 @@ def _fill(c: _Cols, choice: np.ndarray, lam: np.ndarray | None = None,
             cur_price = np.where(cur_t >= 0, lam[np.maximum(cur_t, 0)], 0.0) * cur_g
             score = gain[cand] - lam[c.typ[cand]] * c.gf[cand] + cur_price[c.job[cand]]
             cand = cand[np.lexsort((-gain[cand], -np.round(score, 12)))]
-        moved = np.zeros(c.n, dtype=bool)
-        any_moved = False
+        # The moves one at a time, in Python ints: this loop can visit thousands of
+        # candidates, and numpy's per-call cost on 1-element work dominated it.
+        moved: set[int] = set()
         least = int(need[cand].min())
-        for k in cand.tolist():
-            j, t = int(c.job[k]), int(c.typ[k])
-            if moved[j]:
+        free = slack.tolist()
+        has_t, has_g = cur_t.tolist(), cur_g.tolist()
+        any_moved = False
+        for k, j, t, g in zip(cand.tolist(), c.job[cand].tolist(), c.typ[cand].tolist(),
+                              c.gpus[cand].tolist(), strict=True):
+            if j in moved:
                 continue
-            if slack.max() < least:  # nothing left can fit
+            if max(free) < least:  # nothing left can fit
                 break
-            need_k = int(c.gpus[k]) - (int(cur_g[j]) if cur_t[j] == t else 0)
-            if need_k > slack[t]:
+            need_k = g - (has_g[j] if has_t[j] == t else 0)
+            if need_k > free[t]:
                 continue
-            if cur_t[j] >= 0 and cur_t[j] != t:
-                slack[cur_t[j]] += cur_g[j]
-            slack[t] -= need_k
-            choice[j], moved[j], any_moved = k, True, True
+            if has_t[j] >= 0 and has_t[j] != t:
+                free[has_t[j]] += has_g[j]
+            free[t] -= need_k
+            choice[j] = k
+            moved.add(j)
+            any_moved = True
         if not any_moved:
             break
     return choice

@@ -110,10 +110,14 @@ def _start_choice(p: ChoiceProblem, start) -> np.ndarray | None:
 
 
 def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 1e-4,
-          start: np.ndarray | None = None) -> ChoiceSolution:
+          start: np.ndarray | None = None, prices: np.ndarray | None = None) -> ChoiceSolution:
     """Best choice within `rel_gap` (relative to max(1, |objective|)) or the best
     found when `time_limit` (seconds) runs out. `start`: a candidate choice (e.g.
-    the previous round's); ignored unless feasible, never beaten by the answer."""
+    the previous round's); ignored unless feasible, never beaten by the answer.
+    `prices`: capacity prices to try first (e.g. the previous round's
+    `ChoiceSolution.prices`; problems without side rows): if their bound L(λ)
+    proves an incumbent within the gap, no LP is solved. Only the time depends on
+    them; the answer is within `rel_gap` either way."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     stats: dict[str, float] = {"lp_s": 0.0, "mip_s": 0.0, "dw_iters": 0.0, "fractional_jobs": 0.0,
@@ -123,6 +127,8 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     stats["reduced_cols"] = float(c.m)
     s0 = _start_choice(p, start)
     stats["start_used"] = float(s0 is not None)
+    hint = _hint_prices(p, prices)
+    lam_out = np.zeros(len(p.capacity))
 
     def finish(choice_orig, bound, path, status=None):
         if not p.is_feasible(choice_orig):  # a bug, not a property of the input
@@ -141,7 +147,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
         stats["total_s"] = time.perf_counter() - t0
         return ChoiceSolution(choice=np.asarray(choice_orig, dtype=np.int64), objective=obj,
                               bound=bound, status=status, stats=stats,
-                              row_excess=p.row_excess(choice_orig))
+                              row_excess=p.row_excess(choice_orig), prices=lam_out)
 
     if c.m == 0:
         none = np.full(p.num_jobs, -1, dtype=np.int64)
@@ -164,10 +170,12 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     scale = max(1.0, abs(float(best0.sum())), abs(float(c.none.sum())))
     t_lp = time.perf_counter()
     if c.side is None:
-        inc_red, lam, rc, best = _incumbents(c, s_red, deadline, rel_gap, scale, stats, t_lp)
+        inc_red, lam, rc, best = _incumbents(c, s_red, deadline, rel_gap, scale, stats, t_lp,
+                                             hint)
     else:
         inc_red, lam, rc, best = _incumbents_rows(c, s_red, deadline, rel_gap, scale, stats,
                                                   t_lp)
+    lam_out = np.asarray(lam[:c.T], dtype=np.float64)
     lbound = stats["lp_bound"]
     # Without an incumbent (hard side rows that the heuristics could not keep)
     # the MIP below searches everything.
@@ -230,6 +238,17 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
                   None if exact else "time_limit")
 
 
+def _hint_prices(p: ChoiceProblem, prices) -> np.ndarray | None:
+    """`prices` as capacity prices if they are usable ones (one finite λ ≥ 0 per
+    type, a problem without side rows), else None."""
+    if prices is None or p.num_rows:
+        return None
+    lam = np.asarray(prices, dtype=np.float64)
+    if lam.shape != p.capacity.shape or not np.all(np.isfinite(lam)) or np.any(lam < 0):
+        return None
+    return lam
+
+
 def _check_feasible(p: ChoiceProblem, choice: np.ndarray | None) -> None:
     """The typed error for hard side rows that no choice keeps (`choice`: the
     only candidate; None: proven infeasible)."""
@@ -238,14 +257,22 @@ def _check_feasible(p: ChoiceProblem, choice: np.ndarray | None) -> None:
 
 
 def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
-                stats: dict, t_lp: float):
+                stats: dict, t_lp: float, hint: np.ndarray | None = None):
     """Capacity prices λ and the best incumbent the heuristics find: returns
     (incumbent, λ, reduced values, each job's best at λ); L(λ) and timings go
-    into `stats`. Small problems: HiGHS simplex on the whole LP is quicker
-    than column generation, and its basic optimum splits at most #types jobs.
-    Large ones: Dantzig-Wolfe."""
+    into `stats`. Prices `hint` that prove an incumbent are taken as they are.
+    Small problems: HiGHS simplex on the whole LP is quicker than column
+    generation, and its basic optimum splits at most #types jobs. Large ones:
+    Dantzig-Wolfe."""
     cands = [] if s_red is None else [_fill(c, s_red)]
     tie = 1e-9 * max(1.0, float(np.abs(c.val).max()), float(np.abs(c.none).max()))
+    stats["hinted"] = 0.0
+    if hint is not None:
+        out = _hinted(c, hint, cands, rel_gap, tie)
+        if out is not None:
+            stats.update(hinted=1.0, direct_lp=0.0, lp_s=time.perf_counter() - t_lp,
+                         fractional_jobs=0.0, lp_bound=out[4], heuristic_s=0.0)
+            return out[:4]
     direct = (_lp(c, np.arange(c.n), np.ones(c.m, dtype=bool), c.cap, False)
               if c.m + c.n <= _DIRECT_LP else None)
     if direct is not None:
@@ -279,6 +306,31 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
             inc_red, inc = shifted, c.value(shifted)
     stats["heuristic_s"] = time.perf_counter() - t_inc
     return inc_red, lam, rc, best
+
+
+def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, tie: float):
+    """Prices given (a like problem's, e.g. the last round's): (incumbent, λ,
+    reduced values, each job's best, L(λ)) if L(λ) proves an incumbent within the
+    gap, else None (the incumbents tried join `cands`). L(λ) bounds the optimum
+    for any λ ≥ 0, so the answer is as exact as the LP path's; the LP is spared.
+    Incumbents: each job's best at λ, repaired and filled, and the LP over the
+    options within 0.1 % of the largest value of their job's best (prices a round
+    old move reduced values by about that much), rounded and filled."""
+    rc, best = _price(c, lam)
+    lbound = float(best.sum() + lam @ c.cap)
+
+    def proven() -> np.ndarray | None:
+        inc = max(cands, key=c.value)
+        return inc if lbound - c.value(inc) <= _eps(c.value(inc), lbound, rel_gap) else None
+
+    cands.append(_fill(c, _repair(c, _argmax(c, rc, best, tie)), lam))
+    inc = proven()
+    if inc is None:  # (the LP over the tied options only when the cheap ones fall short)
+        tied = _round_tied(c, rc, best, 1e6 * tie)
+        if tied is not None:
+            cands.append(_fill(c, tied, lam))
+            inc = proven()
+    return None if inc is None else (inc, lam, rc, best, lbound)
 
 
 def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
