@@ -25,7 +25,7 @@ import math
 import random
 import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,10 @@ class _Outbox:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __iter__(self) -> Iterator[pb.AgentMessage]:
+        """The messages queued, oldest first."""
+        return iter(self._items)
 
 
 class _ProtocolError(Exception):
@@ -531,17 +535,26 @@ class NodeAgent:
         still queued from the old leader's stream) would be on a GPU its books call
         free. So: wait for the directive being applied to finish, and drop those not
         begun. Nothing is lost: a controller re-sends, on registering, every
-        directive not acknowledged and every pass its books hold; a new leader
-        decides afresh."""
+        directive not acknowledged and every pass its books hold that is not
+        listed here; a new leader decides afresh.
+
+        A pass is listed until its report (result or refusal) is sent: one that
+        ended while no stream was up, its report still queued, too. Else that
+        report, arriving just after the Register, would be taken for the report of
+        the same job's pass the controller requests on that GPU next (same job,
+        generation and GPU): the books would free the GPU while the new pass ran."""
         async with self._applying:
             self._streams += 1  # what is still queued is of an older stream: not begun
+            passes = [(r.job_id, r.generation, r.local_gpu) for r in self._passes.values()]
+            passes += [(m.telemetry.job_id, m.telemetry.generation, m.telemetry.profile_gpu)
+                       for m in self._outbox
+                       if m.WhichOneof("kind") == "telemetry" and m.telemetry.profile]
             return pb.Register(
                 node_id=self.config.node_id,
                 gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type, count=self.config.num_gpus)],
                 agent_version=self.config.agent_version, running=self.backend.running(),
-                profiling=[pb.ProfilingPass(job_id=r.job_id, generation=r.generation,
-                                            local_gpu=r.local_gpu)
-                           for r in self._passes.values()],
+                profiling=[pb.ProfilingPass(job_id=j, generation=g, local_gpu=gpu)
+                           for j, g, gpu in dict.fromkeys(passes)],
                 draining=self.draining, instance_id=self.instance_id)
 
     def _set_status(self, status: AgentStatus) -> None:

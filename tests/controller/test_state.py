@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -606,6 +607,30 @@ def test_a_new_leader_books_no_gpu_of_a_node_before_its_agent_reports():
     h.finish_profiles()
     h.deliver()
     _books_agree_with(h, agent)
+
+
+def test_a_pass_the_agent_reports_on_registering_is_not_requested_again():
+    """The stream broke; the pass ended meanwhile and its report comes right behind
+    the Register, which lists it (`NodeAgent._register_message`). Asked for it again,
+    the agent would start a second pass of the job on that GPU, and the first one's
+    report, taken for the second's, would free the GPU in the books while the second
+    ran on."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    agent = h.agents["rtx-0"]
+    agent.hold_profiles = True
+    h.submit("p")
+    h.deliver()
+    (g,) = agent.passes
+    report = h._profiled(agent, g)  # the pass ends while the stream is down
+    # Listed until its report is sent; the controller's request, if any, reaches the
+    # agent after that report has reached the controller.
+    registered = dataclasses.replace(agent.register_event(h.now), profiling=(("p", 0, g),))
+    h.feed(registered)
+    for reply in report:
+        h.feed(AgentMessage(h.now, agent.name, reply))
+    h.deliver()
+    _books_agree_with(h, agent)
+    assert h.state_of("p") == pb.JOB_STATE_QUEUED and not h.state.nodes["rtx-0"].holder
 
 OPS = ["submit", "tick", "early-tick", "complete", "cancel", "delete", "kill", "lose",
        "drain", "undrain", "hold-profiles", "finish-profiles", "partial-deliver"]

@@ -420,6 +420,31 @@ async def test_the_register_lists_all_that_runs_and_nothing_older_starts_after_i
         assert running(agent) == [("job-1", 2, [0, 1])]
         assert s0.of("ack") + s1.of("ack") == [s0.of("ack")[0], ack]  # STOP 3: dropped
 
+
+async def test_a_pass_that_ended_while_disconnected_is_listed_until_its_report_is_sent(
+        controller, clock):
+    """Its report waits in the outbox and follows the next Register: the Register
+    lists the pass, so the controller books its GPU until the report comes rather
+    than ask for the same job's pass there again and take the old report for the
+    new pass's (which would then run on a GPU its books call free)."""
+    ctl, port = controller
+    async with started_agent(port, clock, backoff=lambda attempt: 5.0) as agent:
+        s0 = await ctl.stream()
+        s0.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=3,
+                                          local_batch_sizes=[64]))
+        await until(lambda: agent.profiling)
+        s0.drop()
+        await until(lambda: agent.status is AgentStatus.BACKOFF)
+        await clock.advance(4.0)  # the pass ends (in well under a second) meanwhile
+        assert not agent.profiling
+        await clock.advance(1.0)
+        s1 = await ctl.stream(1)
+        assert list(s1.register.profiling) == [
+            pb.ProfilingPass(job_id="p", generation=0, local_gpu=3)]
+        (t,) = await s1.wait("telemetry", lambda t: t.profile)
+        assert t.job_id == "p" and t.profile_gpu == 3 and t.samples
+        assert s1.index("telemetry", lambda t: t.profile) > 0  # right behind the Register
+
 async def test_close_checkpoints_jobs_is_idempotent_and_leaves_no_tasks(controller, clock):
     ctl, port = controller
     async with started_agent(port, clock) as agent:
