@@ -340,10 +340,10 @@ def run(*, kills: int, agents: int, gpus_per_agent: int, ttl: float, rate: float
             r = runner.run(failover(dsn=dsn, kills=kills, agents=agents,
                                     gpus_per_agent=gpus_per_agent, ttl=ttl, rate=rate,
                                     clients=clients))
+    _report(r)  # first: a JSON path that cannot be written must not lose the run
     if json_out:
         with open(json_out, "w") as f:
             json.dump(r, f, indent=2)
-    _report(r)
     return 0 if passed(r) else 1
 
 

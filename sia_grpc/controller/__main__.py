@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import faulthandler
+import io
 import signal
 import sys
 
@@ -81,6 +84,11 @@ async def serve(controller: Controller) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash in native code (grpc, psycopg, numpy: a SIGSEGV was seen once in `sia
+    # bench failover`) leaves every thread's Python traceback on stderr, i.e. in the
+    # log or the journal, where it would otherwise leave only an exit status.
+    with contextlib.suppress(io.UnsupportedOperation, ValueError):  # stderr is no file
+        faulthandler.enable()
     args = parser().parse_args(argv)
     try:
         config = load_config(args.config, listen=args.listen, db_path=args.db_path,

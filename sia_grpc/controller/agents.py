@@ -83,16 +83,20 @@ class Agents:
                 continue
             unacked.add(job_id)
             out.append(Send(name, msg))
-        # Profiling passes in flight here: the request may have been lost with the old
-        # stream (or the agent restarted), and nothing else would ever end the pass.
-        # Sent again; an agent still running that pass ignores the copy.
+        # Profiling passes booked here that the agent does not report: the request may
+        # have been lost with the old stream (or the agent restarted), and nothing
+        # else would ever end the pass. Sent again. Not one it reports: that one runs,
+        # or its report comes right behind the Register (`NodeAgent._register_message`),
+        # and a second pass of the same job on that GPU would be left unbooked when
+        # that report, taken for the second pass's, freed the GPU.
         # (An ended job's passes are being stopped: its STOP is re-sent above.)
+        reported_passes = {(job_id, gpu) for job_id, _, gpu in ev.profiling}
         for job_id in sorted(set(node.holder.values())):
             rec = self.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
             for t, (name, gpu) in sorted(rec.profiling.items()):
-                if name == ev.node_id:
+                if name == ev.node_id and (job_id, gpu) not in reported_passes:
                     out.append(self._profile_request(rec, t, name, gpu))
         # Jobs we believe run here but the agent does not have: their workers are gone.
         # (Also jobs whose restored books name this node while another job's booking

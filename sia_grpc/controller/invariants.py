@@ -31,6 +31,12 @@ def check_invariants(self: ControllerState) -> None:
     if due != self._stops_due:
         raise InvariantError(f"STOPs due {dict(self._stops_due)}, pending {dict(due)}")
     stops = set(due)
+    # No GPU of a node is given out before its agent has said what runs on it
+    # (`NodeRec.bookable`): a node restored from the store gets no pass and no RUN.
+    for job_id, name, act, _ in self._pending_acks.values():
+        node = self.nodes.get(name)
+        if act == pb.Directive.ACTION_RUN and node is not None and node.restored:
+            raise InvariantError(f"{job_id}: RUN sent to {name} before its agent registered")
     for node in self.nodes.values():
         if node.state == pb.NODE_STATE_LOST and node.holder:
             raise InvariantError(f"lost node {node.name} holds GPUs {node.holder}")
@@ -53,8 +59,11 @@ def check_invariants(self: ControllerState) -> None:
         passes = {n for n, _ in rec.profiling.values()}
         for name, gpu in rec.profiling.values():
             node = self.nodes.get(name)
-            if node is None or (node.holder.get(gpu) != job_id and not node.restored):
+            if node is None or node.holder.get(gpu) != job_id:
                 raise InvariantError(f"{job_id}: profiling on {name}/{gpu}, not booked to it")
+            if node.restored:
+                raise InvariantError(f"{job_id}: profiling on {name}/{gpu} before its agent "
+                                     "registered")
         for name, gpus in rec.held.items():
             node = self.nodes.get(name)
             if node is None:

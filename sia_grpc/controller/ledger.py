@@ -87,7 +87,7 @@ class GpuLedger:
         """GPU types with a GPU nobody holds or is about to take."""
         per_node = collections.Counter(
             node for node, _ in (self._reserved_gpus() if reserved is None else reserved))
-        return {n.gpu_type for n in self.nodes.values() if n.state == pb.NODE_STATE_READY
+        return {n.gpu_type for n in self.nodes.values() if n.bookable
                 and len(n.holder) + per_node.get(n.name, 0) < n.num_gpus}
 
     def _idle_types_cached(self) -> set[str]:
@@ -117,7 +117,7 @@ class GpuLedger:
 
     def _idle_gpu(self, gpu_type: str, busy: set) -> tuple[str, int] | None:
         for node in self.nodes.values():
-            if node.gpu_type != gpu_type or node.state != pb.NODE_STATE_READY:
+            if node.gpu_type != gpu_type or not node.bookable:
                 continue
             for g in range(node.num_gpus):
                 if g not in node.holder and (node.name, g) not in busy:

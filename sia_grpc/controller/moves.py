@@ -54,7 +54,10 @@ class Moves:
                 set_state(rec, pb.JOB_STATE_QUEUED, at, rec.next_reason or "preempted")
                 out.append(Persist((rec.job_id,)))
                 continue
-            if any(self.nodes[g.node].holder.get(g.index) is not None for g in target.gpus):
+            # Free in the books, and on nodes whose agents have said what runs there
+            # (`NodeRec.bookable`): a restored node's agent may report a pass there.
+            if any(self.nodes[g.node].holder.get(g.index) is not None
+                   or not self.nodes[g.node].bookable for g in target.gpus):
                 continue
             self._run(rec, target, at, out)
 

@@ -39,6 +39,20 @@ class NodeRec:
     # (two restored jobs may both name a GPU: the agent's report settles it).
     restored: bool = False
 
+    @property
+    def bookable(self) -> bool:
+        """Whether its free GPUs may be given out (a pass, a RUN): it is READY and its
+        agent has registered with this controller.
+
+        The rule: no GPU of a node is booked before its agent has said what runs on
+        it. A node restored from the store (a new leader, a restart) has only what
+        its jobs held as of the last write: a profiling pass the old leader started
+        there is not stored, so its GPU looks free. Booked to another job then, it
+        clashed with the pass the agent reported on registering; the agent refused
+        that job, the refusal freed the GPU in the books while the pass ran on, and
+        round after round sent a job there again."""
+        return self.state == pb.NODE_STATE_READY and not self.restored
+
 
 @dataclass
 class JobRec:

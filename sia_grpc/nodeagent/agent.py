@@ -25,7 +25,7 @@ import math
 import random
 import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,6 +211,10 @@ class _Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __iter__(self) -> Iterator[pb.AgentMessage]:
+        """The messages queued, oldest first."""
+        return iter(self._items)
+
 
 class _ProtocolError(Exception):
     pass
@@ -251,8 +255,13 @@ class NodeAgent:
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log = structlog.get_logger().bind(node_id=config.node_id)
         self._outbox = _Outbox()
-        # Directives and profiling requests, applied one at a time in the order sent.
-        self._directives: asyncio.Queue[pb.Directive | pb.ProfileRequest] = asyncio.Queue()
+        # Directives and profiling requests, applied one at a time in the order sent,
+        # each with the number of the stream it came on (`_streams` is the current
+        # one's); `_applying` is held while one is applied (`_register_message`).
+        self._directives: asyncio.Queue[tuple[int, pb.Directive | pb.ProfileRequest]] = \
+            asyncio.Queue()
+        self._streams = 0
+        self._applying = asyncio.Lock()
         self._acks: collections.OrderedDict[int, pb.DirectiveAck] = collections.OrderedDict()
         # Jobs that completed here -> generation (the most recent ACK_MEMORY of them).
         self._completed: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -514,16 +523,9 @@ class NodeAgent:
             call = AgentServiceStub(channel).Connect()
             tasks: list[asyncio.Task[Any]] = []
             try:
-                running = self.backend.running()
-                await call.write(pb.AgentMessage(register=pb.Register(
-                    node_id=self.config.node_id,
-                    gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type,
-                                          count=self.config.num_gpus)],
-                    agent_version=self.config.agent_version, running=running,
-                    profiling=[pb.ProfilingPass(job_id=r.job_id, generation=r.generation,
-                                                local_gpu=r.local_gpu)
-                               for r in self._passes.values()],
-                    draining=self.draining, instance_id=self.instance_id)))
+                register = await self._register_message()
+                running = register.running
+                await call.write(pb.AgentMessage(register=register))
                 async with asyncio.timeout(self.config.register_timeout_s):
                     first = await call.read()
                 if first is grpc.aio.EOF:
@@ -553,6 +555,37 @@ class NodeAgent:
                 await _cancel(*tasks)
                 call.cancel()
 
+    async def _register_message(self) -> pb.Register:
+        """What this node runs, for the Register that opens a stream.
+
+        The rule: the Register lists every GPU busy here (a worker or a profiling
+        pass), and nothing an older stream sent starts after it. The controller books
+        GPUs from this report; a pass or a worker that started after it (a request
+        still queued from the old leader's stream) would be on a GPU its books call
+        free. So: wait for the directive being applied to finish, and drop those not
+        begun. Nothing is lost: a controller re-sends, on registering, every
+        directive not acknowledged and every pass its books hold that is not
+        listed here; a new leader decides afresh.
+
+        A pass is listed until its report (result or refusal) is sent: one that
+        ended while no stream was up, its report still queued, too. Else that
+        report, arriving just after the Register, would be taken for the report of
+        the same job's pass the controller requests on that GPU next (same job,
+        generation and GPU): the books would free the GPU while the new pass ran."""
+        async with self._applying:
+            self._streams += 1  # what is still queued is of an older stream: not begun
+            passes = [(r.job_id, r.generation, r.local_gpu) for r in self._passes.values()]
+            passes += [(m.telemetry.job_id, m.telemetry.generation, m.telemetry.profile_gpu)
+                       for m in self._outbox
+                       if m.WhichOneof("kind") == "telemetry" and m.telemetry.profile]
+            return pb.Register(
+                node_id=self.config.node_id,
+                gpus=[pb.GpuInventory(gpu_type=self.config.gpu_type, count=self.config.num_gpus)],
+                agent_version=self.config.agent_version, running=self.backend.running(),
+                profiling=[pb.ProfilingPass(job_id=j, generation=g, local_gpu=gpu)
+                           for j, g, gpu in dict.fromkeys(passes)],
+                draining=self.draining, instance_id=self.instance_id)
+
     def _set_status(self, status: AgentStatus) -> None:
         if self.status not in (AgentStatus.CLOSING, AgentStatus.CLOSED):
             self.status = status
@@ -566,6 +599,7 @@ class NodeAgent:
             self.heartbeat_interval_s = self.config.heartbeat_interval_s
 
     async def _read(self, call: Any) -> None:
+        stream = self._streams
         while True:
             msg = await call.read()
             if msg is grpc.aio.EOF:
@@ -575,9 +609,9 @@ class NodeAgent:
             kind = msg.WhichOneof("kind")
             if kind == "directive":
                 self.received.append((msg.term, msg.directive))
-                self._directives.put_nowait(msg.directive)
+                self._directives.put_nowait((stream, msg.directive))
             elif kind == "profile":  # in order with the directives: a STOP sent
-                self._directives.put_nowait(msg.profile)  # after it also ends it
+                self._directives.put_nowait((stream, msg.profile))  # after it also ends it
             elif kind == "drain" and msg.drain.cancel:
                 if self.drain_reason is not None:
                     self._log.warning("drain ended: taking new jobs", was=self.drain_reason)
@@ -619,31 +653,39 @@ class NodeAgent:
 
     async def _process_directives(self) -> None:
         while True:
-            d = await self._directives.get()
-            if isinstance(d, pb.ProfileRequest):
-                self._start_profile(d)  # (the pass runs on; the next message is not held up)
-                continue
-            ack = self._acks.get(d.directive_id) if d.directive_id else None
-            log = self._log.bind(job_id=d.job_id, generation=d.generation,
-                                 directive_id=d.directive_id, round=d.round)
-            if ack is not None:
-                log.info("directive re-delivered: same ack, no change", ok=ack.ok)
-            else:
-                try:
-                    error = await self._apply(d, log)
-                except Exception as exc:  # the ack must still go out
-                    log.exception("directive failed")
-                    error = f"internal error: {type(exc).__name__}: {exc}"
-                ack = pb.DirectiveAck(directive_id=d.directive_id, job_id=d.job_id,
-                                      generation=d.generation, ok=not error, error=error)
-                if d.directive_id:
-                    self._acks[d.directive_id] = ack
-                    while len(self._acks) > ACK_MEMORY:
-                        self._acks.popitem(last=False)
-                if error:
-                    self.rejected.append((d, error))
-                    log.warning("directive rejected", error=error)
-            self._send(ack=ack)
+            stream, d = await self._directives.get()
+            async with self._applying:
+                if stream == self._streams:
+                    await self._process(d)
+                else:  # (`_register_message`: its controller sends it again if need be)
+                    self._log.info("not begun before the stream ended: dropped",
+                                   job_id=d.job_id, kind=type(d).__name__)
+
+    async def _process(self, d: pb.Directive | pb.ProfileRequest) -> None:
+        if isinstance(d, pb.ProfileRequest):
+            self._start_profile(d)  # (the pass runs on; the next message is not held up)
+            return
+        ack = self._acks.get(d.directive_id) if d.directive_id else None
+        log = self._log.bind(job_id=d.job_id, generation=d.generation,
+                             directive_id=d.directive_id, round=d.round)
+        if ack is not None:
+            log.info("directive re-delivered: same ack, no change", ok=ack.ok)
+        else:
+            try:
+                error = await self._apply(d, log)
+            except Exception as exc:  # the ack must still go out
+                log.exception("directive failed")
+                error = f"internal error: {type(exc).__name__}: {exc}"
+            ack = pb.DirectiveAck(directive_id=d.directive_id, job_id=d.job_id,
+                                  generation=d.generation, ok=not error, error=error)
+            if d.directive_id:
+                self._acks[d.directive_id] = ack
+                while len(self._acks) > ACK_MEMORY:
+                    self._acks.popitem(last=False)
+            if error:
+                self.rejected.append((d, error))
+                log.warning("directive rejected", error=error)
+        self._send(ack=ack)
 
     async def _apply(self, d: pb.Directive, log: Any) -> str:
         """Carry out `d`; the error for its ack, "" if it succeeded."""

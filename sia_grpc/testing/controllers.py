@@ -72,7 +72,10 @@ class ControllerNode:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sia_grpc.controller", "--listen", self.address,
                 "--store", dsn, "--lease-ttl", str(self.ttl), "--log-format", "json",
-                stdout=out, stderr=out, env={**os.environ, **self.env})
+                # (faulthandler from the first import on: a native crash's traceback
+                # lands in the log even before main() runs)
+                stdout=out, stderr=out,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1", **self.env})
 
     async def health(self, timeout: float = 0.5) -> int | None:
         """Its health status (SERVING only on the leader); None if it does not answer."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -548,6 +549,88 @@ def test_state_survives_a_restart_through_its_persisted_form():
     assert not [a for a in sends(actions, "directive")
                 if a.message.directive.action == pb.Directive.ACTION_STOP]
 
+
+
+def _books_agree_with(h: Harness, agent: FakeAgent) -> None:
+    """Every GPU the agent has busy (a worker or a pass) is booked to that job."""
+    truth = {**agent.busy, **{g: p.job_id for g, p in agent.passes.items()}}
+    holder = h.state.nodes[agent.name].holder
+    assert {g: holder.get(g) for g in truth} == truth, f"books {holder}, agent {truth}"
+
+
+def test_a_new_leader_books_no_gpu_of_a_node_before_its_agent_reports():
+    """After a failover the new leader's books come from the store: a node its jobs
+    held is there before its agent registers, but a profiling pass the old leader
+    started on it is not (passes are not stored). Booking that node's "free" GPUs
+    then (a pass of another job, a round's RUN) clashed with the pass the agent
+    reports: the agent refused, the refusal freed the GPU in the books while the
+    pass ran on, and every round sent a job there again (`sia bench failover`:
+    hundreds of refused RUNs). A node's GPUs are given out only once its agent has
+    said what runs on them."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    agent = h.agents["rtx-0"]
+    rigid = dict(adaptivity=pb.ADAPTIVITY_RIGID, batch_size=256)
+    for job_id, n in (("a", 2), ("b", 1)):  # a on GPUs 0-1, b above them
+        h.submit(job_id, num_gpus=n, **rigid)
+        h.deliver()
+        h.tick()
+        h.deliver()
+    h.complete("a")
+    h.deliver()
+    agent.hold_profiles = True
+    h.submit("p")  # its pass takes GPU 0 and is still running at the kill
+    h.submit("q", num_gpus=1, **rigid)  # profiled, waiting for its first round
+    h.deliver()
+    for reply in h._profiled(agent, 1):
+        h.feed(AgentMessage(h.now, agent.name, reply))
+    h.submit("r")  # the leader is killed as r arrives: its request is lost
+    h.outbox.clear()
+    assert {g: req.job_id for g, req in agent.passes.items()} == {0: "p"}
+    assert agent.busy.get(2, agent.busy.get(3)) == "b" and h.state_of("q") == pb.JOB_STATE_QUEUED
+    # The new leader loads the store (r first: the first job to want a pass), and
+    # runs a round while the agent is still reconnecting.
+    stored = {j: (r.job, h.state.extra(j)) for j, r in h.state.jobs.items()}
+    h.state = ControllerState(h.state.settings)
+    for job_id in ("r", "q", "p", "a", "b"):
+        h.state.restore(*stored[job_id], h.now)
+    agent.up = False
+    h.tick(1.0)
+    h.deliver()  # (to an agent not connected: dropped)
+    agent.up = True
+    h.feed(agent.register_event(h.now))
+    h.deliver()
+    _books_agree_with(h, agent)
+    for _ in range(3):  # and no round sends a job onto p's GPU while its pass runs
+        h.tick()
+        h.deliver()
+        _books_agree_with(h, agent)
+    h.finish_profiles()
+    h.deliver()
+    _books_agree_with(h, agent)
+
+
+def test_a_pass_the_agent_reports_on_registering_is_not_requested_again():
+    """The stream broke; the pass ended meanwhile and its report comes right behind
+    the Register, which lists it (`NodeAgent._register_message`). Asked for it again,
+    the agent would start a second pass of the job on that GPU, and the first one's
+    report, taken for the second's, would free the GPU in the books while the second
+    ran on."""
+    h = Harness({"rtx-0": ("rtx", 4)})
+    agent = h.agents["rtx-0"]
+    agent.hold_profiles = True
+    h.submit("p")
+    h.deliver()
+    (g,) = agent.passes
+    report = h._profiled(agent, g)  # the pass ends while the stream is down
+    # Listed until its report is sent; the controller's request, if any, reaches the
+    # agent after that report has reached the controller.
+    registered = dataclasses.replace(agent.register_event(h.now), profiling=(("p", 0, g),))
+    h.feed(registered)
+    for reply in report:
+        h.feed(AgentMessage(h.now, agent.name, reply))
+    h.deliver()
+    _books_agree_with(h, agent)
+    assert h.state_of("p") == pb.JOB_STATE_QUEUED and not h.state.nodes["rtx-0"].holder
 
 OPS = ["submit", "tick", "early-tick", "complete", "cancel", "delete", "kill", "lose",
        "drain", "undrain", "hold-profiles", "finish-profiles", "partial-deliver"]

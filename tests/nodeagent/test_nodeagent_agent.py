@@ -3,6 +3,9 @@ manual clock: registration, directive semantics, modeled progress, reconnects.""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 from nodeagent_support import (
     ALLOC,
@@ -367,6 +370,80 @@ async def test_reconnects_with_backoff_and_reregisters_its_running_job(controlle
         await until(lambda: len(attempts) == 4)
         assert attempts[3] == 0
 
+
+
+class HeldStops(ModeledBackend):
+    """Modeled workers whose stop waits for `release` (a slow checkpoint)."""
+
+    def __init__(self, clock) -> None:
+        super().__init__("rtx", time_scale=60.0, clock=clock, node_id="node-a")
+        self.stopping, self.release = asyncio.Event(), asyncio.Event()
+
+    async def stop(self, job_id: str) -> pb.JobExit:
+        self.stopping.set()
+        await self.release.wait()
+        return await super().stop(job_id)
+
+
+async def test_the_register_lists_all_that_runs_and_nothing_older_starts_after_it(
+        controller, clock):
+    """The stream breaks while a move is under way (the old generation checkpointing)
+    and a profile request and a STOP wait behind it. The next Register waits for
+    the move and lists what then runs; what was not begun is dropped (the
+    controller re-sends what it still wants). Before, the Register went out at
+    once and the move and the pass started after it, on GPUs the new leader's
+    books called free."""
+    ctl, port = controller
+    backend = HeldStops(clock)
+    async with started_agent(port, clock, backend=backend) as agent:
+        s0 = await ctl.stream()
+        s0.directive(**run(1))
+        await s0.wait("ack")
+        s0.directive(**run(2, generation=2))  # the move: generation 1 stops first
+        s0.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=5,
+                                          local_batch_sizes=[64]))
+        s0.directive(**stop(3, job_id="other"))
+        await until(lambda: len(agent.received) == 3 and backend.stopping.is_set())
+        s0.drop()
+        # (With the rule the Register waits for the move, so no stream comes here.)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await ctl.stream(1)
+        backend.release.set()
+        s1 = await ctl.stream(1)
+        (ack,) = await s1.wait("ack")
+        assert ack.directive_id == 2 and ack.ok, ack
+        await clock.advance(1.0)
+        assert list(s1.register.running) == [
+            pb.RunningJob(job_id="job-1", generation=2, local_gpus=[0, 1])]
+        assert list(s1.register.profiling) == [] and dict(agent.profiling) == {}
+        assert running(agent) == [("job-1", 2, [0, 1])]
+        assert s0.of("ack") + s1.of("ack") == [s0.of("ack")[0], ack]  # STOP 3: dropped
+
+
+async def test_a_pass_that_ended_while_disconnected_is_listed_until_its_report_is_sent(
+        controller, clock):
+    """Its report waits in the outbox and follows the next Register: the Register
+    lists the pass, so the controller books its GPU until the report comes rather
+    than ask for the same job's pass there again and take the old report for the
+    new pass's (which would then run on a GPU its books call free)."""
+    ctl, port = controller
+    async with started_agent(port, clock, backoff=lambda attempt: 5.0) as agent:
+        s0 = await ctl.stream()
+        s0.send(profile=pb.ProfileRequest(job_id="p", generation=0, spec=SPEC, local_gpu=3,
+                                          local_batch_sizes=[64]))
+        await until(lambda: agent.profiling)
+        s0.drop()
+        await until(lambda: agent.status is AgentStatus.BACKOFF)
+        await clock.advance(4.0)  # the pass ends (in well under a second) meanwhile
+        assert not agent.profiling
+        await clock.advance(1.0)
+        s1 = await ctl.stream(1)
+        assert list(s1.register.profiling) == [
+            pb.ProfilingPass(job_id="p", generation=0, local_gpu=3)]
+        (t,) = await s1.wait("telemetry", lambda t: t.profile)
+        assert t.job_id == "p" and t.profile_gpu == 3 and t.samples
+        assert s1.index("telemetry", lambda t: t.profile) > 0  # right behind the Register
 
 async def test_close_checkpoints_jobs_is_idempotent_and_leaves_no_tasks(controller, clock):
     ctl, port = controller
