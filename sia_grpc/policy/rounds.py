@@ -22,7 +22,7 @@ from sia_grpc.policy.queue_rows import (
     queue_usage,
 )
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.policy.solvers import solve, solve_reference
+from sia_grpc.policy.solvers import solve, solve_reference, solve_separable
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult, SiloHint, WarmStart
 
 REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
@@ -150,8 +150,8 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
     silo, hints, silo_counts = None, {}, {}
     if queues is not None and any(q.guarantee for q in queues.queues):
-        silo, hints, silo_counts = silo_use(table, jobs, vals, none, queues, timings, kw,
-                               {} if warm is None else warm.silos)
+        silo, hints, silo_counts = silo_use(table, jobs, vals, none, current, queues,
+                                            timings, kw, {} if warm is None else warm.silos)
     side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
                                                   hold=hold, silo=silo)
     problem, rows, start = assemble(table, vals, none, current, side)
@@ -177,51 +177,76 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
 
 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
-             queues: QueueSet, timings: dict[str, float], kw: dict,
+             current: np.ndarray, queues: QueueSet, timings: dict[str, float], kw: dict,
              hints: Mapping[str, SiloHint]) -> tuple[dict[str, dict[str, int]],
                                                      dict[str, SiloHint], dict[str, float]]:
     """What each queue's jobs hold per type with the queue's guarantee as a private
     partition (Sia on its jobs alone, its guarantee of each type the capacity; same
     values and holds): what a queue is owed in the shared round, up to its
-    guarantee. One small solve per queue with a guarantee, each without side rows
-    (one solve with a capacity row per queue and type was ~10x slower); sharing then
-    gives every queue at least its silo and the rest where goodput is highest.
+    guarantee. The silos are independent problems, solved as one with a block of
+    types per queue (`solve_separable`: each to within the gap of its own optimum;
+    one problem with a capacity row per queue and type in one Lagrangian was ~10x
+    slower); sharing then gives every queue at least its silo and the rest where
+    goodput is highest.
 
-    Each solve starts from the queue's `hints` (the last round's silo: its prices,
-    which often prove the answer without an LP, and its choice as the start), and
-    leaves its own for the next round. Returns what each queue's jobs hold per type,
-    the hints for the next round and counts (`silo_solves`, `silo_hinted`: solves
-    that their prices proved without an LP) for the round's solver stats."""
+    The solve starts from `hints` (the last round's silos: their prices, which
+    often prove a silo without an LP, and their choices as the start) and leaves
+    its own for the next round. Returns what each queue's jobs hold per type, the
+    hints for the next round and counts (`silo_solves`: silos solved,
+    `silo_alone`: those the shared steps did not prove) for the round's stats."""
     types = table.cluster.gpu_types
-    name = np.array([queues.queue(j.queue).name for j in jobs], dtype=object)
-    ids = [j.job_id for j in jobs]
+    T = len(types)
     out = {q.name: dict.fromkeys(types, 0) for q in queues.queues}
-    left: dict[str, SiloHint] = {}
-    counts = {"silo_solves": 0.0, "silo_hinted": 0.0}
+    qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
+    silos = [k for k, q in enumerate(queues.queues) if q.guarantee and np.any(qix == k)]
+    if not silos:
+        return out, {}, {}
+    t0 = time.perf_counter()
+    block = np.full(len(queues.queues), -1, dtype=np.int64)
+    block[silos] = np.arange(len(silos))
+    mine = block[qix] >= 0
+    ids = [j.job_id for j in jobs]
+    # The start: what each job holds now, else what it held in the last silo. (Where
+    # the silo's optimum is tied, the start wins: owed is then what the queue holds,
+    # which the shared round can keep without restarts.)
+    before = current.copy()
+    lam = np.zeros(len(silos) * T)
+    for b, k in enumerate(silos):
+        hint = hints.get(queues.queues[k].name)
+        if hint is not None and len(hint.prices) == T:
+            lam[b * T:(b + 1) * T] = hint.prices
+            for i in np.flatnonzero((qix == k) & (before < 0)):
+                before[i] = hint.choice.get(ids[i], -1)
+    problem, rows, start = assemble(table, vals, none, before, only=mine)
+    job_block = block[qix[mine]]
+    problem = dataclasses.replace(
+        problem, col_type=job_block[problem.col_job] * T + problem.col_type,
+        capacity=np.array([queues.queues[k].guarantee.get(t, 0) for k in silos
+                           for t in types], dtype=np.int64))
+    timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if kw["solver"] == "highs":
+        sol = solve_separable(problem, np.repeat(np.arange(len(silos)), T), start=start,
+                              prices=lam, time_limit=kw["time_limit"], rel_gap=kw["rel_gap"])
+    else:  # (a reference solves the silos as one ILP: its optimum is each silo's)
+        sol = solve_reference(problem, solver=REFERENCE_SOLVERS[kw["solver"]],
+                              time_limit=kw["time_limit"])
+    timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
     gpus, typ = table.gpus(), table.types()
-    for q in queues.queues:
-        mine = name == q.name
-        if not q.guarantee or not mine.any():
-            continue
-        t0 = time.perf_counter()
-        hint = hints.get(q.name)
-        before = np.full(table.num_jobs, -1, dtype=np.int64)  # the last silo, as a start
-        if hint is not None:
-            before[mine] = [hint.choice.get(ids[i], -1) for i in np.flatnonzero(mine)]
-        problem, rows, start = assemble(
-            table, vals, none, before, only=mine,
-            capacity=np.array([q.guarantee.get(t, 0) for t in types]))
-        timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-        chosen, _, stats, prices = choose(problem, rows, start, timings, prices=(
-            None if hint is None else np.array(hint.prices)), **kw)
-        counts["silo_solves"] += 1
-        counts["silo_hinted"] += stats.get("hinted", 0.0)
-        for r in chosen[chosen >= 0]:
-            out[q.name][types[typ[r]]] += int(gpus[r])
-        on = np.flatnonzero(chosen >= 0)
-        left[q.name] = SiloHint(prices=tuple(float(x) for x in prices),
-                                choice={ids[i]: int(table.config[chosen[i]]) for i in on})
-    return out, left, counts
+    chosen = np.full(problem.num_jobs, -1, dtype=np.int64)
+    chosen[sol.choice >= 0] = rows[sol.choice[sol.choice >= 0]]
+    where = np.flatnonzero(mine)  # problem job -> job
+    prices = sol.prices if len(sol.prices) == len(lam) else np.zeros(len(lam))
+    left = {}
+    for b, k in enumerate(silos):
+        name = queues.queues[k].name
+        on = np.flatnonzero((job_block == b) & (chosen >= 0))
+        for r in chosen[on]:
+            out[name][types[typ[r]]] += int(gpus[r])
+        left[name] = SiloHint(prices=tuple(float(x) for x in prices[b * T:(b + 1) * T]),
+                              choice={ids[where[i]]: int(table.config[chosen[i]]) for i in on})
+    return out, left, {"silo_solves": float(len(silos)),
+                       "silo_alone": float(sol.stats.get("blocks_alone", len(silos)))}
 
 
 def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -> SideRows:

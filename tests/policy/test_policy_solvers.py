@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.instances import (
     DEGENERATE_KINDS,
     VALUE_MODELS,
@@ -25,7 +26,7 @@ from sia_grpc.policy.instances import (
 )
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import _solve as solve_module  # owns _DP_WORK, read by solve
-from sia_grpc.policy.solvers import path_name, solve, solve_reference
+from sia_grpc.policy.solvers import path_name, solve, solve_reference, solve_separable
 
 
 def make(jobs: list[list[tuple[int, int, float]]], capacity: list[int],
@@ -280,6 +281,57 @@ def test_the_prices_of_an_answer_prove_it_again_without_an_lp() -> None:
         again = solve(p, prices=base.prices, start=base.choice)
         assert again.stats["hinted"] == 1.0 and again.stats["direct_lp"] == 0.0
         assert again.objective >= base.objective - 1e-12
+
+
+def stacked(parts: list[ChoiceProblem]) -> tuple[ChoiceProblem, np.ndarray]:
+    """Independent problems as one, a block of types each: (problem, type_block)."""
+    job_off = np.cumsum([0] + [q.num_jobs for q in parts])
+    type_off = np.cumsum([0] + [len(q.capacity) for q in parts])
+    cat = np.concatenate
+    return ChoiceProblem(
+        num_jobs=int(job_off[-1]),
+        col_job=cat([q.col_job + o for q, o in zip(parts, job_off[:-1], strict=True)]),
+        col_type=cat([q.col_type + o for q, o in zip(parts, type_off[:-1], strict=True)]),
+        col_gpus=cat([q.col_gpus for q in parts]), col_value=cat([q.col_value for q in parts]),
+        none_value=cat([q.none_value for q in parts]),
+        capacity=cat([q.capacity for q in parts])), \
+        np.repeat(np.arange(len(parts)), [len(q.capacity) for q in parts])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_separable_blocks_are_each_within_the_gap_of_their_own_optimum(seed: int) -> None:
+    """`solve_separable` (the queues' silos): every block as good as solving it alone,
+    with any price hint (a block's answer, its prices, a random one)."""
+    rng = np.random.default_rng(seed)
+    parts = [random_case(7 * seed + k) for k in range(int(rng.integers(1, 5)))]
+    p, blocks = stacked(parts)
+    alone = [solve(q, rel_gap=1e-9) for q in parts]
+    hints = [None, np.concatenate([a.prices for a in alone]),
+             rng.exponential(1.0, len(p.capacity))]
+    for hint in hints:
+        sol = solve_separable(p, blocks, prices=hint)
+        assert p.is_feasible(sol.choice) and sol.status == "optimal"
+        assert sol.bound >= sum(a.objective for a in alone) - 1e-9
+        first = 0
+        for q, a in zip(parts, alone, strict=True):
+            mine = sol.choice[first:first + q.num_jobs]
+            value = sum(p.col_value[k] if k >= 0 else p.none_value[first + i]
+                        for i, k in enumerate(mine))
+            assert close(value, a.objective, 1e-4)
+            first += q.num_jobs
+    # With the blocks' own prices and answers, only a block whose LP bound did not
+    # prove it alone (a DP or MIP) is solved alone again.
+    again = solve_separable(p, blocks, prices=hints[1], start=sol.choice)
+    hard = sum(path_name(a.stats) in ("dp", "mip") for a in alone)
+    assert again.stats["blocks_alone"] <= hard
+
+
+def test_separable_refuses_a_job_across_blocks() -> None:
+    p = make([[(0, 1, 1.0), (1, 1, 1.0)]], [1, 1])
+    with pytest.raises(FieldError, match="one block"):
+        solve_separable(p, np.array([0, 1]))
+    with pytest.raises(FieldError, match="type_block"):
+        solve_separable(p, np.array([0]))
 
 
 @pytest.mark.parametrize("prices", [[-1.0], [np.nan], [1.0, 2.0], [np.inf]])

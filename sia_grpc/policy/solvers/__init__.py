@@ -12,10 +12,12 @@ path `solve` took from its stats. The private modules hold the parts:
   _heuristics.py  incumbents: repair, greedy fill, per-type knapsack shifts, tied rounding
   _exact.py       the exact DP over the capacities that can bind
   _reference.py   the CVXPY reference (GLPK_MI or HiGHS)
+  _separable.py   `solve_separable`: independent problems (blocks of types) at once
 """
 
 from sia_grpc.policy.solvers._highs import lp_interior
 from sia_grpc.policy.solvers._reference import solve_reference
+from sia_grpc.policy.solvers._separable import solve_separable
 from sia_grpc.policy.solvers._solve import PATHS, path_name, solve
 
-__all__ = ["PATHS", "lp_interior", "path_name", "solve", "solve_reference"]
+__all__ = ["PATHS", "lp_interior", "path_name", "solve", "solve_reference", "solve_separable"]

@@ -182,6 +182,20 @@ class _Cols:
             return False
         return self.side is None or self.side.hard_ok(self.side.activity(choice))
 
+    @cached_property
+    def job_cols(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each job's columns as a range: (first, one past the last), empty if none."""
+        start = np.zeros(self.n, dtype=np.int64)
+        stop = np.zeros(self.n, dtype=np.int64)
+        start[self.ne_jobs] = self.ne_starts
+        stop[self.ne_jobs] = _cat(self.ne_starts[1:], self.m)
+        return start, stop
+
+    def cols_of(self, jobs: np.ndarray) -> np.ndarray:
+        """The columns of `jobs`, job by job."""
+        start, stop = self.job_cols
+        return _ranges(start[jobs], stop[jobs])
+
     def to_orig(self, choice: np.ndarray) -> np.ndarray:
         out = np.full(len(choice), -1, dtype=np.int64)
         on = choice >= 0

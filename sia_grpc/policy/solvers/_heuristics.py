@@ -22,9 +22,7 @@ def _repair(c: _Cols, choice: np.ndarray) -> np.ndarray:
         t = int(np.argmin(slack))
         on = np.flatnonzero(choice >= 0)
         jobs_t = on[c.typ[choice[on]] == t]
-        in_t = np.zeros(c.n, dtype=bool)
-        in_t[jobs_t] = True
-        cols = np.flatnonzero(in_t[c.job])
+        cols = c.cols_of(jobs_t)  # (not a pass over every column: per over-full type)
         cur = choice[c.job[cols]]
         freed = c.gpus[cur] - np.where(c.typ[cols] == t, c.gpus[cols], 0)
         room = np.maximum(slack, 0)[c.typ[cols]]

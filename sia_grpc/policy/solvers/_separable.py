@@ -1,0 +1,140 @@
+"""`solve_separable`: many independent problems in one (the queues' silos).
+
+A problem without side rows whose GPU types fall into blocks, every job's
+columns within one block's types, is that many independent problems. Each is
+solved to within the gap of its own optimum, but the cheap steps run once over
+all of them, since per-call overhead (reductions, numpy passes, a HiGHS model)
+dominates problems of a few hundred jobs:
+
+1. Bounds per block: min(L_b(λ), L_b(0)) with λ the prices given (a like
+   problem's, e.g. the last round's), L_b the Lagrangian bound of `_solve.py`
+   over the block's jobs and types; L_b(0) is exact where the block's best
+   options fit.
+2. Incumbents over all blocks: the start, each job's best at 0 and at λ
+   (repaired and filled) and, where those leave a block open, the LP over the
+   tied options; per block the best of them.
+3. A block those do not prove within the gap is solved alone by `solve`,
+   from the incumbent.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from sia_grpc.policy.errors import FieldError
+from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
+from sia_grpc.policy.solvers._columns import _argmax, _price, _reduce
+from sia_grpc.policy.solvers._heuristics import _fill, _repair, _round_tied
+from sia_grpc.policy.solvers._solve import _eps, _hint_prices, _start_choice, solve
+
+
+def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
+                    time_limit: float = 30.0, rel_gap: float = 1e-4,
+                    start: np.ndarray | None = None,
+                    prices: np.ndarray | None = None) -> ChoiceSolution:
+    """Each block of `problem` (`type_block`: each type's block) within `rel_gap`
+    of its own optimum; `start` and `prices` as for `solve` (the answer's
+    `prices` are each block's). `stats["blocks_alone"]`: the blocks solved alone."""
+    t0 = time.perf_counter()
+    p = problem
+    tb = np.asarray(type_block, dtype=np.int64)
+    if p.num_rows or tb.shape != p.capacity.shape or (len(tb) and tb.min() < 0):
+        raise FieldError("type_block", "one block (>= 0) per type, for a problem "
+                                       "without side rows")
+    if np.any((tb[p.col_type[1:]] != tb[p.col_type[:-1]])
+              & (p.col_job[1:] == p.col_job[:-1])):
+        raise FieldError("type_block", "a job's columns must all be in one block")
+    B = int(tb.max()) + 1 if len(tb) else 0
+    c = _reduce(p)
+    job_block = np.full(p.num_jobs, -1, dtype=np.int64)  # -1: no column, none it is
+    job_block[c.job] = tb[c.typ]
+    lam = _hint_prices(p, prices)
+    lam = np.zeros(c.T) if lam is None else lam
+    zero = np.zeros(c.T)
+    tie = 1e-9 * max(1.0, float(np.abs(c.val).max(initial=0.0)), float(np.abs(c.none).max(
+        initial=0.0)))
+
+    def per_block(per_job: np.ndarray) -> np.ndarray:
+        on = job_block >= 0
+        return np.bincount(job_block[on], weights=per_job[on], minlength=B)
+
+    def block_values(choice: np.ndarray) -> np.ndarray:
+        v = c.none.copy()
+        v[choice >= 0] = c.val[choice[choice >= 0]]
+        return per_block(v)
+
+    rc0, best0 = _price(c, zero)
+    rc, best = _price(c, lam)
+    bound = np.minimum(per_block(best0),
+                       per_block(best) + np.bincount(tb, weights=lam * c.cap, minlength=B))
+    cands = [_fill(c, _repair(c, _argmax(c, rc0, best0, tie))),
+             _fill(c, _repair(c, _argmax(c, rc, best, tie)), lam)]
+    s0 = _start_choice(p, start)
+    if s0 is not None:
+        pos = np.full(p.num_cols, -1, dtype=np.int64)
+        pos[c.orig] = np.arange(c.m)
+        cands.append(_fill(c, np.where(s0 >= 0, pos[np.maximum(s0, 0)], -1)))
+
+    def merged() -> tuple[np.ndarray, np.ndarray]:
+        """Per block, the best candidate's choice: (choice, each block's value)."""
+        vals = np.array([block_values(x) for x in cands])
+        pick = np.argmax(vals, axis=0)
+        choice = np.full(c.n, -1, dtype=np.int64)
+        for k in np.unique(pick):
+            jobs = np.isin(job_block, np.flatnonzero(pick == k))
+            choice[jobs] = cands[k][jobs]
+        return choice, vals[pick, np.arange(B)]
+
+    def open_blocks(value: np.ndarray) -> np.ndarray:
+        return np.array([bound[b] - value[b] > _eps(value[b], bound[b], rel_gap)
+                         for b in range(B)], dtype=bool)
+
+    inc, value = merged()
+    still = open_blocks(value)
+    if still.any():
+        tied = _round_tied(c, rc, best, 1e6 * tie)  # (the prices as for `solve`'s hints)
+        if tied is not None:
+            cands.append(_fill(c, tied, lam))
+            inc, value = merged()
+            still = open_blocks(value)
+    choice = c.to_orig(inc)
+    out_prices = np.where(np.isin(tb, np.flatnonzero(per_block(best0) <= bound)), 0.0, lam)
+    timed_out = False
+    for b in np.flatnonzero(still):
+        jobs = np.flatnonzero(job_block == b)
+        types = np.flatnonzero(tb == b)
+        sub, cols = _block(p, jobs, types)
+        local_of = np.full(p.num_cols, -1, dtype=np.int64)
+        local_of[cols] = np.arange(len(cols))
+        sol = solve(sub, time_limit=max(0.0, t0 + time_limit - time.perf_counter()),
+                    rel_gap=rel_gap, start=np.where(choice[jobs] >= 0,
+                                                    local_of[np.maximum(choice[jobs], 0)], -1))
+        local = sol.choice
+        choice[jobs] = np.where(local >= 0, cols[np.maximum(local, 0)], -1)
+        bound[b] = sol.bound
+        out_prices[types] = sol.prices if len(sol.prices) == len(types) else 0.0
+        timed_out |= sol.status != "optimal"
+    obj = p.objective(choice)
+    rest = float(c.none[job_block < 0].sum())  # jobs with no column: none, exactly
+    return ChoiceSolution(
+        choice=choice, objective=obj, bound=max(obj, float(bound.sum()) + rest),
+        status="time_limit" if timed_out else "optimal",
+        stats={"blocks": float(B), "blocks_alone": float(still.sum()),
+               "total_s": time.perf_counter() - t0},
+        prices=out_prices)
+
+
+def _block(p: ChoiceProblem, jobs: np.ndarray, types: np.ndarray):
+    """The problem of `jobs` over `types` alone (renumbered), and its columns'
+    indices in `p`."""
+    renumber = np.full(p.num_jobs, -1, dtype=np.int64)
+    renumber[jobs] = np.arange(len(jobs))
+    tmap = np.full(len(p.capacity), -1, dtype=np.int64)
+    tmap[types] = np.arange(len(types))
+    cols = np.flatnonzero(renumber[p.col_job] >= 0)
+    return ChoiceProblem(num_jobs=len(jobs), col_job=renumber[p.col_job[cols]],
+                         col_type=tmap[p.col_type[cols]], col_gpus=p.col_gpus[cols],
+                         col_value=p.col_value[cols], none_value=p.none_value[jobs],
+                         capacity=p.capacity[types]), cols
