@@ -14,7 +14,8 @@ only the few capacity rows couple the jobs.
    the LP bound at the LP's duals. Small problems: HiGHS simplex on the whole
    LP. Large ones: Dantzig-Wolfe column generation on the capacity rows (a
    master LP with #types + 1 rows; pricing is one numpy pass over the columns)
-   with Wentges smoothing.
+   with Wentges smoothing. Prices the caller gives (a like problem's, e.g. the
+   last round's) come first: if their L(λ) proves an incumbent, no LP is solved.
 4. Incumbents: the LP's basic optimum rounded down (it splits at most #types
    jobs), each job's leanest best option at λ, and the caller's `start`; each
    repaired to fit and greedily filled. If the gap is still open: the LP over
