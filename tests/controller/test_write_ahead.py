@@ -36,17 +36,18 @@ RIGID = pb.JobSpec(name="w", application="cifar10", adaptivity=pb.ADAPTIVITY_RIG
 
 class HeldWrite:
     """The store's `put_jobs`, held (or failing with `fail`) for any write that
-    records a RUNNING job, the round's, until `heal()`; other writes pass."""
+    records a job in `state` (RUNNING: the round's) until `heal()`; others pass."""
 
-    def __init__(self, store, fail: Exception | None = None) -> None:
-        self.put_jobs, self.fail = store.put_jobs, fail
+    def __init__(self, store, *, state: int = pb.JOB_STATE_RUNNING,
+                 fail: Exception | None = None) -> None:
+        self.put_jobs, self.state, self.fail = store.put_jobs, state, fail
         self.tries = 0
         self.entered = threading.Event()
         self.healed = threading.Event()
         store.put_jobs = self
 
     def __call__(self, items):
-        if not self.healed.is_set() and any(j.status.state == pb.JOB_STATE_RUNNING
+        if not self.healed.is_set() and any(j.status.state == self.state
                                             for j, _ in items):
             self.tries += 1
             self.entered.set()
@@ -160,25 +161,15 @@ async def test_a_cancel_stops_the_workers_only_once_the_job_is_cancelled_in_the_
         job_id = await _queued_job(lc, sia)
         (agent,) = lc.agents.values()
         await _until(lambda: [r.job_id for r in agent.backend.running()] == [job_id])
-        c = lc.controller
-        store = c._store
-        real, entered, release = store.put_jobs, threading.Event(), threading.Event()
-
-        def held(items):
-            if any(j.status.state == pb.JOB_STATE_CANCELLED for j, _ in items):
-                entered.set()
-                release.wait(30)
-            return real(items)
-
-        store.put_jobs = held
+        held = HeldWrite(lc.controller._store, state=pb.JOB_STATE_CANCELLED)
         cancel = asyncio.create_task(sia.cancel(job_id))
-        await asyncio.to_thread(entered.wait, 30)
+        await asyncio.to_thread(held.entered.wait, 30)
         await _heard_all(lc, agent)
         stops = [d for _, d in agent.received
                  if d.job_id == job_id and d.action == pb.Directive.ACTION_STOP]
         assert stops == []
         assert [r.job_id for r in agent.backend.running()] == [job_id]
         assert _stored_state(lc, job_id) == pb.JOB_STATE_RUNNING
-        release.set()
+        held.heal()
         await cancel
         await _until(lambda: agent.backend.running() == [])
