@@ -105,6 +105,10 @@ class SolveFinished(Event):
 
 @dataclass(frozen=True)
 class Send:
+    """A message to a node's agent. The shell sends it only once the Persists of its
+    batch have committed (write-ahead: `Controller._process`), so no agent acts on a
+    decision the store does not hold."""
+
     node_id: str
     message: pb.ControllerMessage
 

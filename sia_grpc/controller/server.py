@@ -2,8 +2,9 @@
 
 All decisions are `ControllerState.handle` (pure, synchronous); this module only
 turns RPCs, agent streams and timers into events, one at a time, and carries out
-the actions: persist (SQLite, on one writer thread, before an RPC says OK), send
-to agents, solve (in a spawn process pool, never on the loop), publish rounds.
+the actions: persist (the store, on one writer thread, before an RPC says OK), send
+to agents (only once that write has committed: write-ahead, `_process`), solve (in a
+spawn process pool, never on the loop), publish rounds.
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         self._round_clock: dict[int, list[int]] = {}
         self._unacked_rounds: dict[int, pb.Round] = {}
         self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
+        # Messages to agents (None: end the stream) decided, waiting for the store
+        # write of what they follow from (`_process`); each bound to the stream it
+        # was decided for. Dropped, never sent, when the term ends.
+        self._outgoing: list[tuple[AgentStream, pb.ControllerMessage | None]] = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -320,8 +325,20 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
 
     async def _process(self) -> None:
         """Handle queued events in batches: decide each in order, carry out the
-        actions, write every touched job in one transaction, then answer the RPCs
-        waiting on them (group commit: 1,000 creates cost one fsync, not 1,000)."""
+        actions, write every touched job in one transaction, then send what the
+        batch decided to tell agents and answer the RPCs waiting on them (group
+        commit: 1,000 events cost one fsync, not 1,000).
+
+        Write-ahead, enforced here (it is about I/O order, so not a state-machine
+        invariant): no message leaves for an agent before the state it follows from
+        is durable. A RUN sent before its round's write commits, by a leader killed
+        in between, starts a worker the store does not know of, and the next leader
+        stops it again (a needless restart); a STOP that ends a job, the same with
+        its record still RUNNING in the store. So the batch's messages wait, in
+        order, for the batch's commit (one per batch, not one per directive), and
+        while any write is failing nothing is sent at all: a failed write's
+        messages go out after it is retried and commits, or never, once the term
+        ends (`Fenced`: a deposed leader's decisions are dropped with its state)."""
         while True:
             batch = [await self._events.get()]
             while not self._events.empty() and len(batch) < 1024:
@@ -361,6 +378,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 self._unpersisted.update(touched)
                 self._persist_retry_at = time.monotonic() + 1.0
                 error = exc
+            if not self._unpersisted:  # everything decided so far is in the store
+                self._send_outgoing()
             for k, (_, done) in enumerate(batch):
                 if done is not None and not done.done():
                     exc = failed.get(k) or error
@@ -374,7 +393,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
             case sm.Send():
                 agent = self._agents.get(action.node_id)
                 if agent is not None:  # else: re-sent when it reconnects
-                    agent.outbox.put_nowait(action.message)
+                    self._outgoing.append((agent, action.message))  # after the commit
             case sm.Solve():
                 self._round_clock[action.round_no] = [time.time_ns(), 0]
                 # Kept, so close() can wait for it (a dropped task may be collected).
@@ -396,8 +415,15 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 self._schedule_early(action.trigger)
             case sm.Reconnect():
                 agent = self._agents.get(action.node_id)
-                if agent is not None:
-                    agent.outbox.put_nowait(None)  # ends the stream; it registers again
+                if agent is not None:  # ends the stream (behind what was decided before)
+                    self._outgoing.append((agent, None))  # it registers again
+
+    def _send_outgoing(self) -> None:
+        """Hand the messages decided so far to their streams, in order: called once
+        the store holds every state change they follow from (`_process`)."""
+        outgoing, self._outgoing = self._outgoing, []
+        for agent, message in outgoing:
+            agent.outbox.put_nowait(message)
 
     async def _persist(self, job_ids: tuple[str, ...]) -> None:
         if not job_ids:

@@ -402,7 +402,8 @@ class NodeAgent:
                     return
             except (_ProtocolError, TimeoutError) as exc:
                 self._log.warning("stream failed", error=str(exc) or type(exc).__name__)
-            except asyncio.InvalidStateError:  # written after the half-close
+            except asyncio.InvalidStateError:  # written after the half-close (an ended
+                # call's write fails with its status instead: `_raise_status`)
                 if self.status is AgentStatus.CLOSING:
                     return  # a late report after close() half-closed the stream: dropped
                 self._log.exception("stream failed unexpectedly")
@@ -629,8 +630,11 @@ class NodeAgent:
             msg = await self._outbox.get()
             try:
                 await call.write(msg)
-            except BaseException:
+            except BaseException as exc:
                 self._outbox.put_front(msg)  # for the next stream, in order
+                if isinstance(exc, asyncio.InvalidStateError) and call.done():
+                    await _raise_status(call)
+                    return  # the controller ended it cleanly: this stream is over
                 raise
             finally:
                 self._outbox.done()
@@ -819,6 +823,17 @@ class NodeAgent:
 
 def _batch_of(a: pb.Allocation) -> tuple[int, int, int]:
     return a.batch_size, a.atomic_batch_size, a.accum_steps
+
+
+async def _raise_status(call: Any) -> None:
+    """A write to a call that has ended ("RPC already finished": the controller went
+    away under it, as in a failover) fails as the call's reads do: its status as an
+    `AioRpcError` (a failed stream, logged as a warning and retried), or nothing when
+    the controller ended it cleanly; not as an unexpected error with a traceback."""
+    code = await call.code()
+    if code != grpc.StatusCode.OK:
+        raise grpc.aio.AioRpcError(code, await call.initial_metadata(),
+                                   await call.trailing_metadata(), await call.details())
 
 
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:

@@ -482,3 +482,36 @@ async def test_close_before_start():
     await agent.close()
     await agent.close()
     assert agent.status is AgentStatus.CLOSED
+
+
+async def test_a_write_to_a_stream_the_controller_ended_fails_as_a_broken_stream(controller):
+    """A report written just after the controller went away (killed in a failover)
+    fails with the call's status, as its reads do (a warning and a reconnect,
+    `_stream_failed`), not with "RPC already finished" logged as an unexpected
+    error; the report is kept for the next stream. A call it ended cleanly: the
+    stream is simply over."""
+    import grpc
+
+    from sia_grpc.api import AgentServiceStub
+
+    ctl, port = controller
+    agent = NodeAgent(make_config(port))
+    register = pb.AgentMessage(register=pb.Register(node_id="node-a"))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        ctl.refuse = 1  # the first stream is aborted: UNAVAILABLE
+        aborted = AgentServiceStub(channel).Connect()
+        await aborted.write(register)
+        assert await aborted.code() == grpc.StatusCode.UNAVAILABLE
+        agent._send(heartbeat=pb.Heartbeat())
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await agent._write(aborted)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert [m.WhichOneof("kind") for m in agent._outbox] == ["heartbeat"]  # kept
+
+        ended = AgentServiceStub(channel).Connect()
+        await ended.write(register)
+        assert (await ended.read()).WhichOneof("kind") == "registered"
+        (await ctl.stream()).drop()
+        assert await ended.code() == grpc.StatusCode.OK
+        await agent._write(ended)  # returns: the stream is over
+        assert [m.WhichOneof("kind") for m in agent._outbox] == ["heartbeat"]
