@@ -84,6 +84,7 @@ class AgentStreams:
                           f"node, got {reg.gpus[0].count}")
         check_job_id(reg.gpus[0].gpu_type, "register.gpus[0].gpu_type")
         node = reg.node_id
+        self._check_agent_term(node, reg.highest_term)  # (a restored store's term: refused)
         old = self._agents.get(node)
         if old is not None:
             self._check_takeover(old, reg.instance_id, peer)
@@ -93,6 +94,7 @@ class AgentStreams:
         self._agents[node] = agent
         log.info("agent connected", node_id=node, gpu_type=reg.gpus[0].gpu_type,
                  gpus=reg.gpus[0].count)
+        self._greeted().add(node)  # its next Register may carry our term
         agent.outbox.put_nowait(pb.ControllerMessage(registered=pb.Registered(
             controller_version=__version__,
             # Agents keep real time; the interval is in the controller's clock.

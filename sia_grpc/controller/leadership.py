@@ -25,6 +25,14 @@ flight is stopped by fencing (its store writes are refused: `Fenced`) and by ter
 (every message to an agent carries T; an agent refuses a lower term than the
 highest it has seen).
 
+Terms after a database restore: the restored lease row holds the term of the
+backup's time, below terms led since, so the next leader's term may be one the
+agents have seen (or below it), and they would refuse it. An agent's Register
+carries the highest term it has seen (`highest_term`); a leader that finds it at or
+above its own (`_check_agent_term`) stops leading, then, still holding the lease at
+its term, raises the lease's term to that one as it releases it (`release(...,
+raise_to=)`), and the next election takes a term above every one the agents know.
+
 A SQLite store is not shared (the file lock keeps its controller single): that
 controller leads at once, at term `SQLITE_TERM`, unfenced.
 """
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import socket
 import time
@@ -42,8 +51,8 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from sia_grpc.api.errors import ApiError
-from sia_grpc.controller.store import StoreError
+from sia_grpc.api.errors import ApiError, invalid
+from sia_grpc.controller.store import MAX_TERM, StoreError
 
 log = structlog.get_logger("sia.controller")
 
@@ -98,6 +107,8 @@ class Leadership:
     _lease_end = 0.0  # monotonic: where this controller's view of its lease ends
     _elected = False  # in office (fenced, loaded); `leading` also checks the lease
     _shared = False  # on a shared store: elected, not leader at once
+    _outranked_by = 0  # the term an agent had seen that ends this term (0: none)
+    _resign: asyncio.Event | None = None  # set when an agent outranks this term
     # (term, from, to): when this controller acted as leader, on its monotonic clock
     # (`to` None while it still does); the newest 100 terms.
     offices: collections.deque[tuple[int, float, float | None]]
@@ -153,6 +164,8 @@ class Leadership:
             self._lease_end = sent + ttl
             why = await self._serve_term(term)
             await self._step_down(term, why)
+            if self._outranked_by:  # only now: nothing acts at `term` any more
+                await self._release_lease(term, raise_to=self._outranked_by)
 
     async def _standby_wait(self, ttl: float) -> float:
         """Learn who leads; how long to wait before trying again (just past the
@@ -171,6 +184,7 @@ class Leadership:
     async def _serve_term(self, term: int) -> str:
         """Lead in `term` until the lease is lost; why it was."""
         self.term = term
+        self._outranked_by, self._resign = 0, asyncio.Event()
         log.warning("elected leader", term=term, holder=self.holder, advertise=self.advertised)
         holding = asyncio.create_task(self._hold(term), name="sia-lease")
         office = asyncio.create_task(self._enter_office(term), name="sia-take-office")
@@ -206,7 +220,8 @@ class Leadership:
         every, retry = ttl / 3, ttl / 12
         last = self._monotonic()
         while True:
-            await asyncio.sleep(max(0.0, last + every - self._monotonic()))
+            if await self._resigned(max(0.0, last + every - self._monotonic())):
+                return f"an agent has seen term {self._outranked_by}, not below ours"
             sent = self._monotonic()
             left = self._lease_end - self._guard - sent
             if left <= 0:
@@ -227,6 +242,58 @@ class Leadership:
                 return "lease lost (expired or taken)"
             self._lease_end = sent + ttl
             last = sent
+
+    async def _resigned(self, within: float) -> bool:
+        """Wait `within` seconds; True as soon as an agent has outranked this term."""
+        assert self._resign is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._resign.wait(), within)
+        return self._resign.is_set()
+
+    def _check_agent_term(self, node: str, seen: int) -> None:
+        """Refuse the Register of an agent that has seen term `seen`, if this
+        controller must not lead it at its own term: `seen` is higher, or the same
+        but not sent to this node by this controller (the store handed the term out
+        twice: it went back, a restore). On a shared store this controller then
+        steps down to take a higher term (`_outrank`); on SQLite, whose term is
+        fixed, the operator is told what to do."""
+        if seen >= MAX_TERM:  # (a raised term + 1 must fit the database's integers)
+            raise invalid("register.highest_term", f"must be below {MAX_TERM}, got {seen}")
+        term = self.term
+        if seen < term or (seen == term and (not self._shared or node in self._greeted())):
+            return
+        if not self._shared:
+            log.warning("an agent has seen a higher term than a SQLite controller's: refused",
+                        node_id=node, seen=seen, term=term)
+            raise ApiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this agent has seen term {seen}, from controllers on a shared (PostgreSQL) "
+                f"store; this controller's store is SQLite, whose term is always {term}, "
+                "which the agent would refuse: restart the agent (it forgets the terms it "
+                "has seen) to move it to this controller, or check its --controller addresses",
+                reason="TERM_AHEAD", metadata={"seen": str(seen), "term": str(term)})
+        self._outrank(node, seen)
+        raise ApiError(grpc.StatusCode.UNAVAILABLE,
+                       f"this controller's term {term} is not above term {seen} this agent has "
+                       "seen: it is stepping down so that a higher term is taken; retry shortly",
+                       reason=NOT_LEADER)
+
+    def _outrank(self, node: str, seen: int) -> None:
+        """End this term because an agent has seen term `seen` (see `_elect`)."""
+        if seen <= self._outranked_by:
+            return  # (another agent said so already)
+        log.warning(f"an agent has seen term {seen} >= ours ({self.term}): the store's term "
+                    "went back (a restore?); stepping down to take a higher one",
+                    node_id=node, seen=seen, term=self.term)
+        self._outranked_by = seen
+        if self._resign is not None:
+            self._resign.set()
+
+    def _greeted(self) -> set[str]:
+        """The nodes this controller sent a Registered in its current term."""
+        if getattr(self, "_greeted_term", None) != self.term:
+            self._greeted_term, self._greeted_nodes = self.term, set()
+        return self._greeted_nodes
 
     def _renew_failed(self, reason: str) -> None:
         """Count it (sia.lease.renew_failures): what precedes a step-down, and more often
@@ -253,10 +320,21 @@ class Leadership:
         if self._shared and not self._elected and self.status.value == "running":
             raise not_leader(self.leader_address)
 
-    async def _release_lease(self, term: int) -> None:
-        """Give the lease up (a clean stop): the standby need not wait for its expiry."""
+    async def _release_lease(self, term: int, *, raise_to: int = 0) -> None:
+        """Give the lease up (a clean stop): the standby need not wait for its expiry.
+        `raise_to`: its term raised to that as well (an agent had seen it)."""
         try:
-            await asyncio.wait_for(self._lease(self._store.release, self.holder, term),
-                                   self.config.lease_ttl_s / 3)
+            released = await asyncio.wait_for(
+                self._lease(self._store.release, self.holder, term, raise_to=raise_to),
+                self.config.lease_ttl_s / 3)
         except (StoreError, TimeoutError) as err:
-            log.warning("lease not released; it expires", term=term, error=str(err))
+            # Its term stays: the next leader's may be refused too, and step down again.
+            log.warning("lease not released; it expires", term=term, error=str(err),
+                        raise_to=raise_to or None)
+            return
+        if not released and raise_to:
+            log.warning("lease not held any more: its term not raised", term=term,
+                        raise_to=raise_to)
+        elif released and raise_to > term:
+            log.warning("lease released, its term raised: the next leader's is above it",
+                        term=term, raised_to=raise_to)

@@ -585,7 +585,9 @@ class NodeAgent:
                 agent_version=self.config.agent_version, running=self.backend.running(),
                 profiling=[pb.ProfilingPass(job_id=j, generation=g, local_gpu=gpu)
                            for j, g, gpu in dict.fromkeys(passes)],
-                draining=self.draining, instance_id=self.instance_id)
+                draining=self.draining, instance_id=self.instance_id,
+                # A leader below it, or at it without having sent it, steps down.
+                highest_term=self.term)
 
     def _set_status(self, status: AgentStatus) -> None:
         if self.status not in (AgentStatus.CLOSING, AgentStatus.CLOSED):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from store_backends import Backend
 
 from sia_grpc.api import pb
-from sia_grpc.controller.store import Fenced, Lease, StoreError
+from sia_grpc.controller.store import MAX_TERM, Fenced, Lease, StoreError
 
 
 def job(job_id: str) -> pb.Job:
@@ -144,8 +144,32 @@ def test_a_store_fenced_at_an_expired_or_never_taken_lease_writes_nothing(pair):
     assert a.get_job("x") is None and a.revision == 0
 
 
+def test_a_release_raises_the_term_for_the_next_acquire_but_never_lowers_it(pair):
+    """After a restore the lease row holds an old term: its holder raises it to the
+    highest an agent has seen as it lets go, and the next leader's term is above."""
+    a, b = pair
+    assert a.try_acquire("c1", 30.0) == 1
+    assert not b.release("c2", 1, raise_to=50)  # not the holder: nothing changes
+    assert not a.release("c1", 2, raise_to=50)  # not its term: nothing changes
+    assert b.leader()[:3] == ("c1", "", 1)
+    for bad in (-1, MAX_TERM):
+        with pytest.raises(ValueError, match="^raise_to: "):
+            a.release("c1", 1, raise_to=bad)
+    assert a.release("c1", 1, raise_to=41)
+    assert b.leader() is None  # released, at once
+    assert b.try_acquire("c2", 30.0) == 42
+    assert not a.release("c1", 1, raise_to=99)  # a released lease is not raised again
+    assert b.release("c2", 42, raise_to=7)  # below: the term stays
+    assert a.try_acquire("c1", 30.0) == 43
+    # A writer fenced at the raised-over term stays deposed.
+    b.fence(42)
+    with pytest.raises(Fenced, match="fenced at term 42 .* at term 43"):
+        b.set_drain("n0", "x")
+
+
 OPS = st.lists(st.tuples(st.sampled_from(["acquire", "renew", "release"]),
-                         st.sampled_from([0, 1]), st.integers(-1, 1)), max_size=25)
+                         st.sampled_from([0, 1]), st.integers(-1, 1), st.integers(-2, 3)),
+               max_size=25)
 
 
 @settings(max_examples=25, deadline=None,
@@ -153,12 +177,13 @@ OPS = st.lists(st.tuples(st.sampled_from(["acquire", "renew", "release"]),
 @given(ops=OPS)
 def test_the_lease_follows_its_model_and_terms_are_never_reused(pair, ops):
     """Against a model: one holder at a time; renew and release only by the holder
-    at its term; every acquire a term above all before. (A fresh lease name per
+    at its term; every acquire a term above all before, and above what a release
+    raised the term to (below, the same or above the holder's). (A fresh lease name per
     example: the database is the fixture's.)"""
     stores = pair
     name = uuid.uuid4().hex
     holder, term, top = None, 0, 0  # the model: who holds it, at which term
-    for op, who, skew in ops:
+    for op, who, skew, lift in ops:
         me, store = f"c{who}", stores[who]
         if op == "acquire":
             got = store.try_acquire(me, 60.0, name=name)
@@ -172,8 +197,9 @@ def test_the_lease_follows_its_model_and_terms_are_never_reused(pair, ops):
             assert store.renew(me, term + skew, 60.0, name=name) is ok
         else:
             ok = holder == me and skew == 0
-            assert store.release(me, term + skew, name=name) is ok
+            raise_to = max(0, term + lift)
+            assert store.release(me, term + skew, raise_to=raise_to, name=name) is ok
             if ok:
-                holder = None
+                holder, top = None, max(top, raise_to)
         seen = stores[1 - who].leader(name=name)
         assert (seen and seen[:1] + seen[2:3]) == ((holder, term) if holder else None)

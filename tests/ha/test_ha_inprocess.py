@@ -21,6 +21,7 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
 from sia_grpc.controller.store import Fenced
+from sia_grpc.nodeagent import AgentConfig, NodeAgent
 
 SPEC = pb.JobSpec(name="c10", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE)
 WAIT_S = 20.0  # real seconds a condition may take (a lease's TTL is 1.5 s here)
@@ -150,3 +151,27 @@ async def test_a_sqlite_controller_leads_at_once_at_term_1(tmp_path):
                                            inline_solver=True)) as c:
         assert c.leading and c.term == 1
         assert await health(c.port) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_an_agent_reconnecting_to_its_leader_at_its_own_term_leaves_it_leading(
+        postgres_dsn):
+    """Once registered, an agent's highest term is its leader's own: its reconnect (a
+    dropped stream) carries that term, and must not read as a restored store's term
+    handed out twice (which would unseat the leader on every reconnect)."""
+    async with pair(postgres_dsn) as (a, b):
+        (leader,) = await until(lambda: leaders(a, b), "a leader")
+        agent = NodeAgent(AgentConfig(node_id="n0", controller=f"127.0.0.1:{leader.port}",
+                                      gpu_type="rtx", num_gpus=4, backoff_base_s=0.05,
+                                      backoff_cap_s=0.2))
+        await agent.start()
+        try:
+            await until(lambda: agent.registrations == 1, "the agent to register")
+            term = leader.term
+            assert agent.term == term
+            leader.agents["n0"].outbox.put_nowait(None)  # the leader ends its stream
+            await until(lambda: agent.registrations == 2, "the agent to register again")
+            assert leaders(a, b) == [leader] and leader.term == agent.term == term
+            assert [o[0] for o in leader.offices] == [term]  # never stepped down
+            assert agent.stale_refused == 0
+        finally:
+            await agent.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sia_grpc.controller.stores.contract import (
     LEASE,
+    MAX_TERM,
     SCHEMA_VERSION,
     Compacted,
     Fenced,
@@ -19,9 +20,9 @@ from sia_grpc.controller.stores.contract import (
 )
 from sia_grpc.controller.stores.sqlite import SqliteStore
 
-__all__ = ["LEASE", "SCHEMA_VERSION", "Compacted", "Fenced", "JobExists", "JobStore", "Lease",
-           "NotFound", "RequestConflict", "SqliteStore", "StoreError", "StoredJob",
-           "describe", "is_postgres", "open_store"]
+__all__ = ["LEASE", "MAX_TERM", "SCHEMA_VERSION", "Compacted", "Fenced", "JobExists",
+           "JobStore", "Lease", "NotFound", "RequestConflict", "SqliteStore", "StoreError",
+           "StoredJob", "describe", "is_postgres", "open_store"]
 
 
 def is_postgres(target: str) -> bool:

@@ -16,7 +16,9 @@ Semantics, on both back-ends:
   expiry computed by the database's clock (never compare two machines' clocks). A
   store `fence`d at a term conditions every write transaction on that lease still
   being held at that term, checked inside the same transaction: a deposed writer
-  gets `Fenced` and nothing is written.
+  gets `Fenced` and nothing is written. Its holder may raise the term as it releases
+  the lease (`release(..., raise_to=H)`: after a restore, the row's term is below
+  terms already led), never lower it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sia_grpc.api import pb
 SCHEMA_VERSION = 4
 
 LEASE = "controller"  # the lease the controllers elect their leader with
+MAX_TERM = 2**63 - 1  # the largest term both databases' integers hold
 
 
 class StoreError(Exception):
@@ -98,7 +101,8 @@ class JobStore(Protocol):
     def try_acquire(self, holder: str, ttl_s: float, *, address: str = "",
                     name: str = LEASE) -> int | None: ...
     def renew(self, holder: str, term: int, ttl_s: float, *, name: str = LEASE) -> bool: ...
-    def release(self, holder: str, term: int, *, name: str = LEASE) -> bool: ...
+    def release(self, holder: str, term: int, *, raise_to: int = 0,
+                name: str = LEASE) -> bool: ...
     def leader(self, *, name: str = LEASE) -> Lease | None: ...
     def fence(self, term: int | None, *, name: str = LEASE) -> None: ...
     def close(self) -> None: ...

@@ -21,6 +21,7 @@ from typing import Any
 from sia_grpc.api import pb
 from sia_grpc.controller.stores.contract import (
     LEASE,
+    MAX_TERM,
     SCHEMA_VERSION,
     Compacted,
     Fenced,
@@ -380,11 +381,20 @@ class SqlStore:
             return self._update_held(conn, f"expires_at = {self._NOW} + ?", (ttl_s,),
                                      name, holder, term)
 
-    def release(self, holder: str, term: int, *, name: str = LEASE) -> bool:
+    def release(self, holder: str, term: int, *, raise_to: int = 0,
+                name: str = LEASE) -> bool:
         """Give the lease up now (it expires; its term stays, so it is never reused);
-        False when `holder` did not hold it at `term`."""
+        False when `holder` did not hold it at `term`, and then nothing changes.
+
+        `raise_to`: the lease's term becomes at least that, so the next acquire takes
+        a term above it (a leader that learnt its term was handed out before: the
+        database was restored). It only ever raises: `term` is what the row holds
+        (the update is conditioned on it), so max(term, raise_to) is never lower."""
+        if not 0 <= raise_to < MAX_TERM:  # (the next acquire takes raise_to + 1)
+            raise ValueError(f"raise_to: must be in [0, {MAX_TERM}), got {raise_to}")
         with self._txn(f"release lease {name!r}") as conn:
-            return self._update_held(conn, f"expires_at = {self._NOW}", (), name, holder, term)
+            return self._update_held(conn, f"expires_at = {self._NOW}, term = ?",
+                                     (max(term, raise_to),), name, holder, term)
 
     def _update_held(self, conn, assignment: str, args: tuple, name: str, holder: str,
                      term: int) -> bool:

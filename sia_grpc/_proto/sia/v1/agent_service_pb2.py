@@ -26,7 +26,7 @@ from sia_grpc._proto.sia.v1 import goodput_pb2 as sia_dot_v1_dot_goodput__pb2
 from sia_grpc._proto.sia.v1 import job_pb2 as sia_dot_v1_dot_job__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asia/v1/agent_service.proto\x12\x06sia.v1\x1a\x14sia/v1/goodput.proto\x1a\x10sia/v1/job.proto\"\xd2\x01\n\x0c\x41gentMessage\x12$\n\x08register\x18\x01 \x01(\x0b\x32\x10.sia.v1.RegisterH\x00\x12&\n\theartbeat\x18\x02 \x01(\x0b\x32\x11.sia.v1.HeartbeatH\x00\x12&\n\ttelemetry\x18\x03 \x01(\x0b\x32\x11.sia.v1.TelemetryH\x00\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.sia.v1.DirectiveAckH\x00\x12\x1f\n\x04\x65xit\x18\x05 \x01(\x0b\x32\x0f.sia.v1.JobExitH\x00\x42\x06\n\x04kind\"/\n\x0cGpuInventory\x12\x10\n\x08gpu_type\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"D\n\nRunningJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nlocal_gpus\x18\x03 \x03(\r\"F\n\rProfilingPass\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\tlocal_gpu\x18\x03 \x01(\r\"\xcc\x01\n\x08Register\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04gpus\x18\x02 \x03(\x0b\x32\x14.sia.v1.GpuInventory\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12#\n\x07running\x18\x04 \x03(\x0b\x32\x12.sia.v1.RunningJob\x12(\n\tprofiling\x18\x05 \x03(\x0b\x32\x15.sia.v1.ProfilingPass\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\"\x0b\n\tHeartbeat\"h\n\x0f\x43heckpointEvent\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x01\x12\x0e\n\x06save_s\x18\x04 \x01(\x01\x12\x11\n\trestore_s\x18\x05 \x01(\x01\"\xa9\x02\n\tTelemetry\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12)\n\x07samples\x18\x03 \x03(\x0b\x32\x18.sia.v1.ThroughputSample\x12#\n\x04grad\x18\x04 \x01(\x0b\x32\x15.sia.v1.GradientStats\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12+\n\ncheckpoint\x18\x06 \x01(\x0b\x32\x17.sia.v1.CheckpointEvent\x12\x0f\n\x07profile\x18\x07 \x01(\x08\x12\x15\n\rprofile_error\x18\x08 \x01(\t\x12\x17\n\x0fprofile_refused\x18\t \x01(\x08\x12\x18\n\x0bprofile_gpu\x18\n \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_profile_gpu\"c\n\x0c\x44irectiveAck\x12\x14\n\x0c\x64irective_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xce\x01\n\x07JobExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.sia.v1.JobExit.Kind\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x0f\n\x07message\x18\x05 \x01(\t\"X\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eKIND_COMPLETED\x10\x01\x12\x15\n\x11KIND_CHECKPOINTED\x10\x02\x12\x0f\n\x0bKIND_FAILED\x10\x03\"\xc6\x01\n\x11\x43ontrollerMessage\x12(\n\nregistered\x18\x01 \x01(\x0b\x32\x12.sia.v1.RegisteredH\x00\x12&\n\tdirective\x18\x02 \x01(\x0b\x32\x11.sia.v1.DirectiveH\x00\x12)\n\x07profile\x18\x03 \x01(\x0b\x32\x16.sia.v1.ProfileRequestH\x00\x12\x1e\n\x05\x64rain\x18\x04 \x01(\x0b\x32\r.sia.v1.DrainH\x00\x12\x0c\n\x04term\x18\n \x01(\x04\x42\x06\n\x04kind\"F\n\nRegistered\x12\x1a\n\x12\x63ontroller_version\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"o\n\x0bWorldLayout\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\x13\n\x0brank_offset\x18\x02 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x03 \x01(\t\x12\x13\n\x0bmaster_port\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x03(\t\"\xf3\x02\n\tDirective\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x64irective_id\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12(\n\x06\x61\x63tion\x18\x05 \x01(\x0e\x32\x18.sia.v1.Directive.Action\x12\x1d\n\x04spec\x18\x06 \x01(\x0b\x32\x0f.sia.v1.JobSpec\x12\x12\n\nlocal_gpus\x18\x07 \x03(\r\x12\"\n\x05world\x18\x08 \x01(\x0b\x32\x13.sia.v1.WorldLayout\x12&\n\nallocation\x18\t \x01(\x0b\x32\x12.sia.v1.Allocation\x12\x17\n\x0f\x63heckpoint_path\x18\n \x01(\t\x12\x18\n\x10restore_progress\x18\x0b \x01(\x01\"A\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0e\n\nACTION_RUN\x10\x01\x12\x0f\n\x0b\x41\x43TION_STOP\x10\x02\"\x81\x01\n\x0eProfileRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x1d\n\x04spec\x18\x03 \x01(\x0b\x32\x0f.sia.v1.JobSpec\x12\x11\n\tlocal_gpu\x18\x04 \x01(\r\x12\x19\n\x11local_batch_sizes\x18\x05 \x03(\r\"\'\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x01(\x08\x32N\n\x0c\x41gentService\x12>\n\x07\x43onnect\x12\x14.sia.v1.AgentMessage\x1a\x19.sia.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asia/v1/agent_service.proto\x12\x06sia.v1\x1a\x14sia/v1/goodput.proto\x1a\x10sia/v1/job.proto\"\xd2\x01\n\x0c\x41gentMessage\x12$\n\x08register\x18\x01 \x01(\x0b\x32\x10.sia.v1.RegisterH\x00\x12&\n\theartbeat\x18\x02 \x01(\x0b\x32\x11.sia.v1.HeartbeatH\x00\x12&\n\ttelemetry\x18\x03 \x01(\x0b\x32\x11.sia.v1.TelemetryH\x00\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.sia.v1.DirectiveAckH\x00\x12\x1f\n\x04\x65xit\x18\x05 \x01(\x0b\x32\x0f.sia.v1.JobExitH\x00\x42\x06\n\x04kind\"/\n\x0cGpuInventory\x12\x10\n\x08gpu_type\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"D\n\nRunningJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nlocal_gpus\x18\x03 \x03(\r\"F\n\rProfilingPass\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x11\n\tlocal_gpu\x18\x03 \x01(\r\"\xe2\x01\n\x08Register\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\"\n\x04gpus\x18\x02 \x03(\x0b\x32\x14.sia.v1.GpuInventory\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12#\n\x07running\x18\x04 \x03(\x0b\x32\x12.sia.v1.RunningJob\x12(\n\tprofiling\x18\x05 \x03(\x0b\x32\x15.sia.v1.ProfilingPass\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\x12\x14\n\x0chighest_term\x18\x08 \x01(\x04\"\x0b\n\tHeartbeat\"h\n\x0f\x43heckpointEvent\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x01\x12\x0e\n\x06save_s\x18\x04 \x01(\x01\x12\x11\n\trestore_s\x18\x05 \x01(\x01\"\xa9\x02\n\tTelemetry\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12)\n\x07samples\x18\x03 \x03(\x0b\x32\x18.sia.v1.ThroughputSample\x12#\n\x04grad\x18\x04 \x01(\x0b\x32\x15.sia.v1.GradientStats\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12+\n\ncheckpoint\x18\x06 \x01(\x0b\x32\x17.sia.v1.CheckpointEvent\x12\x0f\n\x07profile\x18\x07 \x01(\x08\x12\x15\n\rprofile_error\x18\x08 \x01(\t\x12\x17\n\x0fprofile_refused\x18\t \x01(\x08\x12\x18\n\x0bprofile_gpu\x18\n \x01(\rH\x00\x88\x01\x01\x42\x0e\n\x0c_profile_gpu\"c\n\x0c\x44irectiveAck\x12\x14\n\x0c\x64irective_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\n\n\x02ok\x18\x04 \x01(\x08\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\xce\x01\n\x07JobExit\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\"\n\x04kind\x18\x03 \x01(\x0e\x32\x14.sia.v1.JobExit.Kind\x12\x10\n\x08progress\x18\x04 \x01(\x01\x12\x0f\n\x07message\x18\x05 \x01(\t\"X\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eKIND_COMPLETED\x10\x01\x12\x15\n\x11KIND_CHECKPOINTED\x10\x02\x12\x0f\n\x0bKIND_FAILED\x10\x03\"\xc6\x01\n\x11\x43ontrollerMessage\x12(\n\nregistered\x18\x01 \x01(\x0b\x32\x12.sia.v1.RegisteredH\x00\x12&\n\tdirective\x18\x02 \x01(\x0b\x32\x11.sia.v1.DirectiveH\x00\x12)\n\x07profile\x18\x03 \x01(\x0b\x32\x16.sia.v1.ProfileRequestH\x00\x12\x1e\n\x05\x64rain\x18\x04 \x01(\x0b\x32\r.sia.v1.DrainH\x00\x12\x0c\n\x04term\x18\n \x01(\x04\x42\x06\n\x04kind\"F\n\nRegistered\x12\x1a\n\x12\x63ontroller_version\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\"o\n\x0bWorldLayout\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\x13\n\x0brank_offset\x18\x02 \x01(\r\x12\x13\n\x0bmaster_addr\x18\x03 \x01(\t\x12\x13\n\x0bmaster_port\x18\x04 \x01(\r\x12\r\n\x05nodes\x18\x05 \x03(\t\"\xf3\x02\n\tDirective\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x64irective_id\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12(\n\x06\x61\x63tion\x18\x05 \x01(\x0e\x32\x18.sia.v1.Directive.Action\x12\x1d\n\x04spec\x18\x06 \x01(\x0b\x32\x0f.sia.v1.JobSpec\x12\x12\n\nlocal_gpus\x18\x07 \x03(\r\x12\"\n\x05world\x18\x08 \x01(\x0b\x32\x13.sia.v1.WorldLayout\x12&\n\nallocation\x18\t \x01(\x0b\x32\x12.sia.v1.Allocation\x12\x17\n\x0f\x63heckpoint_path\x18\n \x01(\t\x12\x18\n\x10restore_progress\x18\x0b \x01(\x01\"A\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0e\n\nACTION_RUN\x10\x01\x12\x0f\n\x0b\x41\x43TION_STOP\x10\x02\"\x81\x01\n\x0eProfileRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x1d\n\x04spec\x18\x03 \x01(\x0b\x32\x0f.sia.v1.JobSpec\x12\x11\n\tlocal_gpu\x18\x04 \x01(\r\x12\x19\n\x11local_batch_sizes\x18\x05 \x03(\r\"\'\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x01(\x08\x32N\n\x0c\x41gentService\x12>\n\x07\x43onnect\x12\x14.sia.v1.AgentMessage\x1a\x19.sia.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,33 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROFILINGPASS']._serialized_start=410
   _globals['_PROFILINGPASS']._serialized_end=480
   _globals['_REGISTER']._serialized_start=483
-  _globals['_REGISTER']._serialized_end=687
-  _globals['_HEARTBEAT']._serialized_start=689
-  _globals['_HEARTBEAT']._serialized_end=700
-  _globals['_CHECKPOINTEVENT']._serialized_start=702
-  _globals['_CHECKPOINTEVENT']._serialized_end=806
-  _globals['_TELEMETRY']._serialized_start=809
-  _globals['_TELEMETRY']._serialized_end=1106
-  _globals['_DIRECTIVEACK']._serialized_start=1108
-  _globals['_DIRECTIVEACK']._serialized_end=1207
-  _globals['_JOBEXIT']._serialized_start=1210
-  _globals['_JOBEXIT']._serialized_end=1416
-  _globals['_JOBEXIT_KIND']._serialized_start=1328
-  _globals['_JOBEXIT_KIND']._serialized_end=1416
-  _globals['_CONTROLLERMESSAGE']._serialized_start=1419
-  _globals['_CONTROLLERMESSAGE']._serialized_end=1617
-  _globals['_REGISTERED']._serialized_start=1619
-  _globals['_REGISTERED']._serialized_end=1689
-  _globals['_WORLDLAYOUT']._serialized_start=1691
-  _globals['_WORLDLAYOUT']._serialized_end=1802
-  _globals['_DIRECTIVE']._serialized_start=1805
-  _globals['_DIRECTIVE']._serialized_end=2176
-  _globals['_DIRECTIVE_ACTION']._serialized_start=2111
-  _globals['_DIRECTIVE_ACTION']._serialized_end=2176
-  _globals['_PROFILEREQUEST']._serialized_start=2179
-  _globals['_PROFILEREQUEST']._serialized_end=2308
-  _globals['_DRAIN']._serialized_start=2310
-  _globals['_DRAIN']._serialized_end=2349
-  _globals['_AGENTSERVICE']._serialized_start=2351
-  _globals['_AGENTSERVICE']._serialized_end=2429
+  _globals['_REGISTER']._serialized_end=709
+  _globals['_HEARTBEAT']._serialized_start=711
+  _globals['_HEARTBEAT']._serialized_end=722
+  _globals['_CHECKPOINTEVENT']._serialized_start=724
+  _globals['_CHECKPOINTEVENT']._serialized_end=828
+  _globals['_TELEMETRY']._serialized_start=831
+  _globals['_TELEMETRY']._serialized_end=1128
+  _globals['_DIRECTIVEACK']._serialized_start=1130
+  _globals['_DIRECTIVEACK']._serialized_end=1229
+  _globals['_JOBEXIT']._serialized_start=1232
+  _globals['_JOBEXIT']._serialized_end=1438
+  _globals['_JOBEXIT_KIND']._serialized_start=1350
+  _globals['_JOBEXIT_KIND']._serialized_end=1438
+  _globals['_CONTROLLERMESSAGE']._serialized_start=1441
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1639
+  _globals['_REGISTERED']._serialized_start=1641
+  _globals['_REGISTERED']._serialized_end=1711
+  _globals['_WORLDLAYOUT']._serialized_start=1713
+  _globals['_WORLDLAYOUT']._serialized_end=1824
+  _globals['_DIRECTIVE']._serialized_start=1827
+  _globals['_DIRECTIVE']._serialized_end=2198
+  _globals['_DIRECTIVE_ACTION']._serialized_start=2133
+  _globals['_DIRECTIVE_ACTION']._serialized_end=2198
+  _globals['_PROFILEREQUEST']._serialized_start=2201
+  _globals['_PROFILEREQUEST']._serialized_end=2330
+  _globals['_DRAIN']._serialized_start=2332
+  _globals['_DRAIN']._serialized_end=2371
+  _globals['_AGENTSERVICE']._serialized_start=2373
+  _globals['_AGENTSERVICE']._serialized_end=2451
 # @@protoc_insertion_point(module_scope)

@@ -52,7 +52,7 @@ class ProfilingPass(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpu: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining", "instance_id")
+    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining", "instance_id", "highest_term")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class Register(_message.Message):
     PROFILING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    HIGHEST_TERM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInventory]
     agent_version: str
@@ -67,7 +68,8 @@ class Register(_message.Message):
     profiling: _containers.RepeatedCompositeFieldContainer[ProfilingPass]
     draining: bool
     instance_id: str
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    highest_term: int
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ..., instance_id: _Optional[str] = ..., highest_term: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
