@@ -162,6 +162,7 @@ class SiaPolicy(RoundFromConfig):
         timings["estimate"] = time.perf_counter() - t0
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
                                         and j.job_id in previous) for j in jobs], dtype=bool)
+        hold |= self.settling(jobs, previous)
         grow = (lambda cur, chosen: self.growth_values(table, jobs, cur, chosen, hold)) \
             if cfg.grow_into_idle else None
         # Each job's weight scales its values and its no-allocation penalty alike
@@ -176,6 +177,11 @@ class SiaPolicy(RoundFromConfig):
     def start_scale(self, cluster: Cluster, jobs: Sequence[PolicyJob]) -> float:
         """How many times its minimum a job not yet running may start on; Sia: 1."""
         return 1.0
+
+    def settling(self, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation]) -> np.ndarray:
+        """Running jobs kept where they are for longer than their restore; Sia: none."""
+        return np.zeros(len(jobs), dtype=bool)
 
     def job_weights(self, jobs: Sequence[PolicyJob]) -> np.ndarray:
         """Each job's weight in the objective; Sia weighs every job alike."""

@@ -18,6 +18,9 @@ so `sia-plus` with every lever off computes what `sia` does.
   no-allocation penalty are weighted by R^(−srpt) (R floored at one round and
   capped at `srpt_cap_h`; jobs with no estimate get the median weight), so a job
   close to its end is the last to be left waiting and the first to grow.
+- **Settling** (`min_stint`). Sia keeps a job's GPUs while it restores
+  (`hold_restoring`); this keeps them until it has run `min_stint` restart costs
+  on them, so no job pays a restore for a stint shorter than a few restores.
 - **Larger starts** (`start_scale`). A job not yet running may start on up to
   `start_scale` × its minimum GPUs instead of its minimum, saving the restarts of
   growing 1 → 2 → 4 one round at a time.
@@ -27,7 +30,7 @@ docs/results.md ("Beyond the paper: sia-plus") has what each lever gives.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +38,7 @@ import numpy as np
 from sia_grpc.policy.candidates import CandidateTable
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
-from sia_grpc.policy.types import PolicyJob, SettingError, setting
+from sia_grpc.policy.types import JobAllocation, PolicyJob, SettingError, setting
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,15 @@ class SiaPlusConfig(SiaConfig):
                                "in the objective (0: off, every job alike)")
     srpt_cap_h: float = setting(24.0, "hours at which the remaining run time stops "
                                       "lowering a job's srpt weight")
+    min_stint: float = setting(0.0, "keep a running job's GPUs until it has run this many "
+                                    "restart costs on them (0: off; Sia keeps them while it "
+                                    "restores, hold_restoring)")
     start_scale: float = setting(1.0, "a job not yet running may start on up to this "
                                       "many times its minimum GPUs (1: Sia's rule)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("payback", "srpt"):
+        for name in ("payback", "srpt", "min_stint"):
             if not getattr(self, name) >= 0:
                 raise SettingError(name, f"must be at least 0, got {getattr(self, name):g}")
         if not self.start_scale >= 1:
@@ -70,6 +76,12 @@ class SiaPlusPolicy(SiaPolicy):
 
     def start_scale(self, cluster: Cluster, jobs: Sequence[PolicyJob]) -> float:
         return self.config.start_scale
+
+    def settling(self, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation]) -> np.ndarray:
+        k = self.config.min_stint
+        return np.array([k > 0 and j.job_id in previous and j.stint < k * j.restart_cost
+                         for j in jobs], dtype=bool)
 
     def job_weights(self, jobs: Sequence[PolicyJob]) -> np.ndarray:
         cfg = self.config

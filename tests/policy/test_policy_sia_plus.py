@@ -46,6 +46,14 @@ def test_a_job_far_from_its_end_still_moves():
     assert gpu_type(make_policy("sia-plus", {"payback": 55}), far) == "slow"
 
 
+def test_a_job_settles_for_min_stint_restart_costs_before_it_moves():
+    # S = 100 s, min_stint = 2: a job 150 s into its allocation stays; at 250 s it moves.
+    settle = make_policy("sia-plus", {"min_stint": 2})
+    assert gpu_type(settle, on_slow(0.1, stint=150.0)) == "slow"
+    assert gpu_type(settle, on_slow(0.1, stint=250.0)) == "fast"
+    assert gpu_type(SiaPlusPolicy(), on_slow(0.1, stint=150.0)) == "fast"  # (off: moves)
+
+
 def test_restart_pays_row_by_row():
     # One running job on 1 slow GPU, goodput 1 there; its rows: fast 1 (1.2, a move),
     # slow 1 (stay), slow 2 (1.8, a resize). R = 900 s, S = 100 s.
@@ -111,7 +119,19 @@ def test_with_every_lever_off_it_is_sia():
 
 
 @pytest.mark.parametrize("key, value", [("payback", -1), ("srpt", -0.5), ("start_scale", 0.5),
-                                        ("srpt_cap_h", 0)])
+                                        ("srpt_cap_h", 0), ("min_stint", -1)])
 def test_bad_settings_name_the_key(key, value):
     with pytest.raises(SettingError, match=f"^sia-plus.{key}: "):
         make_policy("sia-plus", {key: value})
+
+
+def test_named_wherever_a_policy_is_named():
+    """The controller's `[policy.sia-plus]` table and PolicySpec (its solver process),
+    `sia simulate --set sia-plus.*` and OptimizeRequest all go through these."""
+    from sia_grpc.policy import params
+
+    table = params.from_toml({"sia-plus": {"start_scale": 4, "srpt": "0.25"}})
+    spec = params.PolicySpec("sia-plus", tuple(sorted(table["sia-plus"].items())), 60.0)
+    policy = spec.build()
+    assert (policy.name, policy.config.start_scale, policy.config.srpt) == ("sia-plus", 4.0, 0.25)
+    assert params.assignment("sia-plus.payback=2") == ("sia-plus", "payback", "2")
