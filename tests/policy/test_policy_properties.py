@@ -90,13 +90,15 @@ def check_round(cluster: Cluster, jobs: list[PolicyJob], result) -> None:
 def test_rounds_are_always_valid(cluster, jobs, name):
     policy = VARIANTS[name]() if name in VARIANTS else make_policy(name)
     start_scale = getattr(policy.config, "start_scale", 1.0)
+    scale_up = getattr(policy.config, "max_scale_up", 2.0)
     name = name.removesuffix("-paper").removesuffix("-all")
     previous = {}
     for _ in range(3):
         result = policy.optimize(cluster, jobs, previous)
         check_round(cluster, jobs, result)
         if name in ("sia", "pollux", "sia-plus"):
-            # at most 2x per round, new jobs at their minimum (sia-plus: start_scale x it)
+            # at most 2x per round (max_scale_up), new jobs at their minimum (sia-plus:
+            # start_scale x it)
             for job in jobs:
                 a, prev = result.allocations.get(job.job_id), previous.get(job.job_id)
                 if a is not None:
@@ -104,7 +106,7 @@ def test_rounds_are_always_valid(cluster, jobs, name):
                     base = max(job.min_gpus, job.pipeline_gpus, job.num_gpus or 1)
                     start = cluster.first_count(base, gpu_type=a.config.gpu_type)
                     cap = max(start, int(base * start_scale)) if prev is None \
-                        else max(2 * prev.config.num_gpus, start)
+                        else max(int(scale_up * prev.config.num_gpus), start)
                     assert a.config.num_gpus <= cap
         previous = dict(result.allocations)
         jobs = [dataclasses.replace(j, age=j.age + 60.0) for j in jobs]

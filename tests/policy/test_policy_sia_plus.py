@@ -109,7 +109,8 @@ def test_with_every_lever_off_it_is_sia():
     cl = Cluster.uniform({"fast": (1, 4), "slow": (2, 4)})
     jobs = [job(f"j{k}", {"fast": 1.0 + k / 10, "slow": 0.5}, exponent=0.8, progress=0.3,
                 attained={"fast": 600.0 * (k + 1)}, age=3600.0 * (k + 1)) for k in range(5)]
-    off = make_policy("sia-plus", {"payback": 0, "srpt": 0, "start_scale": 1})
+    off = make_policy("sia-plus", {"payback": 0, "srpt": 0, "start_scale": 1,
+                                   "max_scale_up": 2})
     prev_sia, prev_off = {}, {}
     for _ in range(3):
         a = SiaPolicy().optimize(cl, jobs, prev_sia)
