@@ -157,7 +157,7 @@ class SiaPolicy(RoundFromConfig):
         t0 = time.perf_counter()
         table = build_candidates(
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
-            start_scale=self.start_scale(cluster, jobs),
+            start_scale=self.start_scale(),
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
@@ -174,7 +174,7 @@ class SiaPolicy(RoundFromConfig):
                          rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
                          queues=queues, warm=warm)
 
-    def start_scale(self, cluster: Cluster, jobs: Sequence[PolicyJob]) -> float:
+    def start_scale(self) -> float:
         """How many times its minimum a job not yet running may start on; Sia: 1."""
         return 1.0
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from sia_grpc.policy.candidates import CandidateTable
-from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.types import JobAllocation, PolicyJob, SettingError, setting
 
@@ -79,7 +78,7 @@ class SiaPlusPolicy(SiaPolicy):
     config: SiaPlusConfig = SiaPlusConfig()
     name: str = "sia-plus"
 
-    def start_scale(self, cluster: Cluster, jobs: Sequence[PolicyJob]) -> float:
+    def start_scale(self) -> float:
         return self.config.start_scale
 
     def settling(self, jobs: Sequence[PolicyJob],
