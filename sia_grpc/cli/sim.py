@@ -40,8 +40,8 @@ def add_commands(sub: Any) -> None:
                      help="CSV files, directories of them, or shipped workloads "
                           "(saturn, philly, newtrace, saturn/workload-1, ...)")
     sim.add_argument("--policy", default="sia",
-                     help="sia, pollux, gavel, fifo, sia-partitioned, or several separated by "
-                          "commas")
+                     help="sia, pollux, gavel, fifo, sia-partitioned, sia-plus, or several "
+                          "separated by commas")
     sim.add_argument("--cluster", default="hetero64",
                      help="hetero64, homo64, or a cluster TOML file (default hetero64)")
     sim.add_argument("--scale", type=int, default=1, help="multiply the cluster's nodes")

@@ -80,14 +80,15 @@ class CandidateTable:
 
 
 def count_bounds(cluster: Cluster, job: PolicyJob, current: Config | None, *,
-                 max_scale_up: float = 2.0, scale_rules: bool = True) -> tuple[int, int, int]:
+                 max_scale_up: float = 2.0, scale_rules: bool = True,
+                 start_scale: float = 1.0) -> tuple[int, int, int]:
     """(lo, hi, limit): the job may take the counts in [lo, hi] on a type; a type
     with no count there offers instead its first count ≥ lo, if that is ≤ limit.
 
     A rigid job takes its own count (on a type without that count, the next one
     up: it still runs its own replicas there). With `scale_rules`, a job not yet
-    running starts at its minimum and a running one may at most multiply its
-    count by `max_scale_up`; `limit` is its `max_gpus`.
+    running starts at its minimum (at most `start_scale` times it) and a running
+    one may at most multiply its count by `max_scale_up`; `limit` is its `max_gpus`.
     """
     unbounded = cluster.total_gpus
     if job.adaptivity is Adaptivity.RIGID:
@@ -97,7 +98,8 @@ def count_bounds(cluster: Cluster, job: PolicyJob, current: Config | None, *,
     limit = job.max_gpus if job.max_gpus is not None else unbounded
     hi = limit
     if scale_rules:
-        hi = min(hi, lo if current is None else max(int(current.num_gpus * max_scale_up), lo))
+        hi = min(hi, max(int(lo * start_scale), lo) if current is None
+                 else max(int(current.num_gpus * max_scale_up), lo))
     return lo, hi, limit
 
 
@@ -111,7 +113,8 @@ def candidate_configs(cluster: Cluster, job: PolicyJob, current: Config | None, 
 
 def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
                     current: Sequence[Config | None], *, max_scale_up: float = 2.0,
-                    scale_rules: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                    scale_rules: bool = True,
+                    start_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Every job's candidate configurations as (offsets, indices into
     cluster.configs), job-major and ascending within a job.
 
@@ -119,7 +122,7 @@ def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
     count, so each job's candidates of a type are one contiguous range.
     """
     bounds = np.array([count_bounds(cluster, j, c, max_scale_up=max_scale_up,
-                                    scale_rules=scale_rules)
+                                    scale_rules=scale_rules, start_scale=start_scale)
                        for j, c in zip(jobs, current, strict=True)],
                       dtype=np.int64).reshape(-1, 3)
     gpus = cluster.config_arrays[0]
@@ -154,7 +157,7 @@ def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
 
 def build_candidates(cluster: Cluster, jobs: Sequence[PolicyJob],
                      previous: Mapping[str, JobAllocation], *, max_scale_up: float = 2.0,
-                     scale_rules: bool = True,
+                     scale_rules: bool = True, start_scale: float = 1.0,
                      type_maps: Sequence[Mapping[str, str] | None] | None = None,
                      ) -> CandidateTable:
     """Every job's candidates with their goodput estimates.
@@ -165,7 +168,7 @@ def build_candidates(cluster: Cluster, jobs: Sequence[PolicyJob],
     """
     current = [previous[j.job_id].config if j.job_id in previous else None for j in jobs]
     offsets, index = candidate_index(cluster, jobs, current, max_scale_up=max_scale_up,
-                                     scale_rules=scale_rules)
+                                     scale_rules=scale_rules, start_scale=start_scale)
     return estimate(cluster, jobs, offsets, index, type_maps)
 
 

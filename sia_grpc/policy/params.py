@@ -28,10 +28,12 @@ from sia_grpc.policy.baselines import (
     PolluxPolicy,
 )
 from sia_grpc.policy.sia import SiaPolicy
+from sia_grpc.policy.sia_plus import SiaPlusPolicy
 from sia_grpc.policy.types import Policy, SettingError
 
 POLICIES: dict[str, type] = {"sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy,
-                             "fifo": FifoPolicy, "sia-partitioned": PartitionedSiaPolicy}
+                             "fifo": FifoPolicy, "sia-partitioned": PartitionedSiaPolicy,
+                             "sia-plus": SiaPlusPolicy}
 
 # `lambda_` is the field (λ; `lambda` is a Python keyword), but `lambda` is what
 # people write in TOML and environment variables: both are accepted.

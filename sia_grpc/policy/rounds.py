@@ -123,13 +123,14 @@ Grow = Callable[[np.ndarray, np.ndarray], np.ndarray | None]
 
 def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
               previous: Mapping[str, JobAllocation],
-              values: Callable[[np.ndarray], np.ndarray], none_value: float,
+              values: Callable[[np.ndarray], np.ndarray], none_value: float | np.ndarray,
               timings: dict[str, float], *, time_limit: float, rel_gap: float,
               solver: str, hold: np.ndarray | None = None,
               grow: Grow | None = None, queues: QueueSet | None = None,
               warm: WarmStart | None = None) -> RoundResult:
     """The rest of a round for an ILP policy: `values(current)` gives every
-    candidate's value from each job's current configuration index (-1: none).
+    candidate's value from each job's current configuration index (-1: none);
+    `none_value` is leaving a job out, one value for all or one per job.
     Jobs where `hold` is true keep their current configuration (`hold_current`).
     With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`).
     With `queues`, priority weights, minimum-runtime holds and the queues' rows
@@ -138,7 +139,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
     vals = values(current)
-    none = np.full(table.num_jobs, float(none_value))
+    none = np.broadcast_to(np.asarray(none_value, dtype=np.float64), (table.num_jobs,)).copy()
     hold = np.zeros(table.num_jobs, dtype=bool) if hold is None else np.asarray(hold, bool)
     if queues is not None:
         w = job_weights(jobs, queues)

@@ -157,16 +157,35 @@ class SiaPolicy(RoundFromConfig):
         t0 = time.perf_counter()
         table = build_candidates(
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
+            start_scale=self.start_scale(),
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
                                         and j.job_id in previous) for j in jobs], dtype=bool)
+        hold |= self.settling(jobs, previous)
         grow = (lambda cur, chosen: self.growth_values(table, jobs, cur, chosen, hold)) \
             if cfg.grow_into_idle else None
-        return ilp_round(table, jobs, previous, lambda cur: self.values(table, jobs, cur),
-                         -cfg.lambda_, timings, time_limit=cfg.solver_time_limit,
+        # Each job's weight scales its values and its no-allocation penalty alike
+        # (all 1 for Sia: the paper's objective exactly).
+        w = self.job_weights(jobs)
+        return ilp_round(table, jobs, previous,
+                         lambda cur: self.values(table, jobs, cur) * w[table.job],
+                         -cfg.lambda_ * w, timings, time_limit=cfg.solver_time_limit,
                          rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
                          queues=queues, warm=warm)
+
+    def start_scale(self) -> float:
+        """How many times its minimum a job not yet running may start on; Sia: 1."""
+        return 1.0
+
+    def settling(self, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation]) -> np.ndarray:
+        """Running jobs kept where they are for longer than their restore; Sia: none."""
+        return np.zeros(len(jobs), dtype=bool)
+
+    def job_weights(self, jobs: Sequence[PolicyJob]) -> np.ndarray:
+        """Each job's weight in the objective; Sia weighs every job alike."""
+        return np.ones(len(jobs))
 
     def type_map(self, cluster: Cluster, job: PolicyJob,
                  current: JobAllocation | None) -> Mapping[str, str] | None:

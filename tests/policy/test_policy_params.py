@@ -92,7 +92,7 @@ def test_round_duration_is_not_a_setting_but_the_callers():
 def test_unknown_policy():
     err = error("nope", {})
     assert str(err) == ("policy: unknown 'nope'; choose one of sia, pollux, gavel, fifo, "
-                        "sia-partitioned")
+                        "sia-partitioned, sia-plus")
 
 
 def test_settings_list_each_policys_defaults_and_help():

@@ -46,8 +46,19 @@ def job_lists(draw) -> list[PolicyJob]:
             num_restarts=draw(st.integers(0, 5)),
             restart_cost=draw(st.sampled_from([0.0, 30.0, 250.0])),
             submit_time=float(i),
+            # (progress and run time: what sia-plus's levers estimate the remaining run from)
+            progress=draw(st.sampled_from([0.0, 0.01, 0.5, 0.99])),
+            attained={"a": draw(st.sampled_from([0.0, 60.0, 3600.0]))},
         ))
     return jobs
+
+
+# Policies as variants of their settings: the paper's Sia; sia-plus with every lever on.
+VARIANTS = {
+    "sia-paper": lambda: make_policy("sia", {"grow_into_idle": False}),
+    "sia-plus-all": lambda: make_policy("sia-plus", {"payback": 2.0, "srpt": 0.5,
+                                                     "start_scale": 4.0}),
+}
 
 
 def check_round(cluster: Cluster, jobs: list[PolicyJob], result) -> None:
@@ -73,25 +84,29 @@ def check_round(cluster: Cluster, jobs: list[PolicyJob], result) -> None:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters(), jobs=job_lists(), name=st.sampled_from(["sia", "pollux", "gavel",
-                                                                   "fifo", "sia-paper"]))
+@given(cluster=clusters(), jobs=job_lists(),
+       name=st.sampled_from(["sia", "pollux", "gavel", "fifo", "sia-paper", "sia-plus",
+                             "sia-plus-all"]))
 def test_rounds_are_always_valid(cluster, jobs, name):
-    policy = make_policy("sia", {"grow_into_idle": False}) if name == "sia-paper" \
-        else make_policy(name)
-    name = name.removesuffix("-paper")
+    policy = VARIANTS[name]() if name in VARIANTS else make_policy(name)
+    start_scale = getattr(policy.config, "start_scale", 1.0)
+    scale_up = getattr(policy.config, "max_scale_up", 2.0)
+    name = name.removesuffix("-paper").removesuffix("-all")
     previous = {}
     for _ in range(3):
         result = policy.optimize(cluster, jobs, previous)
         check_round(cluster, jobs, result)
-        if name in ("sia", "pollux"):  # at most 2x per round, new jobs at their minimum
+        if name in ("sia", "pollux", "sia-plus"):
+            # at most 2x per round (max_scale_up), new jobs at their minimum (sia-plus:
+            # start_scale x it)
             for job in jobs:
                 a, prev = result.allocations.get(job.job_id), previous.get(job.job_id)
                 if a is not None:
                     # Per type, the first count at or above the job's minimum.
-                    start = cluster.first_count(max(job.min_gpus, job.pipeline_gpus,
-                                                    job.num_gpus or 1),
-                                                gpu_type=a.config.gpu_type)
-                    cap = start if prev is None else max(2 * prev.config.num_gpus, start)
+                    base = max(job.min_gpus, job.pipeline_gpus, job.num_gpus or 1)
+                    start = cluster.first_count(base, gpu_type=a.config.gpu_type)
+                    cap = max(start, int(base * start_scale)) if prev is None \
+                        else max(int(scale_up * prev.config.num_gpus), start)
                     assert a.config.num_gpus <= cap
         previous = dict(result.allocations)
         jobs = [dataclasses.replace(j, age=j.age + 60.0) for j in jobs]

@@ -81,7 +81,7 @@ def test_unknown_policy(trace, capsys):
     err = capsys.readouterr().err
     assert rc == 2
     assert err.strip() == ("sia simulate: policy: unknown 'nope'; "
-                           "choose one of sia, pollux, gavel, fifo, sia-partitioned")
+                           "choose one of sia, pollux, gavel, fifo, sia-partitioned, sia-plus")
 
 
 def test_bad_counts(trace, capsys):

@@ -1,0 +1,131 @@
+"""`sia-plus`: Sia's ILP with what a production scheduler knows and the paper's
+simulator ignored (issue 16). Same candidates, same objective, same solver and
+placer (`SiaPolicy`); each lever below is one setting, off at its neutral value,
+so `sia-plus` with every lever off (and `max_scale_up = 2`, Sia's) computes what
+`sia` does. On by default: payback (3), larger starts (4×) and growth of up to 4×
+a round; off: srpt and min_stint (measured, not worth it on Philly).
+
+- **Restart payback** (`payback`). Sia's restart factor guesses a job's future
+  from its age and restart count. A job reports its progress, so the scheduler
+  can estimate the running it still needs (`PolicyJob.remaining_run_time`). A
+  restart or move of a running job stays an option only where the running time
+  its new shape saves over that remaining run,
+
+      saved = R · (1 − G_now / G_new),
+
+  exceeds `payback` times the job's measured restart cost S: a job near its end
+  is not moved for a small gain; one far from it still is. (Jobs that have
+  reported no progress yet keep every option: nothing is known.)
+- **Shortest remaining first** (`srpt`). Each job's values and its
+  no-allocation penalty are weighted by R^(−srpt) (R floored at one round and
+  capped at `srpt_cap_h`; jobs with no estimate get the median weight), so a job
+  close to its end is the last to be left waiting and the first to grow.
+- **Settling** (`min_stint`). Sia keeps a job's GPUs while it restores
+  (`hold_restoring`); this keeps them until it has run `min_stint` restart costs
+  on them, so no job pays a restore for a stint shorter than a few restores.
+- **Larger starts** (`start_scale`). A job not yet running may start on up to
+  `start_scale` × its minimum GPUs instead of its minimum, saving the restarts of
+  growing 1 → 2 → 4 one round at a time.
+
+docs/results.md ("Beyond the paper: sia-plus") has what each lever gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sia_grpc.policy.candidates import CandidateTable
+from sia_grpc.policy.sia import SiaConfig, SiaPolicy
+from sia_grpc.policy.types import JobAllocation, PolicyJob, SettingError, setting
+
+
+@dataclass(frozen=True)
+class SiaPlusConfig(SiaConfig):
+    """Sia's settings and the levers of `sia-plus` (module docstring). The defaults
+    were chosen on the Philly workloads alone (docs/results.md, "Beyond the paper")."""
+
+    # Growing 4x a round instead of 2x: the faster growth pays with larger starts.
+    max_scale_up: float = setting(4.0, "at most this many times a job's GPUs per round")
+    payback: float = setting(3.0, "restart or move a running job only where the run time "
+                                  "its new shape saves over its expected remaining run "
+                                  "exceeds this many restart costs (0: off, Sia's rule)")
+    srpt: float = setting(0.0, "weight each job by (expected remaining run time)^-srpt "
+                               "in the objective (0: off, every job alike)")
+    srpt_cap_h: float = setting(24.0, "hours at which the remaining run time stops "
+                                      "lowering a job's srpt weight")
+    min_stint: float = setting(0.0, "keep a running job's GPUs until it has run this many "
+                                    "restart costs on them (0: off; Sia keeps them while it "
+                                    "restores, hold_restoring)")
+    start_scale: float = setting(4.0, "a job not yet running may start on up to this "
+                                      "many times its minimum GPUs (1: Sia's rule)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("payback", "srpt", "min_stint"):
+            if not getattr(self, name) >= 0:
+                raise SettingError(name, f"must be at least 0, got {getattr(self, name):g}")
+        if not self.start_scale >= 1:
+            raise SettingError("start_scale", f"must be at least 1, got {self.start_scale:g}")
+        if not self.srpt_cap_h > 0:
+            raise SettingError("srpt_cap_h", f"must be positive, got {self.srpt_cap_h:g}")
+
+
+@dataclass(frozen=True)
+class SiaPlusPolicy(SiaPolicy):
+    config: SiaPlusConfig = SiaPlusConfig()
+    name: str = "sia-plus"
+
+    def start_scale(self) -> float:
+        return self.config.start_scale
+
+    def settling(self, jobs: Sequence[PolicyJob],
+                 previous: Mapping[str, JobAllocation]) -> np.ndarray:
+        k = self.config.min_stint
+        return np.array([k > 0 and j.job_id in previous and j.stint < k * j.restart_cost
+                         for j in jobs], dtype=bool)
+
+    def job_weights(self, jobs: Sequence[PolicyJob]) -> np.ndarray:
+        cfg = self.config
+        if cfg.srpt == 0:
+            return super().job_weights(jobs)
+        left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+        known = np.isfinite(left)
+        if not np.any(known):
+            return np.ones(len(jobs))
+        left = np.clip(left, cfg.round_duration, cfg.srpt_cap_h * 3600.0)
+        w = np.where(known, left, np.median(left[known])) ** -cfg.srpt
+        return w / np.max(w)  # (only ratios matter; ≤ 1 keeps the ILP's scale)
+
+    def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+               current: np.ndarray, horizon: str | None = None) -> np.ndarray:
+        val = super().values(table, jobs, current, horizon)
+        if self.config.payback == 0:
+            return val
+        return np.where(restart_pays(table, jobs, current, self.config.payback), val, np.nan)
+
+
+def restart_pays(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.ndarray,
+                 payback: float) -> np.ndarray:
+    """Per candidate row: false where it restarts a running job (another
+    configuration than its current one) for a faster shape and the run time it
+    saves over the job's expected remaining run, R·(1 − G_now/G_row), is at most
+    `payback` restart costs. True for every row of a job with no remaining-time estimate or whose
+    current configuration is not among its candidates (nothing to compare)."""
+    job = table.job
+    left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+    cost = np.array([j.restart_cost for j in jobs], dtype=float)
+    now = np.full(table.num_jobs, np.nan)
+    here = (current[job] >= 0) & (table.config == current[job])
+    now[job[here]] = table.goodput[here]
+    restart = (current[job] >= 0) & (table.config != current[job])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        saved = left[job] * (1.0 - now[job] / table.goodput)
+    # A shape no faster than the current one (a shrink or a move to a slower
+    # type) is taken for the other jobs' sake, not the job's own: Sia's restart
+    # factor weighs it, as in `sia`.
+    slower = table.goodput <= now[job]
+    unknown = ~np.isfinite(saved)
+    return ~restart | unknown | slower | (saved > payback * cost[job])
