@@ -27,7 +27,7 @@ from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
 from sia_grpc.policy.solvers._columns import _argmax, _price, _reduce
 from sia_grpc.policy.solvers._heuristics import _fill, _repair, _round_tied
-from sia_grpc.policy.solvers._solve import _eps, _hint_prices, _start_choice, solve
+from sia_grpc.policy.solvers._solve import STALE_TIE, _eps, _hint_prices, _start_choice, solve
 
 
 def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
@@ -94,7 +94,7 @@ def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
     inc, value = merged()
     still = open_blocks(value)
     if still.any():
-        tied = _round_tied(c, rc, best, 1e6 * tie)  # (the prices as for `solve`'s hints)
+        tied = _round_tied(c, rc, best, STALE_TIE * tie)
         if tied is not None:
             cands.append(_fill(c, tied, lam))
             inc, value = merged()

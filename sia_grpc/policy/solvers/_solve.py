@@ -82,7 +82,11 @@ from sia_grpc.policy.solvers._lagrangian import _blocks, _lagrangian, _residual,
 PATHS = ("empty", "fits", "lagrangian", "dp", "mip", "time_limit")
 
 _DP_WORK = 2.5e7  # state-option updates the DP may do before HiGHS MIP is used instead
-_DIRECT_LP = 3000  # columns + jobs up to which HiGHS simplex beats column generation
+_DIRECT_LP = 3000
+# Options tied at prices given (a round old) are those within this many `tie`s (1e-9 of
+# the largest value, so 0.1 %) of their job's best: stale prices move reduced values
+# by about that much. `_hinted` and `solve_separable` round the LP over them.
+STALE_TIE = 1e6  # columns + jobs up to which HiGHS simplex beats column generation
 
 
 def path_name(stats: dict[str, float]) -> str:
@@ -327,7 +331,7 @@ def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, 
     cands.append(_fill(c, _repair(c, _argmax(c, rc, best, tie)), lam))
     inc = proven()
     if inc is None:  # (the LP over the tied options only when the cheap ones fall short)
-        tied = _round_tied(c, rc, best, 1e6 * tie)
+        tied = _round_tied(c, rc, best, STALE_TIE * tie)
         if tied is not None:
             cands.append(_fill(c, tied, lam))
             inc = proven()
