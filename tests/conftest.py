@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +27,26 @@ from sia_grpc.testing import postgres
 # xdist workers on the controlling process: {"scale": N, "rpcs": {rpc: {code: n}}}.
 FUZZ_TALLY = "sia_fuzz_tally"
 _FUZZ_KEY = pytest.StashKey[dict]()
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_are_left_as_found() -> Iterator[None]:
+    """A test (and the code it runs in this process) leaves SIGTERM, SIGINT and SIGHUP
+    as it found them. A handler left behind outlives its event loop: the process,
+    and every child it forks without exec, then ignores SIGTERM in effect (a fork
+    pool's terminate() hung in CI after a test had run uvloop with signal handlers).
+    The disposition is put back either way, so one leak fails one test."""
+    before = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    yield
+    left = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    changed = {sig.name: left[sig] for sig in _STOP_SIGNALS if left[sig] != before[sig]}
+    for sig in _STOP_SIGNALS:
+        if before[sig] is not None:
+            signal.signal(sig, before[sig])
+    assert not changed, f"the test left signal handlers installed: {changed}"
 
 
 @pytest.fixture

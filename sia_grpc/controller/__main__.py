@@ -12,6 +12,7 @@ import sys
 
 import structlog
 
+from sia_grpc import signals
 from sia_grpc.controller.config import ConfigError, load_config
 from sia_grpc.controller.server import Controller, loop_factory
 from sia_grpc.controller.store import StoreError
@@ -67,20 +68,20 @@ def parser() -> argparse.ArgumentParser:
 async def serve(controller: Controller) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    signals = 0
+    seen = 0
 
     def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:  # a second signal: no more waiting
+        nonlocal seen
+        seen += 1
+        if seen > 1:  # a second signal: no more waiting
             sys.exit(1)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    loop.add_signal_handler(signal.SIGHUP, controller.reload)  # tokens and queues files
-    async with controller:
-        await stop.wait()
+    handlers = {signal.SIGTERM: on_signal, signal.SIGINT: on_signal,
+                signal.SIGHUP: controller.reload}  # SIGHUP: tokens and queues files
+    with signals.handled(loop, handlers):
+        async with controller:
+            await stop.wait()
 
 
 def main(argv: list[str] | None = None) -> int:

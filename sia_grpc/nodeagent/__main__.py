@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import functools
 import math
 import signal
 import socket
@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from sia_grpc import signals
 from sia_grpc.nodeagent.agent import AgentConfig, AgentConfigError, NodeAgent
 from sia_grpc.nodeagent.gpus import (
     NodeGpus,
@@ -163,13 +164,12 @@ async def _serve(configs: list[AgentConfig], backend: Any = None,
         closing.append(asyncio.create_task(close_all()))
         structlog.get_logger().info("signal: closing", signal=sig.name)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):  # not on Windows
-            loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        await asyncio.gather(*(a.run() for a in agents))
-    finally:
-        await close_all()
+    handlers = {sig: functools.partial(on_signal, sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with signals.handled(loop, handlers):
+        try:
+            await asyncio.gather(*(a.run() for a in agents))
+        finally:
+            await close_all()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,9 +131,13 @@ def reset() -> None:
     """Forget the runtime: the next `init()` or `current()` sets up a fresh one.
 
     For tests and benchmarks that train twice in one process. The old runtime's
-    process hooks stay installed (its atexit hook still runs)."""
+    SIGTERM disposition and excepthook are put back as it found them (a process
+    that goes on must not ignore SIGTERM, nor may the children it forks); its
+    atexit hook still runs."""
     global _current
     with _lock:
+        if _current is not None:
+            _current._unhook()
         _current = None
 
 
@@ -184,7 +188,9 @@ class Runtime:
         self._together = False  # every rank ends at the same point (barrier at exit)
         self._warned: set[str] = set()
 
+        self._prev_sigterm: Any = None  # what reset() puts back, when we set one
         if worker.checkpoint_dir and threading.current_thread() is threading.main_thread():
+            self._prev_sigterm = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
@@ -544,6 +550,8 @@ class Runtime:
         if threading.current_thread() is threading.main_thread():
             # Nothing left to checkpoint: a stop that arrives now (the scheduler did not
             # know yet) must not turn a finished job into a killed one while it exits.
+            if self._prev_sigterm is None:
+                self._prev_sigterm = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.agreement.collect()
         if self.worker.rank == 0:
@@ -588,6 +596,13 @@ class Runtime:
             with contextlib.suppress(Exception):
                 self.report(oom=oom, force=True)
         self._prev_excepthook(exc_type, exc, tb)
+
+    def _unhook(self) -> None:
+        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._prev_sigterm)
+            self._prev_sigterm = None
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook
 
     def _atexit(self) -> None:
         if self.worker.rank == 0 and self.overheads.steps:
