@@ -15,12 +15,14 @@ type's compute model. Communication is unknown until the job runs multi-GPU, so:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.estimate_cache import CACHE, Entry
 from sia_grpc.models.goodput import (
     BatchGrid,
     GoodputEstimate,
@@ -98,6 +100,15 @@ class ThroughputEstimator:
         self._fits: dict[str, PerfParams] = {}
         self._plans: dict[str, object] = {}
         self._version = 0
+        self._uid = _new_uid()
+        self._copied = False
+
+    def __setstate__(self, state: dict) -> None:
+        # A copy (pickled, deep-copied) keeps the original's uid and version, so the
+        # estimate cache of the process it lands in knows it; the first change to
+        # the copy gives it a uid of its own (the original may change as well).
+        self.__dict__.update(state)
+        self._copied = True
 
     # -- input ---------------------------------------------------------------------------
 
@@ -122,6 +133,8 @@ class ThroughputEstimator:
         self._fits.pop(gpu_type, None)
         self._plans.clear()  # other types' projections may depend on this one
         self._version += 1
+        if self._copied:
+            self._uid, self._copied = _new_uid(), False
 
     def add_profile(self, gpu_type: str, local_bsz, step_time, sync_time) -> None:
         """1-GPU profile point(s) of `gpu_type` (arrays broadcast)."""
@@ -144,6 +157,12 @@ class ThroughputEstimator:
     def version(self) -> int:
         """Bumped on every change; lets callers cache derived results."""
         return self._version
+
+    @property
+    def uid(self) -> int:
+        """This estimator's name in caches, kept by copies until they change: with
+        `version`, it says what the estimates are derived from."""
+        return self._uid
 
     @property
     def known_types(self) -> tuple[str, ...]:
@@ -230,11 +249,9 @@ class JobGoodputModel:
     max_batch_size: int
     local_bsz_limits: Mapping[str, tuple[int, int]]  # per type: (min, max) atomic batch
     accumulation: bool = True
-    # Throughput grids and fixed-batch results by configuration, valid for one estimator
-    # version. Shared by `with_grad` copies: gradient statistics do not enter them.
-    _cache: dict = field(default_factory=dict, repr=False)
-
-    _CACHE_LIMIT = 256
+    # Grids and estimates are cached process-wide (models.estimate_cache), keyed by
+    # the estimator's uid and version and by this model's bounds, so `with_grad` and
+    # pickled copies find them.
 
     def __post_init__(self) -> None:
         if not 0 < self.init_batch_size <= self.max_batch_size:
@@ -243,9 +260,9 @@ class JobGoodputModel:
         if any(not 1 <= lo <= hi for lo, hi in limits.values()):
             raise ValueError("local batch limits need 1 <= lo <= hi")
         object.__setattr__(self, "local_bsz_limits", limits)
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": {}}
+        object.__setattr__(self, "_bounds_key", (
+            self.init_batch_size, self.max_batch_size, self.accumulation,
+            tuple(sorted(limits.items()))))
 
     def with_grad(self, grad: GradParams) -> JobGoodputModel:
         return dataclasses.replace(self, grad=grad)
@@ -282,13 +299,9 @@ class JobGoodputModel:
 
     def _rows_key(self, gpu_types: tuple[str, ...], nodes: np.ndarray,
                   reps: np.ndarray) -> tuple:
-        return ("rows", id(self.estimator), self.estimator.version, gpu_types, nodes.tobytes(),
-                reps.tobytes(), self.init_batch_size, self.max_batch_size, self.accumulation)
-
-    def _remember(self, key: tuple, value) -> None:
-        if len(self._cache) >= self._CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = value
+        est = self.estimator
+        return ("rows", est.uid, est.version, self._bounds_key, gpu_types, nodes.tobytes(),
+                reps.tobytes())
 
     def row_plans(self, gpu_types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
         """Per row: (mode, own params (7,), ref params (7,), lo, hi, known) for
@@ -325,15 +338,13 @@ class JobGoodputModel:
         fn = self.estimator.time_fn(gpu_type) if limits is not None else None
         if fn is None:
             return None
-        # The key covers everything but the gradient statistics that the cached values
-        # depend on; replace() may have changed batch bounds of a copy sharing the cache.
-        key = (id(self.estimator), self.estimator.version, gpu_type, limits, self.init_batch_size,
-               self.max_batch_size, self.accumulation, fixed_batch_size,
+        # The key covers everything the cached value depends on (not the gradient
+        # statistics, which a grid does not depend on and a fixed batch ignores).
+        est = self.estimator
+        key = ("type", est.uid, est.version, self._bounds_key, gpu_type, fixed_batch_size,
                nodes.tobytes(), reps.tobytes())
-        hit = self._cache.get(key)
-        if hit is None:
-            if len(self._cache) >= self._CACHE_LIMIT:
-                self._cache.clear()
+        entry = CACHE.get(key)
+        if entry is None:
             if fixed_batch_size is not None:
                 hit = _readonly(fixed_batch(fn, nodes, reps, fixed_batch_size,
                                             atomic_bsz_range=limits,
@@ -342,8 +353,8 @@ class JobGoodputModel:
                 hit = batch_grid(fn, self.init_batch_size, nodes, reps,
                                  max_batch_size=self.max_batch_size, atomic_bsz_range=limits,
                                  accumulation=self.accumulation)
-            self._cache[key] = hit
-        return hit
+            entry = CACHE.put(key, Entry(hit))
+        return entry.value
 
 
 def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray, np.ndarray]],
@@ -352,34 +363,50 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
 
     Each item is (model, GPU type per configuration, nodes, replicas); the result
     is the concatenation, in item order, of what `model.evaluate` gives for each
-    configuration. The scheduler scores thousands of jobs a round: one numpy pass
-    over their stacked batch grids, each row with its own job's gradient
-    statistics, replaces thousands of small ones.
+    configuration. The scheduler scores thousands of jobs a round, most of them
+    unchanged since the last: an item whose grid and gradient statistics are those
+    of a cached estimate takes it; the rest are scored in one numpy pass over their
+    stacked batch grids, each row with its own job's gradient statistics.
     """
     if not items:
         return GoodputEstimate.zeros(0)
-    grids = _grids_for(items)
-    sizes = [g.total.shape[0] for g in grids]
-    per_job = np.array([(float(m.grad.sqr), float(m.grad.var), float(m.init_batch_size))
-                        for m, *_ in items])
-    rows = np.repeat(per_job, sizes, axis=0)
-    return best_on_grid(BatchGrid.stack(grids),
-                        GradParams(sqr=rows[:, 0:1], var=rows[:, 1:2]), rows[:, 2:3])
+    keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
+    est_keys = [(key, float(m.grad.sqr), float(m.grad.var))
+                for key, (m, *_) in zip(keys, items, strict=True)]
+    get = CACHE.get
+    hits = [get(k) for k in est_keys]
+    ests = [None if e is None else e.value for e in hits]
+    stale = [k for k, est in enumerate(ests) if est is None]
+    if stale:
+        grids = _grids_for([items[k] for k in stale], [keys[k] for k in stale])
+        sizes = [g.total.shape[0] for g in grids]
+        per_job = np.array([est_keys[k][1:] + (float(items[k][0].init_batch_size),)
+                            for k in stale])
+        rows = np.repeat(per_job, sizes, axis=0)
+        est = best_on_grid(BatchGrid.stack(grids),
+                           GradParams(sqr=rows[:, 0:1], var=rows[:, 1:2]), rows[:, 2:3])
+        cols = [_readonly_array(getattr(est, f)) for f in _EST_FIELDS]
+        for k, (a, b) in zip(stale, _spans(sizes), strict=True):
+            ests[k] = CACHE.put(est_keys[k], Entry(GoodputEstimate(*(c[a:b] for c in cols)))).value
+    return GoodputEstimate(*(np.concatenate([getattr(e, f) for e in ests])
+                             for f in _EST_FIELDS))
 
 
-def _grids_for(items) -> list[BatchGrid]:
-    """Each item's batch grid, from its model's cache or, for all misses together,
-    from one stacked `batch_grid` call over every missing row's time plan."""
+_EST_FIELDS = ("goodput", "throughput", "batch_size", "atomic_bsz", "accum_steps")
+
+
+def _grids_for(items, keys=None) -> list[BatchGrid]:
+    """Each item's batch grid, from the cache or, for all misses together, from one
+    stacked `batch_grid` call over every missing row's time plan."""
+    if keys is None:
+        keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
     grids: list[BatchGrid | None] = []
     misses: dict[bool, list[int]] = {}
-    keys = []
-    for k, (model, types, nodes, reps) in enumerate(items):
-        key = model._rows_key(types, nodes, reps)
-        keys.append(key)
-        hit = model._cache.get(key)
-        grids.append(hit)
-        if hit is None:
-            misses.setdefault(model.accumulation, []).append(k)
+    for k, key in enumerate(keys):
+        entry = CACHE.get(key)
+        grids.append(None if entry is None else entry.value)
+        if entry is None:
+            misses.setdefault(items[k][0].accumulation, []).append(k)
     for accumulation, ks in misses.items():
         plans = [items[k][0].row_plans(items[k][1]) for k in ks]
         mode, own, ref, lo, hi, known = (np.concatenate([p[f] for p in plans])
@@ -399,16 +426,30 @@ def _grids_for(items) -> list[BatchGrid]:
         # Unknown types: throughput 0 (their batch stays positive, keeping the
         # efficiency arithmetic finite).
         grid.throughput[~known] = 0.0
-        bounds = np.cumsum(sizes)[:-1]
-        parts = zip(*(np.split(getattr(grid, f), bounds)
-                      for f in ("total", "atomic", "accum", "throughput")), strict=True)
-        for k, part in zip(ks, parts, strict=True):
-            grids[k] = BatchGrid(*part)
-            items[k][0]._remember(keys[k], grids[k])
+        cols = [getattr(grid, f) for f in ("total", "atomic", "accum", "throughput")]
+        for k, (a, b) in zip(ks, _spans(sizes), strict=True):
+            grids[k] = CACHE.put(keys[k], Entry(BatchGrid(*(c[a:b] for c in cols)))).value
     return grids  # type: ignore[return-value]
+
+
+def _spans(sizes: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of consecutive parts of the given sizes (np.split without its
+    per-part overhead, which dominated a round of 20,000 jobs)."""
+    ends = np.cumsum(sizes).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _readonly_array(arr: np.ndarray) -> np.ndarray:
+    arr.setflags(write=False)
+    return arr
 
 
 def _readonly(est: GoodputEstimate) -> GoodputEstimate:
     for arr in (est.goodput, est.throughput, est.batch_size, est.atomic_bsz, est.accum_steps):
         arr.setflags(write=False)
     return est
+
+
+def _new_uid() -> int:
+    # Not `random`: a test that seeds it twice must not get two estimators one name.
+    return int.from_bytes(os.urandom(8), "little")

@@ -195,10 +195,12 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     replicas = np.minimum(replicas, rigid_reps)
     nodes = nodes_of[config]
     out = {f: np.zeros(n) for f in _FIELDS}
-    type_names = np.array(cluster.gpu_types, dtype=object)[types_of[config]]
-    batched, batched_rows = [], np.zeros(n, dtype=bool)
+    # Plain Python lists and slices below: this loop runs once per job, 20,000 a round.
+    type_names = [cluster.gpu_types[t] for t in types_of[config].tolist()]
+    bounds = offsets.tolist()
+    batched, batched_jobs = [], np.zeros(len(jobs), dtype=bool)
     for i, job in enumerate(jobs):
-        a, b = offsets[i], offsets[i + 1]
+        a, b = bounds[i], bounds[i + 1]
         if a == b:
             continue
         tmap = type_maps[i] if type_maps else None
@@ -206,7 +208,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
             type_names[a:b])
         if job.adaptivity is Adaptivity.ADAPTIVE and hasattr(job.model, "grid_rows"):
             batched.append((job.model, names, nodes[a:b], replicas[a:b]))
-            batched_rows[a:b] = True
+            batched_jobs[i] = True
             continue
         fixed = job.batch_size if job.adaptivity is not Adaptivity.ADAPTIVE else None
         for t in dict.fromkeys(names):  # one call per type, in order of appearance
@@ -215,6 +217,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
             for f, arr in out.items():
                 arr[ix] = getattr(est, f)
     est = evaluate_many(batched)
+    batched_rows = np.repeat(batched_jobs, counts)
     for f, arr in out.items():
         arr[batched_rows] = getattr(est, f)
     table = CandidateTable(cluster, offsets, config, replicas, out["goodput"],

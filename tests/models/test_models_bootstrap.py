@@ -1,12 +1,18 @@
 """Sia's bootstrapped throughput estimator and the job model the policy calls."""
 
+import dataclasses
 import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models import bootstrap as bootstrap_module
+from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator, evaluate_many
 from sia_grpc.models.efficiency import GradParams
+from sia_grpc.models.estimate_cache import CACHE, Entry, EstimateCache
+from sia_grpc.models.goodput import GoodputEstimate
 from sia_grpc.models.throughput import (
     PerfParams,
     compute_time,
@@ -223,3 +229,79 @@ def test_step_time_of_projection_matches_definition():
     own_1 = 2 * compute_time(est.perf_params("fast"), 32)
     want = own_1 * step_time(a, 2, 8, 32, 1) / step_time(a, 1, 1, 32, 1)
     assert t == pytest.approx(want, rel=1e-12)
+
+
+# -- the process-wide estimate cache (models.estimate_cache) ------------------------------
+
+
+def _batched(job, types=None):
+    return evaluate_many([(job, tuple(types or ("fast",) * len(NODES)), NODES, REPS)])
+
+
+def _fresh(job):
+    """The estimate computed from scratch (the cache emptied first)."""
+    CACHE.clear()
+    return _batched(job)
+
+
+def test_a_pickled_copy_finds_the_originals_estimates(monkeypatch: pytest.MonkeyPatch):
+    """The controller pickles every job's model to its solver process each round; the
+    cache is keyed so that the copy's rounds are warm (they were all cold when the
+    cache lived on the model object)."""
+    job = _job()
+    want = _fresh(job)
+    built = []
+    real = bootstrap_module.batch_grid
+    monkeypatch.setattr(bootstrap_module, "batch_grid",
+                        lambda *a, **k: built.append(1) or real(*a, **k))
+    got = _batched(pickle.loads(pickle.dumps(job)))
+    assert built == []
+    np.testing.assert_array_equal(got.goodput, want.goodput)
+
+
+def test_a_changed_copy_does_not_take_the_originals_estimates():
+    job = _job()
+    copy = pickle.loads(pickle.dumps(job))
+    assert copy.estimator.uid == job.estimator.uid
+    _observe(copy.estimator, "fast", FAST, [(2, 8)])  # the copy learns alone
+    _observe(job.estimator, "slow", SLOW, [(1, 4)])  # and so does the original
+    assert copy.estimator.version == job.estimator.version
+    assert copy.estimator.uid != job.estimator.uid
+    for model in (job, copy):
+        _batched(model)
+    np.testing.assert_array_equal(_batched(copy).goodput, _fresh(copy).goodput)
+    np.testing.assert_array_equal(_batched(job).goodput, _fresh(job).goodput)
+
+
+def test_models_sharing_an_estimator_keep_their_own_bounds_and_statistics():
+    job = _job()
+    other = dataclasses.replace(job, max_batch_size=job.init_batch_size * 2,
+                                grad=GradParams(sqr=1.0, var=1000.0))
+    one, two = _batched(job), _batched(other)  # warm, in this order
+    np.testing.assert_array_equal(one.batch_size, _fresh(job).batch_size)
+    np.testing.assert_array_equal(two.batch_size, _fresh(other).batch_size)
+    assert np.any(one.batch_size != two.batch_size)
+
+
+@given(st.lists(st.sampled_from([(0, 0.5, 5.0), (0, 2.0, 50.0), (1, 0.5, 5.0), (1, 1.0, 1e3)]),
+                min_size=1, max_size=12))
+@settings(max_examples=25, deadline=None)
+def test_cached_estimates_equal_fresh_ones_whatever_the_order(asks):
+    """Jobs (two estimators) asked in any order at any statistics: every answer is
+    what an empty cache would give."""
+    jobs = [_job(), _job()]
+    for k, sqr, var in asks:
+        model = jobs[k].with_grad(GradParams(sqr=sqr, var=var))
+        got = _batched(model, ("fast", "slow") * 3 + ("fast",))
+        CACHE.clear()
+        want = _batched(model, ("fast", "slow") * 3 + ("fast",))
+        for f in ("goodput", "batch_size", "atomic_bsz", "accum_steps"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(want, f))
+
+
+def test_the_cache_keeps_to_its_byte_bound():
+    cache = EstimateCache(max_bytes=10_000)
+    for k in range(50):
+        cache.put(k, Entry(GoodputEstimate.zeros(10)))  # 5 arrays x 80 B
+    assert cache.nbytes <= 10_000 and len(cache) == 25
+    assert cache.get(0) is None and cache.get(49) is not None

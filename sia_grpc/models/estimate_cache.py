@@ -1,0 +1,75 @@
+"""One process-wide cache of the batch grids and goodput estimates the policy
+computes per job, keyed by content so that it survives pickling.
+
+A job's batch grid (throughput of each candidate batch per configuration) depends on
+its throughput estimator's state, its batch bounds and its candidate configurations;
+its goodput estimate also on its gradient statistics. Between rounds most jobs
+change none of these. The controller, though, ships every job's model to its solver
+process each round, pickled: a cache held by the model object would arrive empty
+every time (every round cold), so the cache lives here, in the process, and the key
+names the estimator by `ThroughputEstimator.uid` and `version`, which pickled copies
+keep, instead of by object identity.
+
+Two kinds of entry: a batch grid, keyed by what it depends on, and a goodput
+estimate, keyed by its grid's key and the gradient statistics (jobs built from one
+profile template share a grid, not their statistics). Bounded by the bytes of their
+arrays (a grid row takes ~1.6 KB: NUM_BATCH_SAMPLES batch sizes, four arrays; an
+estimate row 40 B); the oldest entries go first. Entries are views
+into the arrays one round built for many jobs at once, which all age together."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from sia_grpc.models.goodput import BatchGrid, GoodputEstimate
+
+__all__ = ["Entry", "EstimateCache", "CACHE"]
+
+# 32,768 GPUs with 20,480 jobs take ~0.5 GB a round (measured: docs/benchmarks.md).
+MAX_BYTES = 2 << 30
+
+
+class Entry:
+    """A cached grid or estimate and the bytes its arrays take."""
+
+    __slots__ = ("value", "nbytes")
+
+    def __init__(self, value: BatchGrid | GoodputEstimate) -> None:
+        self.value = value
+        self.nbytes = sum(getattr(value, f).nbytes for f in type(value).__dataclass_fields__)
+
+
+class EstimateCache:
+    """Entries of at most `max_bytes` in all; the oldest go first. Oldest by
+    insertion, not by use: a round's working set is far below the bound, so what
+    goes is what earlier rounds left, and a hit costs one dict lookup (20,000 a
+    round) rather than an LRU's reordering."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: dict[Hashable, Entry] = {}
+        self.nbytes = 0
+
+    def get(self, key: Hashable) -> Entry | None:
+        return self._entries.get(key)
+
+    def put(self, key: Hashable, entry: Entry) -> Entry:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+        self._entries[key] = entry
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.max_bytes and len(self._entries) > 1:
+            gone = self._entries.pop(next(iter(self._entries)))
+            self.nbytes -= gone.nbytes
+        return entry
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+CACHE = EstimateCache()
