@@ -14,6 +14,7 @@ type's compute model. Communication is unknown until the job runs multi-GPU, so:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -103,8 +104,17 @@ class ThroughputEstimator:
         self._uid = _new_uid()
         self._copied = False
 
+    def __deepcopy__(self, memo: dict) -> ThroughputEstimator:
+        # A deep copy is a new estimator (a job's own, made from a profile template):
+        # it gets a uid of its own at once, unlike the same estimator pickled elsewhere.
+        new = ThroughputEstimator.__new__(ThroughputEstimator)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        new._uid, new._copied = _new_uid(), False
+        return new
+
     def __setstate__(self, state: dict) -> None:
-        # A copy (pickled, deep-copied) keeps the original's uid and version, so the
+        # A pickled copy keeps the original's uid and version, so the
         # estimate cache of the process it lands in knows it; the first change to
         # the copy gives it a uid of its own (the original may change as well).
         self.__dict__.update(state)
@@ -363,20 +373,21 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
 
     Each item is (model, GPU type per configuration, nodes, replicas); the result
     is the concatenation, in item order, of what `model.evaluate` gives for each
-    configuration. The scheduler scores thousands of jobs a round, most of them
-    unchanged since the last: an item whose grid and gradient statistics are those
-    of a cached estimate takes it; the rest are scored in one numpy pass over their
-    stacked batch grids, each row with its own job's gradient statistics.
+    configuration (all fields as floats; the integer ones are exact). The
+    scheduler scores thousands of jobs a round, most of them unchanged since the
+    last: an item whose grid and gradient statistics are those of a cached
+    estimate takes it; the rest are scored in one numpy pass over their stacked
+    batch grids, each row with its own job's gradient statistics. Estimates are
+    cached packed, one (5, rows) array per item, so that putting a round together
+    is one concatenation.
     """
     if not items:
-        return GoodputEstimate.zeros(0)
+        return GoodputEstimate(*np.zeros((len(_EST_FIELDS), 0)))
     keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
     est_keys = [(key, float(m.grad.sqr), float(m.grad.var))
                 for key, (m, *_) in zip(keys, items, strict=True)]
-    get = CACHE.get
-    hits = [get(k) for k in est_keys]
-    ests = [None if e is None else e.value for e in hits]
-    stale = [k for k, est in enumerate(ests) if est is None]
+    packed = [None if e is None else e.value for e in CACHE.get_many(est_keys)]
+    stale = [k for k, est in enumerate(packed) if est is None]
     if stale:
         grids = _grids_for([items[k] for k in stale], [keys[k] for k in stale])
         sizes = [g.total.shape[0] for g in grids]
@@ -385,11 +396,11 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
         rows = np.repeat(per_job, sizes, axis=0)
         est = best_on_grid(BatchGrid.stack(grids),
                            GradParams(sqr=rows[:, 0:1], var=rows[:, 1:2]), rows[:, 2:3])
-        cols = [_readonly_array(getattr(est, f)) for f in _EST_FIELDS]
+        fresh = np.array([getattr(est, f) for f in _EST_FIELDS], dtype=float)
+        fresh.setflags(write=False)
         for k, (a, b) in zip(stale, _spans(sizes), strict=True):
-            ests[k] = CACHE.put(est_keys[k], Entry(GoodputEstimate(*(c[a:b] for c in cols)))).value
-    return GoodputEstimate(*(np.concatenate([getattr(e, f) for e in ests])
-                             for f in _EST_FIELDS))
+            packed[k] = CACHE.put(est_keys[k], Entry(fresh[:, a:b])).value
+    return GoodputEstimate(*np.concatenate(packed, axis=1))
 
 
 _EST_FIELDS = ("goodput", "throughput", "batch_size", "atomic_bsz", "accum_steps")
@@ -437,11 +448,6 @@ def _spans(sizes: list[int]) -> list[tuple[int, int]]:
     per-part overhead, which dominated a round of 20,000 jobs)."""
     ends = np.cumsum(sizes).tolist()
     return list(zip([0, *ends[:-1]], ends, strict=True))
-
-
-def _readonly_array(arr: np.ndarray) -> np.ndarray:
-    arr.setflags(write=False)
-    return arr
 
 
 def _readonly(est: GoodputEstimate) -> GoodputEstimate:

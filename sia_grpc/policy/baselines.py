@@ -48,6 +48,7 @@ from sia_grpc.policy.candidates import (
     estimate,
 )
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
+from sia_grpc.policy.gcpause import collection_paused
 from sia_grpc.policy.queues import QueueSet, partitioned
 from sia_grpc.policy.rounds import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
@@ -76,6 +77,7 @@ class PartitionedSiaPolicy(SiaPolicy):
 
     name: str = "sia-partitioned"
 
+    @collection_paused
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
                  queues: QueueSet | None = None,
@@ -125,6 +127,7 @@ class GavelPolicy(RoundFromConfig):
     config: GavelConfig = GavelConfig()
     name: str = "gavel"
 
+    @collection_paused
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
                  queues: QueueSet | None = None,
@@ -253,6 +256,7 @@ class FifoPolicy(RoundFromConfig):
     config: FifoConfig = FifoConfig()
     name: str = "fifo"
 
+    @collection_paused
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
                  queues: QueueSet | None = None,
@@ -265,7 +269,7 @@ class FifoPolicy(RoundFromConfig):
         # Running jobs are offered only their current configuration.
         current = [previous[v.job_id].config if v.job_id in previous else None for v in views]
         offsets, index = candidate_index(cluster, views, [None] * len(views))
-        pos = {c: k for k, c in enumerate(cluster.configs)}
+        pos = cluster.config_index
         parts = [np.array([pos[c]]) if c in pos else index[offsets[i]:offsets[i + 1]]
                  for i, c in enumerate(current)]
         counts = np.array([len(x) for x in parts], dtype=np.int64)

@@ -229,7 +229,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
 def current_index(cluster: Cluster, jobs: Sequence[PolicyJob],
                   previous: Mapping[str, JobAllocation]) -> np.ndarray:
     """Index into cluster.configs of each job's current configuration (-1: none)."""
-    pos = {c: k for k, c in enumerate(cluster.configs)}
+    pos = cluster.config_index
     out = np.full(len(jobs), -1, dtype=np.int64)
     for i, job in enumerate(jobs):
         cur = previous.get(job.job_id)

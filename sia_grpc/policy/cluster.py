@@ -167,6 +167,27 @@ class Cluster:
         return tuple(out)
 
     @cached_property
+    def config_index(self) -> Mapping[Config, int]:
+        """Position of each configuration in `configs`."""
+        return {c: k for k, c in enumerate(self.configs)}
+
+    @cached_property
+    def gpu_numbering(self) -> Mapping[str, tuple[str, int, int, int, int]]:
+        """Physical node -> (type, index of its first virtual node, virtual node size,
+        GPU count, number of its first GPU): the placer handles GPUs as these ints,
+        which hash far faster than GpuIds."""
+        info: dict[str, tuple[str, int, int, int, int]] = {}
+        base = 0
+        for t in self.gpu_types:
+            r = self.gpus_per_vnode[t]
+            for vn in self.vnodes[t]:
+                if vn.offset == 0:
+                    size = self.node(vn.physical).num_gpus
+                    info[vn.physical] = (t, vn.index, r, size, base)
+                    base += size
+        return info
+
+    @cached_property
     def config_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(GPU count, type index into `gpu_types`, node count) per entry of
         `configs`, for vectorised work: the set has ~N per type, thousands at scale."""

@@ -56,7 +56,7 @@ def place(
     """
     previous = previous if previous is not None else {}
     jobs = sorted(allocations)
-    valid = frozenset(cluster.configs)
+    valid = cluster.config_index
     demand = dict.fromkeys(cluster.gpu_types, 0)
     by_type: dict[str, list[str]] = {t: [] for t in cluster.gpu_types}
     for job in jobs:
@@ -108,37 +108,36 @@ def _kept(
     Malformed or overlapping `previous` entries are not trusted: on a GPU claimed by
     two jobs, the first job by id keeps it and the other is placed afresh.
     """
-    # physical node -> (type, index of its first vnode, R, GPU count, first global GPU
-    # number); GPUs are then handled as ints, which hash far faster than GpuIds.
-    info: dict[str, tuple[str, int, int, int, int]] = {}
-    base = 0
-    for t in cluster.gpu_types:
-        r = cluster.gpus_per_vnode[t]
-        for vn in cluster.vnodes[t]:
-            if vn.offset == 0:
-                size = cluster.node(vn.physical).num_gpus
-                info[vn.physical] = (t, vn.index, r, size, base)
-                base += size
+    info = cluster.gpu_numbering
     claimed: set[int] = set()
     kept: dict[str, tuple[int, ...]] = {}
     for job in jobs:
         prev = previous.get(job)
-        cfg = allocations[job]
-        if not prev or len(prev) != cfg.num_gpus:
+        if not prev:
+            continue
+        gpu_type, num_nodes, num_gpus = allocations[job]
+        if len(prev) != num_gpus:
+            continue
+        if num_gpus == 1:  # most jobs: no sets to build
+            node, k = prev[0]
+            i = info.get(node)
+            if i is None or i[0] != gpu_type or not 0 <= k < i[3] or (i[4] + k) in claimed:
+                continue
+            claimed.add(i[4] + k)
+            kept[job] = (i[1] + k // i[2],)
             continue
         vns: set[int] = set()
         ids: set[int] = set()
-        for g in prev:
-            i = info.get(g.node)
-            k = g.index
-            if i is None or i[0] != cfg.gpu_type or not 0 <= k < i[3]:
+        for node, k in prev:
+            i = info.get(node)
+            if i is None or i[0] != gpu_type or not 0 <= k < i[3]:
                 break
             vns.add(i[1] + k // i[2])
             ids.add(i[4] + k)
         else:
             # num_gpus distinct GPUs over exactly num_nodes vnodes: for whole-node
             # configs that means each vnode is fully covered.
-            if len(ids) == len(prev) and len(vns) == cfg.num_nodes and claimed.isdisjoint(ids):
+            if len(ids) == len(prev) and len(vns) == num_nodes and claimed.isdisjoint(ids):
                 claimed |= ids
                 kept[job] = tuple(sorted(vns))
     return kept

@@ -30,6 +30,7 @@ import numpy as np
 
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.gcpause import collection_paused
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.rounds import SOLVERS, ilp_round
 from sia_grpc.policy.types import (
@@ -148,6 +149,7 @@ class SiaPolicy(RoundFromConfig):
     config: SiaConfig = SiaConfig()
     name: str = "sia"
 
+    @collection_paused
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
                  queues: QueueSet | None = None,

@@ -1,5 +1,6 @@
 """Sia's bootstrapped throughput estimator and the job model the policy calls."""
 
+import copy
 import dataclasses
 import pickle
 
@@ -305,3 +306,9 @@ def test_the_cache_keeps_to_its_byte_bound():
         cache.put(k, Entry(GoodputEstimate.zeros(10)))  # 5 arrays x 80 B
     assert cache.nbytes <= 10_000 and len(cache) == 25
     assert cache.get(0) is None and cache.get(49) is not None
+
+
+def test_a_deep_copy_is_a_new_estimator():
+    est = _estimator()
+    assert copy.deepcopy(est).uid != est.uid
+    assert pickle.loads(pickle.dumps(est)).uid == est.uid
