@@ -388,6 +388,8 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
                 for key, (m, *_) in zip(keys, items, strict=True)]
     packed = [None if e is None else e.value for e in CACHE.get_many(est_keys)]
     stale = [k for k, est in enumerate(packed) if est is None]
+    CACHE.found += len(items) - len(stale)
+    CACHE.made += len(stale)
     if stale:
         grids = _grids_for([items[k] for k in stale], [keys[k] for k in stale])
         sizes = [g.total.shape[0] for g in grids]

@@ -51,6 +51,9 @@ class EstimateCache:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
         self.nbytes = 0
+        # Jobs' estimates that `evaluate_many` found here, and made, since the start.
+        self.found = 0
+        self.made = 0
 
     def get(self, key: Hashable) -> Entry | None:
         entry = self._entries.get(key)

@@ -22,12 +22,14 @@ allocation better than none. Both cases are cast as one maximisation for
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from sia_grpc.models.estimate_cache import CACHE
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.gcpause import collection_paused
@@ -157,11 +159,16 @@ class SiaPolicy(RoundFromConfig):
         cfg = self.config
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
+        looked_up = (CACHE.found, CACHE.made)
         table = build_candidates(
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
             start_scale=self.start_scale(),
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
+        # What the estimate found in the process's cache (models.estimate_cache):
+        # the controller's solver process should find nearly every job there.
+        cached = {"estimates_found": float(CACHE.found - looked_up[0]),
+                  "estimates_made": float(CACHE.made - looked_up[1])}
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
                                         and j.job_id in previous) for j in jobs], dtype=bool)
         hold |= self.settling(jobs, previous)
@@ -170,11 +177,12 @@ class SiaPolicy(RoundFromConfig):
         # Each job's weight scales its values and its no-allocation penalty alike
         # (all 1 for Sia: the paper's objective exactly).
         w = self.job_weights(jobs)
-        return ilp_round(table, jobs, previous,
-                         lambda cur: self.values(table, jobs, cur) * w[table.job],
-                         -cfg.lambda_ * w, timings, time_limit=cfg.solver_time_limit,
-                         rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
-                         queues=queues, warm=warm)
+        result = ilp_round(table, jobs, previous,
+                           lambda cur: self.values(table, jobs, cur) * w[table.job],
+                           -cfg.lambda_ * w, timings, time_limit=cfg.solver_time_limit,
+                           rel_gap=cfg.rel_gap, solver=cfg.solver, hold=hold, grow=grow,
+                           queues=queues, warm=warm)
+        return dataclasses.replace(result, solver_stats={**result.solver_stats, **cached})
 
     def start_scale(self) -> float:
         """How many times its minimum a job not yet running may start on; Sia: 1."""

@@ -84,3 +84,23 @@ async def test_the_queues_reach_the_solver_process():
     want = make_policy("sia").optimize(CLUSTER, jobs, {}, queues=queues)
     assert dict(result.allocations) == dict(want.allocations)
     assert result.queues == want.queues and set(result.queues) >= {"research", "batch"}
+
+
+async def test_the_solver_process_keeps_its_estimates_across_rounds():
+    """Every round ships the jobs' models to the solver process anew (pickled); the
+    second round of unchanged jobs finds every estimate the first made (the cache
+    is keyed by content, not by the object that arrived), and a job whose model
+    learnt something is estimated afresh."""
+    pool = SolverPool(PolicySpec("sia", ()))
+    try:
+        first = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+        second = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+        changed = job("j0", "cifar10")  # an estimator of its own: new to the process
+        third = await pool.solve(CLUSTER, [changed, *JOBS[1:]], {}, timeout=120.0)
+    finally:
+        pool.close()
+    assert first.solver_stats["estimates_made"] == len(JOBS)
+    assert second.solver_stats["estimates_found"] == len(JOBS)
+    assert second.solver_stats["estimates_made"] == 0
+    assert third.solver_stats["estimates_made"] == 1
+    assert dict(second.allocations) == dict(first.allocations)
