@@ -75,7 +75,8 @@ class Feed:
         self.client, self.model, self.hub = client, model, hub
         self.clock, self.backstop, self.retry_cap = clock, backstop, retry_cap
         self._dirty = asyncio.Event()  # the cluster and queues are worth reading again
-        self._failures: dict[str, int] = {}
+        # Consecutive failures of each loop ("jobs", "rounds", "cluster").
+        self.failures: dict[str, int] = {}
 
     async def run(self) -> None:
         """Forever (until cancelled): the three loops."""
@@ -90,11 +91,11 @@ class Feed:
                 await loop()
             except ApiError as err:
                 self._down(err)
-            n = self._failures[name] = self._failures.get(name, 0) + 1
+            n = self.failures[name] = self.failures.get(name, 0) + 1
             await asyncio.sleep(random.random() * min(self.retry_cap, 0.1 * 2 ** n))
 
     def _live(self, name: str) -> None:
-        self._failures[name] = 0
+        self.failures[name] = 0
         if self.model.upstream != "live":
             self.model.upstream = "live"
             self.hub.publish("upstream", {"state": "live"})

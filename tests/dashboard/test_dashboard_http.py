@@ -8,10 +8,12 @@ import asyncio
 import re
 
 import aiohttp
+import grpc
 import pytest
 from conftest import WAIT, rigid, spec, until
 
 from sia_grpc.api import OTHER_TENANT, pb
+from sia_grpc.api.errors import ApiError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -115,9 +117,21 @@ async def test_it_reconnects_when_the_controller_restarts(site):
     admin = await site.client("admin")
     before = (await admin.submit(spec("before"))).job_id
     await until(lambda: before in dash.model.jobs, "the first job")
-    await site.lc.restart_controller()
+
+    async def down_for_good() -> None:  # the client's own retries have given up
+        await until(lambda: dash.model.upstream.startswith("reconnecting")
+                    and dash.feed.failures.get("jobs") and dash.feed.failures.get("rounds"),
+                    "the dashboard's watches to fail")
+    await site.lc.restart_controller(while_down=down_for_good)
     q = dash.hub.subscribe()
-    after = (await admin.submit(spec("after"))).job_id
+
+    async def submitted() -> str | None:  # (the client's channel may still be backing off)
+        try:
+            return (await admin.submit(spec("after"), request_id="after-1")).job_id
+        except ApiError as err:
+            assert err.code == grpc.StatusCode.UNAVAILABLE, err
+            return None
+    after = await until(submitted, "the restarted controller to take a job")
     await until(lambda: after in dash.model.jobs and dash.model.upstream == "live",
                 "a job created after the restart")
     assert before in dash.model.jobs
