@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TextIO
 
 from aiohttp import web
 
@@ -152,3 +153,27 @@ class Dashboard:
         finally:
             self.hub.unsubscribe(q)
         return resp
+
+
+@contextlib.asynccontextmanager
+async def beside(client: AsyncSiaClient, listen: str | None, out: TextIO, *,
+                 clock: Callable[[], float] = time.time) -> AsyncIterator[str]:
+    """A dashboard while a demo runs: at `listen`, or on a free port when that one is
+    taken (its address printed to `out` either way); the address ("" when `listen` is
+    None: no dashboard)."""
+    if not listen:
+        yield ""
+        return
+    dash = Dashboard(client, listen=listen, clock=clock)
+    try:
+        await dash.start()
+    except OSError:  # (8080 in use: another dashboard, another demo)
+        await dash.close()
+        dash = Dashboard(client, listen=f"{dash.host}:0", clock=clock)
+        await dash.start()
+    print(f"dashboard: {dash.url} (open it in a browser while the demo runs)", file=out,
+          flush=True)
+    try:
+        yield dash.url
+    finally:
+        await dash.close()

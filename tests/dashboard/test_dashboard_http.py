@@ -5,6 +5,7 @@ and its reconnection when the controller restarts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 
 import aiohttp
@@ -186,3 +187,43 @@ def test_pb_other_tenant_is_what_the_controller_writes():
 
     assert views.OTHER_TENANT == OTHER_TENANT == "(other tenant)"
     assert pb.JobEvent.KIND_SNAPSHOT  # (the events the feed takes)
+
+
+async def test_the_modeled_demo_serves_a_dashboard_while_it_runs():
+    import io
+
+    from sia_grpc.demo.modeled import live_demo
+
+    out = io.StringIO()
+    demo = asyncio.create_task(live_demo(rate=900.0, refresh=0.5, out=out,
+                                         dashboard="127.0.0.1:0"))
+    try:
+        found = await until(lambda: re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)",
+                                              out.getvalue()), "the dashboard's address")
+        async with aiohttp.ClientSession() as http:
+            async def jobs_shown() -> bool:
+                return "<tr data-job=" in (await text(http, found[1] + "jobs"))[1]
+            await until(jobs_shown, "the demo's jobs on its dashboard")
+    finally:
+        demo.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await demo
+
+
+async def test_a_demo_dashboard_takes_a_free_port_when_its_own_is_taken(site):
+    import io
+    import socket
+
+    from sia_grpc.dashboard.server import beside
+
+    client = await site.client()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = io.StringIO()
+        async with beside(client, f"127.0.0.1:{port}", out) as url:
+            assert url.startswith("http://127.0.0.1:") and f":{port}/" not in url
+            assert out.getvalue().startswith(f"dashboard: {url} ")
+    async with beside(client, None, out) as url:
+        assert url == ""
