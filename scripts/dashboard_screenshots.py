@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 from pathlib import Path
-
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.dashboard import Dashboard
 from sia_grpc.demo.modeled import LIVE_CLUSTER, LIVE_TRACE, live_spec
+from sia_grpc.testing.browser import chrome
 from sia_grpc.testing.localcluster import LocalCluster
 
 SETTLE_S = 12.0  # real seconds of rounds before the pictures (24 cluster minutes)
@@ -31,16 +28,6 @@ LONG = (("imagenet", "adaptive"), ("yolov3", "adaptive"), ("yolov3", "rigid"),
         ("imagenet", "adaptive"))
 TENANTS = {"cifar10": "vision", "imagenet": "vision", "yolov3": "vision", "bert": "nlp",
            "deepspeech2": "speech", "ncf": "recsys"}
-
-
-def chrome() -> webdriver.Chrome:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
-                "--hide-scrollbars"):
-        options.add_argument(arg)
-    return webdriver.Chrome(options=options,
-                            service=Service(executable_path=shutil.which("chromedriver")))
 
 
 async def main(out: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,6 +19,7 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.dashboard import Dashboard
 from sia_grpc.security.tokens import add_token
+from sia_grpc.testing import browser
 from sia_grpc.testing.localcluster import LocalCluster
 
 RATE = 120.0
@@ -94,22 +94,6 @@ async def site(tmp_path) -> AsyncIterator[Site]:
 
 # -- the browser --------------------------------------------------------------------------
 
-CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
-
-
-def browser_unavailable() -> str | None:
-    """Why no headless browser can be driven here, or None."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    if not any(shutil.which(b) for b in CHROMIUM):
-        return "no chromium binary (make browser: apt-get install chromium, as root)"
-    if not shutil.which("chromedriver"):
-        return "no chromedriver (make browser: apt-get install chromium-driver, as root)"
-    return None
-
-
 class Browser:
     """Headless Chromium through WebDriver; each call runs in a thread, since the
     controller and the dashboard run on this test's event loop."""
@@ -128,26 +112,12 @@ class Browser:
         """Wait (hard limit `timeout`) for the JavaScript expression to be truthy."""
         return await until(lambda: self.js(f"return ({expr});"), what, timeout)
 
-    async def screenshot(self, path: str) -> None:
-        await asyncio.to_thread(self.driver.save_screenshot, path)
-
-
 @pytest.fixture(scope="module")
 def chromium() -> Any:
-    reason = browser_unavailable()
+    reason = browser.unavailable()
     if reason is not None:
         pytest.skip(f"browser: {reason}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = next(shutil.which(b) for b in CHROMIUM if shutil.which(b))
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,860"):
-        options.add_argument(arg)
-    # The driver's path given: selenium never looks for (or downloads) one.
-    driver = webdriver.Chrome(options=options,
-                              service=Service(executable_path=shutil.which("chromedriver")))
+    driver = browser.chrome(1280, 860)
     driver.set_page_load_timeout(WAIT)
     try:
         yield driver
@@ -155,6 +125,6 @@ def chromium() -> Any:
         driver.quit()
 
 
-@pytest.fixture
-def browser(chromium) -> Browser:
+@pytest.fixture(name="browser")
+def browser_fixture(chromium) -> Browser:
     return Browser(chromium)

@@ -104,3 +104,16 @@ async def test_a_tenants_dashboard_does_not_show_another_tenants_jobs(site, brow
     await browser.get(dash.url + "jobs")
     assert await browser.js("""return Array.from(document.querySelectorAll(
         '#jobs tbody tr')).map((tr) => tr.dataset.job);""") == [ours]
+
+
+async def test_the_dashboard_benchmark_runs_end_to_end_at_a_tiny_size():
+    from sia_grpc.bench.dashboard import measure
+    from sia_grpc.testing.browser import unavailable
+
+    if why := unavailable():
+        pytest.skip(f"browser: {why}")
+
+    result = await measure(jobs=6, samples=2)
+    assert result["rows_on_page"] == 6 + 2
+    assert result["event_to_screen_ms"]["n"] == 2
+    assert set(result["pages"]) == {"jobs", "cluster"}
