@@ -75,6 +75,7 @@ class Feed:
         self.client, self.model, self.hub = client, model, hub
         self.clock, self.backstop, self.retry_cap = clock, backstop, retry_cap
         self._dirty = asyncio.Event()  # the cluster and queues are worth reading again
+        self._drawn: pb.Cluster | None = None  # the cluster the pages were last sent
         # Consecutive failures of each loop ("jobs", "rounds", "cluster").
         self.failures: dict[str, int] = {}
 
@@ -148,9 +149,11 @@ class Feed:
         while True:
             cluster, queues = await self.client.cluster(), await self.client.queues()
             self._live("cluster")
-            if cluster != self.model.cluster:
-                self.model.cluster = cluster
-                self.hub.publish("cluster", {"html": render.cluster_section(self.model)})
+            self.model.cluster = cluster
+            if self.model.sample(self.clock()) or cluster != self._drawn:
+                self._drawn = cluster
+                self.hub.publish("cluster", {"html": render.cluster_section(self.model,
+                                                                            self.clock())})
             if queues != self.model.queues:
                 self.model.queues = queues
                 self.hub.publish("queues", {"html": render.queues_section(self.model)})

@@ -14,6 +14,8 @@ from sia_grpc.api import pb, state_name
 MAX_ROUNDS = 50  # rounds kept (and shown)
 MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
 MAX_NOTES = 200  # reasons kept per job
+MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
+WAITING = (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING)
 
 
 def seconds(ts: Any) -> float:
@@ -71,6 +73,9 @@ class Model:
         self.rounds: deque[pb.Round] = deque(maxlen=MAX_ROUNDS)
         self.queues: pb.ListQueuesResponse = pb.ListQueuesResponse()
         self.upstream = "connecting"  # "live", or why the controller is not reachable
+        # Over time, as this process saw it: GPUs allocated per type, jobs waiting.
+        self.allocated: dict[str, list[Step]] = {}
+        self.waiting: list[Step] = []
 
     # -- jobs --
 
@@ -117,6 +122,16 @@ class Model:
             del self.jobs[j]
         return gone
 
+    # -- over time --
+
+    def sample(self, now: float) -> bool:
+        """Note what is allocated of each GPU type, and how many jobs wait, where it
+        changed (after each read of the cluster); whether any did."""
+        changed = [_change(self.allocated.setdefault(t.gpu_type, []),
+                           Step(now, t.gpu_type, t.allocated)) for t in self.cluster.types]
+        waiting = sum(1 for r in self.jobs.values() if r.job.status.state in WAITING)
+        return _change(self.waiting, Step(now, "waiting", waiting)) or any(changed)
+
     # -- rounds --
 
     def set_rounds(self, rounds: list[pb.Round]) -> None:
@@ -134,3 +149,11 @@ class Model:
 def _append(items: list, item: object, limit: int) -> None:
     items.append(item)
     del items[:-limit]
+
+
+def _change(series: list[Step], step: Step) -> bool:
+    """Append `step` to `series` unless its value is the last one's; whether it was."""
+    if series and series[-1].num_gpus == step.num_gpus:
+        return False
+    _append(series, step, MAX_SAMPLES)
+    return True

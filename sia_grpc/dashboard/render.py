@@ -78,14 +78,15 @@ def not_found(what: str) -> str:
 # -- cluster -----------------------------------------------------------------------------
 
 
-def cluster_page(model: Model) -> str:
+def cluster_page(model: Model, now: float) -> str:
     return ('<h1>Cluster</h1><p class="hint">Each cell is a GPU, coloured by the job '
             'holding it (its name inside; hover for the id). Updated as rounds run.</p>'
-            + cluster_section(model))
+            + cluster_section(model, now))
 
 
-def cluster_section(model: Model) -> str:
-    """Every node a row of GPU cells, grouped by GPU type, with each type's totals."""
+def cluster_section(model: Model, now: float) -> str:
+    """Every node a row of GPU cells, grouped by GPU type, with each type's totals;
+    then the panels over time."""
     c = model.cluster
     names = {rec.job.job_id: rec.job.spec.name for rec in model.jobs.values()}
     if not c.nodes:
@@ -103,6 +104,7 @@ def cluster_section(model: Model) -> str:
             f'<b class="allocated">{t.allocated}</b> allocated · <b class="free">{free}</b> '
             f'free</span></h2>{_meter(t.allocated, t.gpus)}'
             f'<table class="nodes">{rows}</table></div>')
+    parts.append(over_time(model, now))
     parts.append("</section>")
     return "".join(parts)
 
@@ -237,14 +239,26 @@ times only).</p></div></div>
 <h2>Decisions</h2><ol class="notes" id="notes">{notes}</ol>"""
 
 
-def allocation_chart(history: list[Step], end: float, colours: dict[str, str], *,
-                     width: int = 560, height: int = 180) -> str:
-    """A step chart of the GPUs held over time, each step coloured by its GPU type."""
+def allocation_chart(history: list[Step], end: float, colours: dict[str, str]) -> str:
+    """A job's GPUs over time, each step coloured by its GPU type, and the legend."""
+    used = sorted({s.gpu_type for s in history if s.num_gpus})
+    legend = "".join(f'<span><i style="background:{colours.get(t, "#999")}"></i>'
+                     f'{escape(t)}</span>' for t in used)
+    return (step_chart(history, end, colours, label="GPUs held over time") +
+            f'<div class="legend">{legend or "<span class=empty>no GPUs held yet</span>"}'
+            f'</div>')
+
+
+def step_chart(steps: list[Step], end: float, colours: dict[str, str], *, label: str,
+               capacity: int | None = None, width: int = 560, height: int = 180) -> str:
+    """A step chart (SVG) of `steps` up to `end`: each step a bar of its value
+    (`num_gpus`) coloured by its key (`gpu_type`), the steps' outline on top, and with
+    `capacity` a dashed line there."""
     pad_l, pad_b, pad_t = 34, 22, 8
-    end = max([end] + [s.at for s in history])  # (a controller's clock a little ahead)
-    start = history[0].at if history else end
+    end = max([end] + [s.at for s in steps])  # (a controller's clock a little ahead)
+    start = steps[0].at if steps else end
     span = max(end - start, 1e-9)
-    top = max([s.num_gpus for s in history] + [1])
+    top = max([s.num_gpus for s in steps] + [capacity or 0, 1])
     plot_w, plot_h = width - pad_l - 8, height - pad_b - pad_t
 
     def x(at: float) -> float:
@@ -254,8 +268,8 @@ def allocation_chart(history: list[Step], end: float, colours: dict[str, str], *
         return pad_t + plot_h * (1 - n / top)
 
     shapes, line = [], []
-    for i, s in enumerate(history):
-        right = history[i + 1].at if i + 1 < len(history) else end
+    for i, s in enumerate(steps):
+        right = steps[i + 1].at if i + 1 < len(steps) else end
         x0, x1 = x(s.at), x(max(right, s.at))
         line.append(f"{x0:.1f},{y(s.num_gpus):.1f} {x1:.1f},{y(s.num_gpus):.1f}")
         if s.num_gpus:
@@ -263,20 +277,35 @@ def allocation_chart(history: list[Step], end: float, colours: dict[str, str], *
                 f'<rect class="alloc-step" data-type="{escape(s.gpu_type)}" '
                 f'data-gpus="{s.num_gpus}" x="{x0:.1f}" y="{y(s.num_gpus):.1f}" '
                 f'width="{max(x1 - x0, 0.5):.1f}" height="{y(0) - y(s.num_gpus):.1f}" '
-                f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus}×'
+                f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus} '
                 f'{escape(s.gpu_type)} from {utc(s.at)}</title></rect>')
     ticks = "".join(f'<text x="{pad_l - 6}" y="{y(n) + 4:.1f}" text-anchor="end">{n}</text>'
                     for n in sorted({0, top // 2, top}))
-    used = sorted({s.gpu_type for s in history if s.num_gpus})
-    legend = "".join(f'<span><i style="background:{colours.get(t, "#999")}"></i>'
-                     f'{escape(t)}</span>' for t in used)
+    cap = (f'<line class="capacity" x1="{pad_l}" y1="{y(capacity):.1f}" x2="{width - 8}" '
+           f'y2="{y(capacity):.1f}"><title>capacity {capacity}</title></line>'
+           if capacity else "")
     return f"""<svg class="alloc" viewBox="0 0 {width} {height}" width="{width}" height="{height}"
-role="img" aria-label="GPUs held over time">{ticks}
+role="img" aria-label="{escape(label)}">{ticks}
 <line x1="{pad_l}" y1="{y(0):.1f}" x2="{width - 8}" y2="{y(0):.1f}" class="axis"/>
-{"".join(shapes)}<polyline class="step" points="{" ".join(line)}"/>
+{"".join(shapes)}<polyline class="step" points="{" ".join(line)}"/>{cap}
 <text x="{pad_l}" y="{height - 4}">{utc(start)}</text>
-<text x="{width - 8}" y="{height - 4}" text-anchor="end">{utc(end)}</text></svg>
-<div class="legend">{legend or '<span class="empty">no GPUs held yet</span>'}</div>"""
+<text x="{width - 8}" y="{height - 4}" text-anchor="end">{utc(end)}</text></svg>"""
+
+
+def over_time(model: Model, now: float) -> str:
+    """One panel per GPU type (allocated against its capacity), and the jobs waiting."""
+    colours = type_colours(t.gpu_type for t in model.cluster.types)
+    panels = [(f"{t.gpu_type}: GPUs allocated of {t.gpus}", step_chart(
+        model.allocated.get(t.gpu_type, []), now, colours, capacity=t.gpus,
+        label=f"{t.gpu_type} GPUs allocated over time", width=380, height=130))
+        for t in model.cluster.types]
+    panels.append(("jobs waiting (queued or profiling)", step_chart(
+        model.waiting, now, {"waiting": "#CC79A7"}, label="jobs waiting over time",
+        width=380, height=130)))
+    return ('<h2>Over time</h2><p class="hint">As this dashboard saw it since it started.'
+            '</p><div class="panels">' + "".join(
+                f'<figure class="panel"><figcaption>{escape(title)}</figcaption>{chart}'
+                f'</figure>' for title, chart in panels) + "</div>")
 
 
 # -- rounds ------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class Dashboard:
                             content_type="text/html", status=status)
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        return self._page("Cluster", render.cluster_page(self.model), "/")
+        return self._page("Cluster", render.cluster_page(self.model, self.clock()), "/")
 
     async def _jobs(self, request: web.Request) -> web.Response:
         return self._page("Jobs", render.jobs_page(self.model, self.clock()), "/jobs")

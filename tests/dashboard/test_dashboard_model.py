@@ -101,7 +101,7 @@ def test_the_cluster_grid_marks_holders_other_tenants_and_drained_and_lost_nodes
     m = Model()
     m.cluster = cluster()
     m.apply(event(job("j1"), KIND.KIND_SNAPSHOT), now=1.0)
-    html = render.cluster_section(m)
+    html = render.cluster_section(m, now=2.0)
     assert re.findall(r'class="gpu (\w+)" data-job="([^"]*)"', html) == [
         ("held", "j1"), ("held", "j1"), ("other", OTHER_TENANT), ("free", ""),
         ("free", ""), ("free", ""), ("free", ""), ("free", "")]
@@ -120,6 +120,7 @@ def test_the_allocation_chart_draws_one_coloured_step_per_allocation():
     steps = re.findall(r'class="alloc-step" data-type="(\w+)" data-gpus="(\d)" '
                        r'x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
     assert [(t, n) for t, n, _, _ in steps] == [("rtx", "2"), ("a100", "4")]
+    assert "a100</span>" in svg and "rtx</span>" in svg  # the legend
     (x1, w1), (x2, w2) = [(float(x), float(w)) for _, _, x, w in steps]
     assert w1 == w2 and x2 == x1 + w1  # 10 s each, one after the other
     assert f'fill="{colours["a100"]}"' in svg and colours["a100"] != colours["rtx"]
@@ -139,3 +140,18 @@ async def test_a_page_that_falls_behind_is_closed_not_waited_for():
     hub.publish("job", {"id": "after"})
     assert slow.empty() and await asyncio.wait_for(fast.get(), 1) == (
         b'event: job\ndata: {"id":"after"}\n\n')
+
+
+def test_the_panels_over_time_follow_each_types_allocation_and_the_waiting_jobs():
+    m = Model()
+    m.cluster = cluster()
+    m.apply(event(job("j1")), now=1.0)
+    assert m.sample(10.0) and not m.sample(20.0)  # nothing changed the second time
+    m.cluster.types[0].allocated = 5
+    m.apply(event(job("j1", revision=2, state=pb.JOB_STATE_RUNNING, gpus=5)), now=25.0)
+    assert m.sample(30.0)
+    assert m.allocated == {"rtx": [Step(10.0, "rtx", 3), Step(30.0, "rtx", 5)]}
+    assert m.waiting == [Step(10.0, "waiting", 1), Step(30.0, "waiting", 0)]
+    html = render.cluster_section(m, now=40.0)
+    assert "rtx: GPUs allocated of 8" in html and "<title>capacity 8</title>" in html
+    assert re.findall(r'"alloc-step" data-type="rtx" data-gpus="(\d)"', html) == ["3", "5"]
