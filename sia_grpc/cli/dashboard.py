@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from typing import Any
 
 from sia_grpc.cli.argparsing import UsageError, command
@@ -15,6 +16,7 @@ async def serve(args: argparse.Namespace) -> int:
     from sia_grpc.cli.jobs import connect
     from sia_grpc.client.sdk import AsyncSiaClient
     from sia_grpc.dashboard import Dashboard
+    from sia_grpc.security.tls import is_loopback
 
     async with connect(args, AsyncSiaClient) as client:
         try:
@@ -28,6 +30,10 @@ async def serve(args: argparse.Namespace) -> int:
                              f"{err.strerror or err}") from None
         print(f"sia dashboard: {dash.url} (controller {args.controller}; Ctrl-C to stop)",
               flush=True)
+        if not is_loopback(args.listen):
+            print(f"sia dashboard: warning: {args.listen} is not a loopback address, and the "
+                  "dashboard asks no one for a password: whoever reaches it sees what its "
+                  "token sees (docs/dashboard.md)", file=sys.stderr, flush=True)
         try:
             await dash.wait()
         finally:

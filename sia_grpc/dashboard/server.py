@@ -20,6 +20,7 @@ from sia_grpc.client.sdk import AsyncSiaClient
 from sia_grpc.dashboard import render
 from sia_grpc.dashboard.feed import Feed, Hub, encode
 from sia_grpc.dashboard.model import Model
+from sia_grpc.security.tls import split_host_port
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0  # a comment line this often, so proxies keep an idle stream open
@@ -27,10 +28,10 @@ KEEPALIVE_S = 15.0  # a comment line this often, so proxies keep an idle stream 
 
 def split_listen(listen: str) -> tuple[str, int]:
     """"127.0.0.1:8080" → ("127.0.0.1", 8080); "[::1]:0" → ("::1", 0)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    host, port = split_host_port(listen)
+    if not host or not port.isdigit():
         raise ValueError(f"--listen: expected HOST:PORT, got {listen!r}")
-    return host.strip("[]"), int(port)
+    return host, int(port)
 
 
 class Dashboard:
@@ -70,7 +71,7 @@ class Dashboard:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the port bound (for :0)
+        self.port = self._runner.addresses[0][1]  # the port bound (for :0)
         self._task = asyncio.create_task(self.feed.run(), name="dashboard-feed")
 
     async def close(self) -> None:
