@@ -73,6 +73,14 @@ function arrange() {
   document.getElementById("no-jobs").hidden = rows.length > 0;
 }
 
+// A burst of events sorts and counts once, at the next frame, not once per event.
+let arranging = false;
+function arrangeSoon() {
+  if (arranging) return;
+  arranging = true;
+  requestAnimationFrame(() => { arranging = false; arrange(); });
+}
+
 function setupJobs() {
   readHash();
   const filter = document.getElementById("filter");
@@ -131,9 +139,10 @@ const handlers = {
       if (d.deleted) { if (old) old.remove(); }
       else {
         const tr = fromHtml(d.row, "tbody");
+        tr.hidden = !shown(tr);  // (filtered at once; sorted with the rest below)
         if (old) old.replaceWith(tr); else tbody.prepend(tr);
       }
-      arrange();
+      arrangeSoon();
     } else if (jobId && d.id === jobId) {
       refreshDetail();
     }
