@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
 from sia_grpc.api import pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client.sdk import AsyncSiaClient
@@ -27,6 +29,8 @@ from sia_grpc.dashboard import render
 from sia_grpc.dashboard.model import MAX_ROUNDS, Model
 
 SUBSCRIBER_BACKLOG = 2000  # events a slow browser may fall behind by before it is dropped
+# Answers that no retry changes: the token (or certificate) is refused.
+REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 class Hub:
@@ -86,11 +90,14 @@ class Feed:
                              self._forever("cluster", self._cluster))
 
     async def _forever(self, name: str, loop: Callable[[], Any]) -> None:
-        """Run `loop` again whenever it fails, with capped full-jitter backoff."""
+        """Run `loop` again whenever it fails, with capped full-jitter backoff; a
+        token the controller refuses ends the feed (retrying cannot help)."""
         while True:
             try:
                 await loop()
             except ApiError as err:
+                if err.code in REFUSED:
+                    raise
                 self._down(err)
             n = self.failures[name] = self.failures.get(name, 0) + 1
             await asyncio.sleep(random.random() * min(self.retry_cap, 0.1 * 2 ** n))

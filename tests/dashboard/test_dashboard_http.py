@@ -175,6 +175,26 @@ async def test_the_dashboard_command_serves_until_sigterm(site, tmp_path):
             await proc.wait()
 
 
+async def test_the_dashboard_command_stops_on_a_refused_token(site, tmp_path):
+    import sys
+
+    token = tmp_path / "token"
+    token.write_text("not-a-token\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sia_grpc.cli", "dashboard", "--controller", site.lc.target,
+        "--token-file", str(token), "--listen", "127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1
+    (line,) = err.decode().splitlines()  # one line, no traceback
+    assert line.startswith("error: UNAUTHENTICATED: "), line
+
+
 def test_a_bad_listen_address_is_a_usage_error(capsys):
     from sia_grpc.cli import main
 
