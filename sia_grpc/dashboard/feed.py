@@ -133,8 +133,7 @@ class Feed:
         if rec is None:
             self.hub.publish("job", {"id": ev.job.job_id, "deleted": True})
         else:
-            self.hub.publish("job", {"id": rec.job.job_id, "row": render.job_row(rec, now),
-                                     "revision": rec.job.revision})
+            self.hub.publish("job", {"id": rec.job.job_id, "row": render.job_row(rec, now)})
         if rec is None or rec.allocation() != held:
             self._dirty.set()
 

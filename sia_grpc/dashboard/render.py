@@ -65,10 +65,10 @@ def page(title: str, body: str, *, active: str, model: Model, controller: str,
 
 
 def upstream_badge(upstream: str) -> str:
-    live = upstream == "live"
-    text = "live" if live else upstream
-    return (f'<span id="upstream" class="upstream {"live" if live else "down"}" '
-            f'title="the dashboard\'s connection to the controller">{escape(text)}</span>')
+    """The dashboard's connection to the controller: "live", or why not."""
+    state = "live" if upstream == "live" else "down"
+    return (f'<span id="upstream" class="upstream {state}" '
+            f'title="the dashboard\'s connection to the controller">{escape(upstream)}</span>')
 
 
 def not_found(what: str) -> str:
