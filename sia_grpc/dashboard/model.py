@@ -15,7 +15,9 @@ MAX_ROUNDS = 50  # rounds kept (and shown)
 MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
 MAX_NOTES = 200  # reasons kept per job
 MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
-WAITING = (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING)
+# The jobs counted over time, by what they are doing.
+ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
+              "running": (pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING)}
 
 
 def seconds(ts: Any) -> float:
@@ -73,9 +75,10 @@ class Model:
         self.rounds: deque[pb.Round] = deque(maxlen=MAX_ROUNDS)
         self.queues: pb.ListQueuesResponse = pb.ListQueuesResponse()
         self.upstream = "connecting"  # "live", or why the controller is not reachable
-        # Over time, as this process saw it: GPUs allocated per type, jobs waiting.
+        # Over time, as this process saw it: GPUs allocated per type, jobs waiting and
+        # running (ACTIVITIES).
         self.allocated: dict[str, list[Step]] = {}
-        self.waiting: list[Step] = []
+        self.jobs_by: dict[str, list[Step]] = {name: [] for name in ACTIVITIES}
 
     # -- jobs --
 
@@ -125,12 +128,14 @@ class Model:
     # -- over time --
 
     def sample(self, now: float) -> bool:
-        """Note what is allocated of each GPU type, and how many jobs wait, where it
-        changed (after each read of the cluster); whether any did."""
+        """Note what is allocated of each GPU type, and how many jobs wait and run,
+        where it changed (after each read of the cluster); whether any did."""
         changed = [_change(self.allocated.setdefault(t.gpu_type, []),
                            Step(now, t.gpu_type, t.allocated)) for t in self.cluster.types]
-        waiting = sum(1 for r in self.jobs.values() if r.job.status.state in WAITING)
-        return _change(self.waiting, Step(now, "waiting", waiting)) or any(changed)
+        for name, states in ACTIVITIES.items():
+            count = sum(1 for r in self.jobs.values() if r.job.status.state in states)
+            changed.append(_change(self.jobs_by[name], Step(now, name, count)))
+        return any(changed)
 
     # -- rounds --
 

@@ -293,15 +293,18 @@ role="img" aria-label="{escape(label)}">{ticks}
 
 
 def over_time(model: Model, now: float) -> str:
-    """One panel per GPU type (allocated against its capacity), and the jobs waiting."""
+    """One panel per GPU type (allocated against its capacity), and the jobs waiting
+    and running."""
     colours = type_colours(t.gpu_type for t in model.cluster.types)
     panels = [(f"{t.gpu_type}: GPUs allocated of {t.gpus}", step_chart(
         model.allocated.get(t.gpu_type, []), now, colours, capacity=t.gpus,
         label=f"{t.gpu_type} GPUs allocated over time", width=380, height=130))
         for t in model.cluster.types]
-    panels.append(("jobs waiting (queued or profiling)", step_chart(
-        model.waiting, now, {"waiting": "#CC79A7"}, label="jobs waiting over time",
-        width=380, height=130)))
+    for name, what, colour in (("waiting", "queued or profiling", "#CC79A7"),
+                               ("running", "running or restarting", "#0072B2")):
+        panels.append((f"jobs {name} ({what})", step_chart(
+            model.jobs_by[name], now, {name: colour}, label=f"jobs {name} over time",
+            width=380, height=130)))
     return ('<h2>Over time</h2><p class="hint">As this dashboard saw it since it started.'
             '</p><div class="panels">' + "".join(
                 f'<figure class="panel"><figcaption>{escape(title)}</figcaption>{chart}'

@@ -142,7 +142,7 @@ async def test_a_page_that_falls_behind_is_closed_not_waited_for():
         b'event: job\ndata: {"id":"after"}\n\n')
 
 
-def test_the_panels_over_time_follow_each_types_allocation_and_the_waiting_jobs():
+def test_the_panels_over_time_follow_each_types_allocation_and_the_jobs_by_activity():
     m = Model()
     m.cluster = cluster()
     m.apply(event(job("j1")), now=1.0)
@@ -151,7 +151,8 @@ def test_the_panels_over_time_follow_each_types_allocation_and_the_waiting_jobs(
     m.apply(event(job("j1", revision=2, state=pb.JOB_STATE_RUNNING, gpus=5)), now=25.0)
     assert m.sample(30.0)
     assert m.allocated == {"rtx": [Step(10.0, "rtx", 3), Step(30.0, "rtx", 5)]}
-    assert m.waiting == [Step(10.0, "waiting", 1), Step(30.0, "waiting", 0)]
+    assert m.jobs_by == {"waiting": [Step(10.0, "waiting", 1), Step(30.0, "waiting", 0)],
+                         "running": [Step(10.0, "running", 0), Step(30.0, "running", 1)]}
     html = render.cluster_section(m, now=40.0)
     assert "rtx: GPUs allocated of 8" in html and "<title>capacity 8</title>" in html
     assert re.findall(r'"alloc-step" data-type="rtx" data-gpus="(\d)"', html) == ["3", "5"]
