@@ -13,12 +13,13 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv postgres demo test test-fast lint bench protos clean
+.PHONY: venv postgres browser demo test test-fast lint bench protos clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) --no-print-directory postgres
+	$(MAKE) --no-print-directory browser
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
@@ -34,6 +35,18 @@ postgres:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
 	else echo "make postgres: no PostgreSQL server and no root apt-get: its tests will skip"; \
+	fi
+
+# A headless browser for the dashboard's tests (tests/dashboard: selenium drives it):
+# Debian's chromium and its chromedriver, installed as root where either is missing.
+# Without them (not root, no apt-get) those tests skip, saying why.
+browser:
+	@if command -v chromedriver >/dev/null && command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			chromium chromium-driver; \
+	else echo "make browser: no chromium/chromedriver and no root apt-get: the dashboard's" \
+		"browser tests will skip"; \
 	fi
 
 demo: $(STAMP)

@@ -57,6 +57,10 @@ SERVICE_NAMES = tuple(
     for m, s in ((job_service_pb2, "JobService"), (cluster_service_pb2, "ClusterService"),
                  (agent_service_pb2, "AgentService"), (policy_service_pb2, "PolicyService")))
 
+# What GetCluster shows a tenant for a GPU another tenant's job holds (not a valid job
+# id): part of the contract, since clients (the dashboard) draw such GPUs apart.
+OTHER_TENANT = "(other tenant)"
+
 # One vocabulary for states everywhere a person reads them (CLI, SDK, errors, logs,
 # metrics): RUNNING, not JOB_STATE_RUNNING.
 TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,

@@ -77,6 +77,16 @@ def _failover(args: argparse.Namespace) -> int:
                json_out=args.json)
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    from sia_grpc.testing.browser import unavailable
+
+    if why := unavailable():
+        raise UsageError(f"no headless browser: {why}")
+    from sia_grpc.bench.dashboard import run
+
+    return run(jobs=args.jobs, samples=args.samples, as_json=args.json)
+
+
 def _replay(args: argparse.Namespace) -> int:
     from sia_grpc.bench.replay import run
 
@@ -153,6 +163,14 @@ def add_commands(sub: Any) -> None:
                     help="an empty PostgreSQL database (default: a throwaway server on "
                          "this machine, fsync on)")
     fo.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+
+    db = command(bench_sub, "dashboard", "the dashboard with many jobs in headless Chromium: "
+                                         "page load, and CreateJob to its row on screen",
+                 _dashboard)
+    db.add_argument("--jobs", type=count, default=1000, help="jobs first (default 1000)")
+    db.add_argument("--samples", type=count, default=30,
+                    help="jobs then created one at a time, each timed (default 30)")
+    db.add_argument("--json", action="store_true")
 
     rp = command(sub, "replay", "submit a trace to a live controller with modeled agents, "
                                 "and compare with the simulator", _replay)

@@ -21,10 +21,10 @@ def _demo(args: argparse.Namespace) -> int:
         from sia_grpc.observability import configure_logging
 
         configure_logging(level="error")
-        return asyncio.run(live_demo(rate=args.time_scale))
+        return asyncio.run(live_demo(rate=args.time_scale, dashboard=args.dashboard))
     from sia_grpc.demo.training import main
 
-    return main(keep=args.keep)
+    return main(keep=args.keep, dashboard=args.dashboard)
 
 
 def add_commands(sub: Any) -> None:
@@ -41,6 +41,11 @@ def add_commands(sub: Any) -> None:
                       help="real training: keep the work files (logs, checkpoints) in DIR")
     demo.add_argument("--time-scale", type=positive(float), default=120.0,
                       help="modeled: cluster seconds per real second (default 120)")
+    demo.add_argument("--dashboard", metavar="HOST:PORT", default="127.0.0.1:8080",
+                      help="serve `sia dashboard` there while the demo runs (default "
+                           "127.0.0.1:8080, or a free port if that one is taken)")
+    demo.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=None,
+                      help="no dashboard")
     demo.add_argument("--jobs", type=int, default=16, help="offline: sample jobs (default 16)")
     demo.add_argument("--rounds", type=int, default=4, help="offline: rounds (default 4)")
     demo.add_argument("--seed", type=int, default=1)

@@ -322,10 +322,12 @@ def _files(args: argparse.Namespace) -> tuple[str | None, str | None, str | None
             args.key or os.environ.get("SIA_KEY") or None)
 
 
-def _client(args: argparse.Namespace) -> SiaClient:
+def connect(args: argparse.Namespace, make: Callable[..., Any] = SiaClient) -> Any:
+    """A client (`make`: SiaClient, or AsyncSiaClient) for the connection flags
+    (`connection_flags`): the controller's address, its token and TLS files."""
     ca, cert, key = _files(args)
     try:
-        return SiaClient(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
+        return make(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
     except ValueError as err:  # an unreadable PEM file, a cert without its key
         raise UsageError(str(err)) from None
 
@@ -375,7 +377,7 @@ def _submit(args: argparse.Namespace) -> int:
         return 2  # nothing was submitted
     several = len(specs) > 1
     handles, rejected = [], 0
-    with _client(args) as sia:
+    with connect(args) as sia:
         for name, spec in specs:
             try:
                 handles.append(sia.submit(spec, job_id=args.id or ""))
@@ -395,7 +397,7 @@ def _jobs(args: argparse.Namespace, sia: SiaClient) -> list[pb.Job]:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         jobs = _jobs(args, sia)
     if args.output in ("json", "yaml"):
         print(dump({"jobs": [message_to_data(j) for j in jobs]}, args.output))
@@ -406,7 +408,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         job = sia.get(args.job)
     if args.output in ("json", "yaml"):
         print(dump(message_to_data(job), args.output))
@@ -418,14 +420,14 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         job = sia.cancel(args.job)
     print(f"{job.job_id} {job.state}")
     return 0
 
 
 def _delete(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         sia.delete(args.job)
     print(f"{args.job} deleted")
     return 0
@@ -434,7 +436,7 @@ def _delete(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     table_view = sys.stdout.isatty() and not args.events
     jobs: dict[str, pb.Job] = {}
-    with _client(args) as sia:
+    with connect(args) as sia:
         try:
             for ev in sia.watch(job_id=args.job or ""):
                 if ev.kind == pb.JobEvent.KIND_DELETED:
@@ -454,7 +456,7 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         cluster, rounds = sia.cluster(), sia.rounds(limit=args.rounds)
     if args.output in ("json", "yaml"):
         print(dump({"cluster": message_to_data(cluster),
@@ -465,7 +467,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _queues(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         resp = sia.queues()
     if args.output in ("json", "yaml"):
         print(dump(message_to_data(resp), args.output))
@@ -475,7 +477,7 @@ def _queues(args: argparse.Namespace) -> int:
 
 
 def _drain(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         node = sia.drain(args.node, args.reason or "")
         print(f"{node.name} draining: {node.drain_reason}")
         if not args.wait:
@@ -495,7 +497,7 @@ def _drain(args: argparse.Namespace) -> int:
 
 
 def _undrain(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         node = sia.undrain(args.node)
     print(f"{node.name} {node_state_name(node.state).lower()}")
     return 0
@@ -516,7 +518,7 @@ def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    with _client(args) as sia:
+    with connect(args) as sia:
         node = sia.forget_node(args.node)
     print(f"{node.name} forgotten ({node.gpu_type or 'unknown type'}, {node.num_gpus} GPUs, "
           f"last heartbeat {format_time(node.last_heartbeat)})")
@@ -538,23 +540,29 @@ def _positive(text: str) -> int:
     return value
 
 
+def connection_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--controller, --token-file, --ca, --cert, --key: how a command reaches the
+    controller (`connect`)."""
+    p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
+                   help=f"the controller's address, or a pair's comma-separated, or one "
+                        f"DNS name with several records (the leader is found; default "
+                        f"{DEFAULT_TARGET}; env SIA_CONTROLLER)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="file holding the bearer token (default: env SIA_TOKEN, the "
+                        "token itself)")
+    p.add_argument("--ca", metavar="FILE",
+                   help="CA certificate (PEM) of the controller's TLS certificate: "
+                        "connect with TLS (env SIA_CA; default plaintext)")
+    p.add_argument("--cert", metavar="FILE", help="client certificate (PEM; env SIA_CERT)")
+    p.add_argument("--key", metavar="FILE", help="its private key (PEM; env SIA_KEY)")
+    return p
+
+
 def add_commands(subparsers: Any) -> None:
     """Register the controller commands on `parser.add_subparsers()`."""
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
-        p = argparsing.command(subparsers, name, summary, func, usage=(SpecError,))
-        p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
-                       help=f"the controller's address, or a pair's comma-separated, or one "
-                            f"DNS name with several records (the leader is found; default "
-                            f"{DEFAULT_TARGET}; env SIA_CONTROLLER)")
-        p.add_argument("--token-file", metavar="FILE",
-                       help="file holding the bearer token (default: env SIA_TOKEN, the "
-                            "token itself)")
-        p.add_argument("--ca", metavar="FILE",
-                       help="CA certificate (PEM) of the controller's TLS certificate: "
-                            "connect with TLS (env SIA_CA; default plaintext)")
-        p.add_argument("--cert", metavar="FILE", help="client certificate (PEM; env SIA_CERT)")
-        p.add_argument("--key", metavar="FILE", help="its private key (PEM; env SIA_KEY)")
-        return p
+        return connection_flags(
+            argparsing.command(subparsers, name, summary, func, usage=(SpecError,)))
 
     def output(p: Any, default: str) -> None:
         p.add_argument("-o", "--output", choices=("json", "yaml", "wide"), default=None,

@@ -207,33 +207,16 @@ def _list_request(states: Iterable[int], tenant: str, page_size: int, token: str
                               page_token=token)
 
 
-class _WatchCursor:
-    """Where a watch stands, so that a broken stream resumes without gaps or repeats.
+class _Reconnects:
+    """How long to wait before reopening a broken stream: `failures` counts reconnects
+    since the last message, so the retry budget bounds consecutive failures, not a
+    long stream's lifetime."""
 
-    A reconnect asks for the changes after the last revision yielded, and drops any
-    change at or before it that a server repeats. Snapshot events (since_revision=0)
-    do not move the cursor: they are not in revision order, so a snapshot cut short
-    is requested whole again; seeing a job's state twice is harmless, skipping the
-    jobs not yet sent is not. `failures` counts reconnects since the last event, so
-    the retry budget bounds consecutive failures, not a long watch's lifetime.
-    """
+    def __init__(self, backoff: Backoff) -> None:
+        self.backoff, self.failures = backoff, 0
 
-    def __init__(self, job_id: str, since_revision: int, backoff: Backoff) -> None:
-        self.job_id, self.since, self.backoff = job_id, since_revision, backoff
+    def received(self) -> None:
         self.failures = 0
-
-    def request(self) -> Any:
-        return pb.WatchJobsRequest(job_id=self.job_id, since_revision=self.since)
-
-    def accept(self, ev: Any) -> bool:
-        """Record an event; False when it repeats one already yielded."""
-        self.failures = 0
-        if ev.kind == pb.JobEvent.KIND_SNAPSHOT:
-            return True
-        if ev.revision <= self.since:
-            return False
-        self.since = ev.revision
-        return True
 
     def retry(self, err: grpc.RpcError) -> float | None:
         """The delay before reconnecting after `err`, or None to give up."""
@@ -241,6 +224,34 @@ class _WatchCursor:
             return None
         self.failures += 1
         return self.backoff.delay(self.failures - 1)
+
+
+class _WatchCursor(_Reconnects):
+    """Where a watch stands, so that a broken stream resumes without gaps or repeats.
+
+    A reconnect asks for the changes after the last revision yielded, and drops any
+    change at or before it that a server repeats. Snapshot events (since_revision=0)
+    do not move the cursor: they are not in revision order, so a snapshot cut short
+    is requested whole again; seeing a job's state twice is harmless, skipping the
+    jobs not yet sent is not.
+    """
+
+    def __init__(self, job_id: str, since_revision: int, backoff: Backoff) -> None:
+        super().__init__(backoff)
+        self.job_id, self.since = job_id, since_revision
+
+    def request(self) -> Any:
+        return pb.WatchJobsRequest(job_id=self.job_id, since_revision=self.since)
+
+    def accept(self, ev: Any) -> bool:
+        """Record an event; False when it repeats one already yielded."""
+        self.received()
+        if ev.kind == pb.JobEvent.KIND_SNAPSHOT:
+            return True
+        if ev.revision <= self.since:
+            return False
+        self.since = ev.revision
+        return True
 
 
 def _next_version(job: Any, ev: Any) -> Any | None:
@@ -610,6 +621,27 @@ class AsyncSiaClient:
 
     async def cluster(self) -> pb.Cluster:
         return await self._read(self._cluster.GetCluster, pb.GetClusterRequest())
+
+    async def watch_rounds(self) -> AsyncIterator[pb.Round]:
+        """Each scheduling round as the controller publishes it, forever. A stream broken
+        with UNAVAILABLE (a restart, a failover) is reopened; rounds published while it
+        was down are not sent again (`rounds()` has them)."""
+        reconnects = _Reconnects(self._backoff)
+        while True:
+            await self._targets.refresh_async()
+            call = self._cluster.WatchRounds(pb.WatchRoundsRequest(), metadata=self._md)
+            try:
+                async for rnd in call:
+                    reconnects.received()
+                    yield rnd
+                return
+            except grpc.RpcError as err:
+                delay = 0.0 if self._targets.moved(err) else reconnects.retry(err)
+                if delay is None:
+                    raise ApiError.from_rpc_error(err) from err
+            finally:
+                call.cancel()
+            await self._sleep(delay)
 
     async def rounds(self, limit: int = 20) -> list[pb.Round]:
         resp = await self._read(self._cluster.ListRounds, pb.ListRoundsRequest(limit=limit))

@@ -22,9 +22,6 @@ from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.types import JobAllocation
 
-# What a tenant sees for a GPU another tenant's job holds (not a valid job id).
-OTHER_TENANT = "(other tenant)"
-
 
 @dataclass
 class NodeRec:

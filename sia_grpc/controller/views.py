@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import collections
 
-from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.api import OTHER_TENANT, node_state_name, pb, state_name
 from sia_grpc.api.convert import queues_to_pb
 from sia_grpc.controller.queueing import borrowed, scheduled_in, units
-from sia_grpc.controller.records import (
-    OTHER_TENANT,
-    timestamp,
-)
+from sia_grpc.controller.records import timestamp
 from sia_grpc.controller.transitions import TERMINAL, WAITING
 
 

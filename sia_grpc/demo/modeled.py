@@ -71,7 +71,8 @@ LIVE_TRACE = (
 LIVE_CLUSTER = {"rtx": (1, 8), "aws": (2, 4), "dgx-ext": (1, 8)}
 
 
-def _live_spec(k: int, app: str, kind: str):
+def live_spec(k: int, app: str, kind: str):
+    """The spec of the trace's k-th job (LIVE_TRACE: application, adaptivity)."""
     from sia_grpc.api import pb
 
     spec = pb.JobSpec(name=f"{app}-{k}", application=app)
@@ -84,11 +85,14 @@ def _live_spec(k: int, app: str, kind: str):
     return spec
 
 
-async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
+async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
+                    dashboard: str | None = None) -> int:
     """A controller and modeled agents of three GPU types on loopback; the trace
     submitted through the SDK at its arrival times; the allocation table as it
-    changes; a JCT summary at the end."""
+    changes; a JCT summary at the end. `dashboard`: where to serve `sia dashboard`
+    meanwhile (HOST:PORT)."""
     import asyncio
+    import contextlib
     import sys
 
     from sia_grpc import api
@@ -96,6 +100,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
     from sia_grpc.cli.jobs import cluster_report, jobs_table
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.controller.config import ControllerConfig
+    from sia_grpc.dashboard.server import beside
     from sia_grpc.testing.localcluster import LocalCluster
 
     out = out or sys.stdout
@@ -108,9 +113,10 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
           "The agents emulate GPUs: each job's speed comes from the Sia artifact's measured "
           "profiles.", file=out)
     async with LocalCluster(LIVE_CLUSTER, rate=rate, config=config) as lc, \
-            AsyncSiaClient(lc.target) as client:
+            AsyncSiaClient(lc.target) as client, contextlib.AsyncExitStack() as stack:
         await lc.wait_registered(sum(n for n, _ in LIVE_CLUSTER.values()))
         clock = lc.controller.clock
+        url = await stack.enter_async_context(beside(client, dashboard, out, clock=clock.time))
         t0 = clock.time()
         handles = []
 
@@ -119,7 +125,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
                 delay = t0 + minute * 60 - clock.time()
                 if delay > 0:
                     await clock.sleep(delay)
-                handles.append(await client.submit(_live_spec(k, app, kind)))
+                handles.append(await client.submit(live_spec(k, app, kind)))
 
         submitter = asyncio.create_task(submit_all())
         while True:
@@ -127,7 +133,8 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None) -> int:
             jobs = [j async for j in client.list()]
             elapsed = (clock.time() - t0) / 60
             text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
-                    f"submitted\n{jobs_table(jobs, now=clock.time())}")
+                    f"submitted{f' — dashboard {url}' if url else ''}\n"
+                    f"{jobs_table(jobs, now=clock.time())}")
             print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
             if submitter.done() and all(j.status.state in (pb.JOB_STATE_SUCCEEDED,
                                                           pb.JOB_STATE_FAILED,

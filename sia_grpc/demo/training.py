@@ -30,6 +30,7 @@ from sia_grpc.client import AsyncSiaClient
 from sia_grpc.client.sdk import is_terminal
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
+from sia_grpc.dashboard.server import beside
 
 # (node name, GPU type, emulated GPUs): the paper's fastest and a mid-range type.
 NODES = (("a100-0", "dgx-ext", 2), ("rtx-0", "rtx", 2))
@@ -82,7 +83,9 @@ def _spawn_agent(target: str, node: str, gpu_type: str, gpus: int,
 
 async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
                      refresh_s: float = 2.0, limit_s: float = 900.0,
-                     out: TextIO | None = None, keep: str | None = None) -> int:
+                     out: TextIO | None = None, keep: str | None = None,
+                     dashboard: str | None = None) -> int:
+    """The demo; `dashboard`: where to serve `sia dashboard` meanwhile (HOST:PORT)."""
     out = out or sys.stdout
     tty = out.isatty()
     with contextlib.ExitStack() as stack:
@@ -108,9 +111,10 @@ async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
             async with asyncio.timeout(60):
                 while len(controller.agents) < len(NODES):
                     await asyncio.sleep(0.1)
-            async with AsyncSiaClient(target) as client:
+            async with AsyncSiaClient(target) as client, \
+                    beside(client, dashboard, out) as url:
                 ok = await _run(client, jobs, [t for _, t, _ in NODES], out, tty, refresh_s,
-                                limit_s)
+                                limit_s, url)
                 print("\n" + cluster_report(await client.cluster(), await client.rounds(limit=8)),
                       file=out)
             return 0 if ok else 1
@@ -126,7 +130,7 @@ async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
 
 
 async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: list[str],
-               out: TextIO, tty: bool, refresh_s: float, limit_s: float) -> bool:
+               out: TextIO, tty: bool, refresh_s: float, limit_s: float, url: str) -> bool:
     t0 = time.monotonic()
     handles = []
 
@@ -151,7 +155,7 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
                     if not path or path[-1] != here:
                         path.append(here)
             text = (f"{time.monotonic() - t0:5.0f} s — {len(jobs)}/{len(demo_jobs)} jobs "
-                    "submitted\n"
+                    f"submitted{f' — dashboard {url}' if url else ''}\n"
                     + jobs_table(jobs, now=time.time()))
             print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
             if submitter.done() and len(jobs) == len(demo_jobs) and all(map(is_terminal, jobs)):
@@ -178,11 +182,11 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
     return len(done) == len(demo_jobs)
 
 
-def main(keep: str | None = None) -> int:
+def main(keep: str | None = None, dashboard: str | None = None) -> int:
     from sia_grpc.controller.server import loop_factory
     from sia_grpc.observability import configure_logging
 
     configure_logging(level="error")  # (the embedded services: the demo prints its own story)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(train_demo(keep=keep))
+        return runner.run(train_demo(keep=keep, dashboard=dashboard))

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from sia_grpc.clock import ScaledClock
@@ -94,11 +94,15 @@ class LocalCluster:
         self.processes[name] = proc
         return proc
 
-    async def restart_controller(self) -> None:
-        """Stop the controller and start a new one on the same port and store."""
+    async def restart_controller(
+            self, while_down: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Stop the controller and start a new one on the same port and store (after
+        `while_down()`, if given: what a test awaits with no controller up)."""
         assert self.controller is not None
         port = self.controller.port
         await self.controller.close(grace=0.2)
+        if while_down is not None:
+            await while_down()
         self.config = replace(self.config, listen=f"127.0.0.1:{port}")
         self.controller = Controller(self.config, clock=ScaledClock(self.rate),
                                      telemetry=self.telemetry)

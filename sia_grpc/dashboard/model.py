@@ -1,0 +1,164 @@
+"""What the dashboard knows of the cluster, built from what the controller's API sends:
+the jobs (from WatchJobs), each job's allocation history and reasons as this process saw
+them change, the cluster (GetCluster), the last rounds (ListRounds, WatchRounds) and the
+queues (ListQueues). Pure: no I/O, times are passed in."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sia_grpc.api import pb, state_name
+
+MAX_ROUNDS = 50  # rounds kept (and shown)
+MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
+MAX_NOTES = 200  # reasons kept per job
+MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
+# The jobs counted over time, by what they are doing.
+ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
+              "running": (pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING)}
+
+
+def seconds(ts: Any) -> float:
+    """A Timestamp as seconds since the epoch (0.0 when unset)."""
+    return ts.seconds + ts.nanos / 1e9
+
+
+@dataclass(frozen=True)
+class Step:
+    """From `at` on, the job held `num_gpus` GPUs of `gpu_type` ("" and 0: none)."""
+
+    at: float
+    gpu_type: str
+    num_gpus: int
+
+
+@dataclass(frozen=True)
+class Note:
+    """What the controller said about the job (its reason, or failure message) at `at`."""
+
+    at: float
+    state: str
+    text: str
+
+
+@dataclass
+class JobRecord:
+    job: pb.Job
+    history: list[Step] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    # When this process first saw the job: history before it is what the job's
+    # create and start times tell, not every change.
+    seen_from: float = 0.0
+
+    def allocation(self) -> tuple[str, int]:
+        a = self.job.status.allocation
+        return (a.gpu_type, a.num_gpus) if a.num_gpus else ("", 0)
+
+
+def _when(job: pb.Job, now: float) -> float:
+    """When this version of the job was made: its update time, else `now`."""
+    return seconds(job.status.update_time) or now
+
+
+def _note(job: pb.Job, at: float) -> Note | None:
+    text = job.status.message or job.status.reason
+    return Note(at, state_name(job.status.state), text) if text else None
+
+
+class Model:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobRecord] = {}
+        self.revision = 0  # the newest job revision seen
+        self.cluster: pb.Cluster = pb.Cluster()
+        self.rounds: deque[pb.Round] = deque(maxlen=MAX_ROUNDS)
+        self.queues: pb.ListQueuesResponse = pb.ListQueuesResponse()
+        self.upstream = "connecting"  # "live", or why the controller is not reachable
+        # Over time, as this process saw it: GPUs allocated per type, jobs waiting and
+        # running (ACTIVITIES).
+        self.allocated: dict[str, list[Step]] = {}
+        self.jobs_by: dict[str, list[Step]] = {name: [] for name in ACTIVITIES}
+
+    # -- jobs --
+
+    def apply(self, ev: pb.JobEvent, now: float) -> JobRecord | None:
+        """Take one WatchJobs event; the job's record, None when it was deleted."""
+        job = ev.job
+        self.revision = max(self.revision, ev.revision)
+        if ev.kind == pb.JobEvent.KIND_DELETED:
+            self.jobs.pop(job.job_id, None)
+            return None
+        rec = self.jobs.get(job.job_id)
+        if rec is None:
+            rec = self.jobs[job.job_id] = self._first_sight(job, now)
+        elif job.revision and job.revision < rec.job.revision:
+            return rec  # an older version (a snapshot after a reconnect raced a change)
+        rec.job = job
+        # A change seen live happened now; a snapshot's, when its update time says.
+        at = _when(job, now) if ev.kind == pb.JobEvent.KIND_SNAPSHOT else now
+        alloc = rec.allocation()
+        if (rec.history[-1].gpu_type, rec.history[-1].num_gpus) != alloc:
+            _append(rec.history, Step(max(at, rec.history[-1].at), *alloc), MAX_STEPS)
+        note = _note(job, at)
+        if note and (not rec.notes or (rec.notes[-1].state, rec.notes[-1].text)
+                     != (note.state, note.text)):
+            _append(rec.notes, note, MAX_NOTES)
+        return rec
+
+    @staticmethod
+    def _first_sight(job: pb.Job, now: float) -> JobRecord:
+        """A job seen for the first time: its history from its create time, with no
+        GPUs, and (if it holds some) its current allocation from its start time."""
+        created = seconds(job.status.create_time) or now
+        rec = JobRecord(job, [Step(created, "", 0)], seen_from=now)
+        if job.status.allocation.num_gpus:
+            started = seconds(job.status.start_time) or _when(job, now)
+            a = job.status.allocation
+            rec.history.append(Step(max(started, created), a.gpu_type, a.num_gpus))
+        return rec
+
+    def keep_only(self, job_ids: set[str]) -> list[str]:
+        """Forget the jobs not in `job_ids` (deleted while the watch was down); their ids."""
+        gone = [j for j in self.jobs if j not in job_ids]
+        for j in gone:
+            del self.jobs[j]
+        return gone
+
+    # -- over time --
+
+    def sample(self, now: float) -> bool:
+        """Note what is allocated of each GPU type, and how many jobs wait and run,
+        where it changed (after each read of the cluster); whether any did."""
+        changed = [_change(self.allocated.setdefault(t.gpu_type, []),
+                           Step(now, t.gpu_type, t.allocated)) for t in self.cluster.types]
+        for name, states in ACTIVITIES.items():
+            count = sum(1 for r in self.jobs.values() if r.job.status.state in states)
+            changed.append(_change(self.jobs_by[name], Step(now, name, count)))
+        return any(changed)
+
+    # -- rounds --
+
+    def set_rounds(self, rounds: list[pb.Round]) -> None:
+        self.rounds.clear()
+        self.rounds.extend(rounds)
+
+    def add_round(self, rnd: pb.Round) -> bool:
+        """Take one WatchRounds round; False if it is one already known."""
+        if rnd.round and any(r.round == rnd.round for r in self.rounds):
+            return False
+        self.rounds.append(rnd)
+        return True
+
+
+def _append(items: list, item: object, limit: int) -> None:
+    items.append(item)
+    del items[:-limit]
+
+
+def _change(series: list[Step], step: Step) -> bool:
+    """Append `step` to `series` unless its value is the last one's; whether it was."""
+    if series and series[-1].num_gpus == step.num_gpus:
+        return False
+    _append(series, step, MAX_SAMPLES)
+    return True

@@ -1,0 +1,373 @@
+"""The dashboard's pages as HTML, drawn on the server (charts are inline SVG): pure
+functions of the `Model` and the time. The browser's script (static/dashboard.js) swaps
+in the fragments the server pushes (`job_row`, `cluster_section`, `round_row`,
+`queues_section`) as events arrive."""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, state_name
+from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
+from sia_grpc.dashboard.model import JobRecord, Model, Step, seconds
+
+# Okabe & Ito's palette (less black): told apart with each common colour-vision
+# deficiency. Each colour comes with the text colour that reads on it.
+PALETTE = [("#E69F00", "#000"), ("#56B4E9", "#000"), ("#009E73", "#fff"),
+           ("#F0E442", "#000"), ("#0072B2", "#fff"), ("#D55E00", "#fff"),
+           ("#CC79A7", "#000")]
+PAGES = [("/", "Cluster"), ("/jobs", "Jobs"), ("/rounds", "Rounds"), ("/queues", "Queues")]
+
+
+def job_colour(job_id: str) -> tuple[str, str]:
+    """A job's colour (and its text's): the same on every page and every restart."""
+    return PALETTE[zlib.crc32(job_id.encode()) % len(PALETTE)]
+
+
+def type_colours(types: Iterable[str]) -> dict[str, str]:
+    """A colour per GPU type, by name order (so a type keeps its colour as jobs come
+    and go, as long as the cluster's types stay the same)."""
+    return {t: PALETTE[i % len(PALETTE)][0] for i, t in enumerate(sorted(set(types)))}
+
+
+def utc(at: float) -> str:
+    """Seconds since the epoch as "2026-01-05 09:30:00Z"; "-" for 0."""
+    if not at:
+        return "-"
+    when = datetime.datetime.fromtimestamp(at, datetime.UTC).replace(microsecond=0)
+    return when.replace(tzinfo=None).isoformat(sep=" ") + "Z"
+
+
+# -- the frame ---------------------------------------------------------------------------
+
+
+def page(title: str, body: str, *, active: str, model: Model, controller: str,
+         job: str = "") -> str:
+    """A whole page: the navigation, the upstream's state, `body`."""
+    nav = "".join(f'<a href="{href}"{" class=active" if href == active else ""}>{name}</a>'
+                  for href, name in PAGES)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)} · sia dashboard</title>
+<link rel="stylesheet" href="/static/dashboard.css">
+<script src="/static/dashboard.js" defer></script>
+</head><body data-page="{escape(active)}" data-job="{escape(job)}">
+<header><span class="brand">sia</span><nav>{nav}</nav>
+<span class="controller">controller {escape(controller)}</span>
+{upstream_badge(model.upstream)}</header>
+<main>{body}</main>
+</body></html>"""
+
+
+def upstream_badge(upstream: str) -> str:
+    """The dashboard's connection to the controller: "live", or why not."""
+    state = "live" if upstream == "live" else "down"
+    return (f'<span id="upstream" class="upstream {state}" '
+            f'title="the dashboard\'s connection to the controller">{escape(upstream)}</span>')
+
+
+def not_found(what: str) -> str:
+    return f'<h1>Not found</h1><p class="empty">{escape(what)}</p>'
+
+
+# -- cluster -----------------------------------------------------------------------------
+
+
+def cluster_page(model: Model, now: float) -> str:
+    return ('<h1>Cluster</h1><p class="hint">Each cell is a GPU, coloured by the job '
+            'holding it (its name inside; hover for the id). Updated as rounds run.</p>'
+            + cluster_section(model, now))
+
+
+def cluster_section(model: Model, now: float) -> str:
+    """Every node a row of GPU cells, grouped by GPU type, with each type's totals;
+    then the panels over time."""
+    c = model.cluster
+    names = {rec.job.job_id: rec.job.spec.name for rec in model.jobs.values()}
+    if not c.nodes:
+        return '<section id="cluster"><p class="empty">no nodes registered yet</p></section>'
+    parts = [f'<section id="cluster"><p class="policy">policy <b>{escape(c.policy or "-")}'
+             f'</b> · round {c.round_duration_s:g} s</p>']
+    for t in c.types:
+        nodes = [n for n in c.nodes if n.gpu_type == t.gpu_type]
+        free = t.gpus - t.allocated
+        rows = "".join(_node_row(n, names) for n in nodes)
+        parts.append(
+            f'<div class="gputype" data-type="{escape(t.gpu_type)}" data-gpus="{t.gpus}" '
+            f'data-allocated="{t.allocated}"><h2>{escape(t.gpu_type)} <span class="totals">'
+            f'{t.nodes} node{"s" * (t.nodes != 1)} · {t.gpus} GPUs · '
+            f'<b class="allocated">{t.allocated}</b> allocated · <b class="free">{free}</b> '
+            f'free</span></h2>{_meter(t.allocated, t.gpus)}'
+            f'<table class="nodes">{rows}</table></div>')
+    parts.append(over_time(model, now))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _meter(used: int, total: int) -> str:
+    share = 100 * used / total if total else 0
+    return (f'<div class="meter" role="img" aria-label="{used} of {total} allocated">'
+            f'<div style="width:{share:.1f}%"></div></div>')
+
+
+def _node_row(n: pb.Node, names: dict[str, str]) -> str:
+    state = node_state_name(n.state).lower()
+    badge = "" if n.state == pb.NODE_STATE_READY else (
+        f'<span class="badge {state}">{escape(state.upper())}'
+        f'{": " + escape(n.drain_reason) if n.drain_reason else ""}</span>')
+    cells = "".join(_gpu_cell(n, slot, names) for slot in n.gpus)
+    return (f'<tr class="node {state}" data-node="{escape(n.name)}" data-state="{state}">'
+            f'<th>{escape(n.name)}{badge}</th><td class="cells">{cells}</td></tr>')
+
+
+def _gpu_cell(n: pb.Node, slot: pb.GpuSlot, names: dict[str, str]) -> str:
+    where = f"{n.name} GPU {slot.index}"
+    if not slot.job_id:
+        return f'<span class="gpu free" data-job="" title="{escape(where)}: free"></span>'
+    if slot.job_id == OTHER_TENANT:
+        return (f'<span class="gpu other" data-job="{escape(OTHER_TENANT)}" '
+                f'title="{escape(where)}: another tenant\'s job">other</span>')
+    bg, fg = job_colour(slot.job_id)
+    label = names.get(slot.job_id) or slot.job_id
+    return (f'<a class="gpu held" data-job="{escape(slot.job_id)}" '
+            f'href="/jobs/{escape(slot.job_id)}" style="background:{bg};color:{fg}" '
+            f'title="{escape(where)}: {escape(slot.job_id)} ({escape(label)})">'
+            f'{escape(label)}</a>')
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+# (header, the cell's text, the value it sorts by)
+_COLUMNS: list[tuple[str, Any]] = [
+    ("ID", lambda j, now: (j.job_id, j.job_id)),
+    ("NAME", lambda j, now: (j.spec.name or "-", j.spec.name)),
+    ("STATE", lambda j, now: (state_name(j.status.state), state_name(j.status.state))),
+    ("QUEUE", lambda j, now: (j.spec.queue or "default", j.spec.queue or "default")),
+    ("TENANT", lambda j, now: (j.spec.tenant or "-", j.spec.tenant)),
+    ("GPUS", lambda j, now: (format_gpus(j), j.status.allocation.num_gpus)),
+    ("BATCH", lambda j, now: (j.status.allocation.batch_size or "-",
+                              j.status.allocation.batch_size)),
+    ("PROGRESS", lambda j, now: (f"{j.status.progress * 100:.0f}%", j.status.progress)),
+    ("RESTARTS", lambda j, now: (j.status.restarts, j.status.restarts)),
+    ("AGE", lambda j, now: (_age(j, now), -seconds(j.status.create_time))),
+    ("REASON", lambda j, now: (j.status.message or j.status.reason or "",
+                               j.status.message or j.status.reason)),
+]
+
+
+def _age(job: pb.Job, now: float) -> str:
+    created = seconds(job.status.create_time)
+    return format_age(now - created) if created else "-"
+
+
+def jobs_page(model: Model, now: float) -> str:
+    rows = "".join(job_row(rec, now) for rec in sorted(
+        model.jobs.values(), key=lambda r: (-seconds(r.job.status.create_time), r.job.job_id)))
+    states = "".join(f'<option value="{s}">{s.lower()}</option>'
+                     for s in (state_name(v) for v in pb.JobState.values()[1:]))
+    head = "".join(f'<th data-col="{i}" tabindex="0" aria-sort="none">{name}</th>'
+                   for i, (name, _) in enumerate(_COLUMNS))
+    return f"""<h1>Jobs <span class="count" id="job-count">{len(model.jobs)}</span></h1>
+<div class="filters"><input id="filter" type="search" aria-label="filter jobs"
+placeholder="filter: id, name, tenant, queue, reason…"><select id="state-filter" aria-label="state">
+<option value="">every state</option><option value="ACTIVE">not finished</option>{states}
+</select></div>
+<table id="jobs" class="jobs"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+<p class="empty" id="no-jobs"{" hidden" if model.jobs else ""}>no jobs</p>"""
+
+
+def job_row(rec: JobRecord, now: float) -> str:
+    """One row of the jobs table; `data-created` lets the browser keep AGE current."""
+    j = rec.job
+    cells = []
+    for name, cell in _COLUMNS:
+        text, key = cell(j, now)
+        text = escape(str(text))
+        if name == "ID":
+            text = f'<a href="/jobs/{escape(j.job_id)}">{text}</a>'
+        cls = f' class="{name.lower()}"'
+        cells.append(f'<td{cls} data-sort="{escape(str(key))}">{text}</td>')
+    state = state_name(j.status.state)
+    return (f'<tr data-job="{escape(j.job_id)}" data-state="{state}" '
+            f'data-created="{seconds(j.status.create_time):.0f}">{"".join(cells)}</tr>')
+
+
+# -- one job -----------------------------------------------------------------------------
+
+
+def job_page(rec: JobRecord, model: Model, now: float) -> str:
+    return (f'<h1>Job <span class="mono">{escape(rec.job.job_id)}</span></h1>'
+            f'<div id="detail">{job_detail(rec, model, now)}</div>')
+
+
+def job_detail(rec: JobRecord, model: Model, now: float) -> str:
+    j, st = rec.job, rec.job.status
+    state = state_name(st.state)
+    why = st.message or st.reason
+    question = ("Why is it waiting?" if st.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING)
+                else "How it ended" if st.state in TERMINAL_STATES else "Why this allocation?")
+    facts = [("state", f'<b class="state {state.lower()}">{state}</b>'),
+             ("name", escape(j.spec.name or "-")), ("tenant", escape(j.spec.tenant or "-")),
+             ("queue", escape(j.spec.queue or "default")),
+             ("priority", escape(j.spec.priority or "default")),
+             ("application", escape(j.spec.application or "-")),
+             ("GPUs", escape(format_gpus(j))), ("nodes", escape(format_nodes(j))),
+             ("batch", str(st.allocation.batch_size or "-")),
+             ("progress", f"{st.progress * 100:.1f}%"),
+             ("goodput (estimate)", f"{st.goodput:.3g}"),
+             ("restarts", str(st.restarts)), ("generation", str(st.generation)),
+             ("created", utc(seconds(st.create_time))), ("started", utc(seconds(st.start_time))),
+             ("finished", utc(seconds(st.finish_time)))]
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    end = seconds(st.finish_time) or now
+    chart = allocation_chart(rec.history, end, type_colours(
+        [t.gpu_type for t in model.cluster.types] + [s.gpu_type for s in rec.history]))
+    notes = "".join(
+        f'<li><time>{utc(n.at)}</time> <b class="state {n.state.lower()}">{n.state}</b> '
+        f'{escape(n.text)}</li>' for n in reversed(rec.notes)) or '<li class="empty">none yet</li>'
+    return f"""<div class="why"><h2>{question}</h2><p id="why">{escape(why or
+        "the controller has recorded no reason yet")}</p></div>
+<div class="columns"><dl class="facts">{dl}</dl>
+<div><h2>Allocation over time</h2>{chart}
+<p class="hint">As seen since {utc(rec.seen_from)} (earlier: from its create and start
+times only).</p></div></div>
+<h2>Decisions</h2><ol class="notes" id="notes">{notes}</ol>"""
+
+
+def allocation_chart(history: list[Step], end: float, colours: dict[str, str]) -> str:
+    """A job's GPUs over time, each step coloured by its GPU type, and the legend."""
+    used = sorted({s.gpu_type for s in history if s.num_gpus})
+    legend = "".join(f'<span><i style="background:{colours.get(t, "#999")}"></i>'
+                     f'{escape(t)}</span>' for t in used)
+    return (step_chart(history, end, colours, label="GPUs held over time") +
+            f'<div class="legend">{legend or "<span class=empty>no GPUs held yet</span>"}'
+            f'</div>')
+
+
+def step_chart(steps: list[Step], end: float, colours: dict[str, str], *, label: str,
+               capacity: int | None = None, width: int = 560, height: int = 180) -> str:
+    """A step chart (SVG) of `steps` up to `end`: each step a bar of its value
+    (`num_gpus`) coloured by its key (`gpu_type`), the steps' outline on top, and with
+    `capacity` a dashed line there."""
+    pad_l, pad_b, pad_t = 34, 22, 8
+    end = max([end] + [s.at for s in steps])  # (a controller's clock a little ahead)
+    start = steps[0].at if steps else end
+    span = max(end - start, 1e-9)
+    top = max([s.num_gpus for s in steps] + [capacity or 0, 1])
+    plot_w, plot_h = width - pad_l - 8, height - pad_b - pad_t
+
+    def x(at: float) -> float:
+        return pad_l + plot_w * (min(at, end) - start) / span
+
+    def y(n: float) -> float:
+        return pad_t + plot_h * (1 - n / top)
+
+    shapes, line = [], []
+    for i, s in enumerate(steps):
+        right = steps[i + 1].at if i + 1 < len(steps) else end
+        x0, x1 = x(s.at), x(max(right, s.at))
+        line.append(f"{x0:.1f},{y(s.num_gpus):.1f} {x1:.1f},{y(s.num_gpus):.1f}")
+        if s.num_gpus:
+            shapes.append(
+                f'<rect class="alloc-step" data-type="{escape(s.gpu_type)}" '
+                f'data-gpus="{s.num_gpus}" x="{x0:.1f}" y="{y(s.num_gpus):.1f}" '
+                f'width="{max(x1 - x0, 0.5):.1f}" height="{y(0) - y(s.num_gpus):.1f}" '
+                f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus} '
+                f'{escape(s.gpu_type)} from {utc(s.at)}</title></rect>')
+    ticks = "".join(f'<text x="{pad_l - 6}" y="{y(n) + 4:.1f}" text-anchor="end">{n}</text>'
+                    for n in sorted({0, top // 2, top}))
+    cap = (f'<line class="capacity" x1="{pad_l}" y1="{y(capacity):.1f}" x2="{width - 8}" '
+           f'y2="{y(capacity):.1f}"><title>capacity {capacity}</title></line>'
+           if capacity else "")
+    return f"""<svg class="alloc" viewBox="0 0 {width} {height}" width="{width}" height="{height}"
+role="img" aria-label="{escape(label)}">{ticks}
+<line x1="{pad_l}" y1="{y(0):.1f}" x2="{width - 8}" y2="{y(0):.1f}" class="axis"/>
+{"".join(shapes)}<polyline class="step" points="{" ".join(line)}"/>{cap}
+<text x="{pad_l}" y="{height - 4}">{utc(start)}</text>
+<text x="{width - 8}" y="{height - 4}" text-anchor="end">{utc(end)}</text></svg>"""
+
+
+def over_time(model: Model, now: float) -> str:
+    """One panel per GPU type (allocated against its capacity), and the jobs waiting
+    and running."""
+    colours = type_colours(t.gpu_type for t in model.cluster.types)
+    panels = [(f"{t.gpu_type}: GPUs allocated of {t.gpus}", step_chart(
+        model.allocated.get(t.gpu_type, []), now, colours, capacity=t.gpus,
+        label=f"{t.gpu_type} GPUs allocated over time", width=380, height=130))
+        for t in model.cluster.types]
+    for name, what, colour in (("waiting", "queued or profiling", "#CC79A7"),
+                               ("running", "running or restarting", "#0072B2")):
+        panels.append((f"jobs {name} ({what})", step_chart(
+            model.jobs_by[name], now, {name: colour}, label=f"jobs {name} over time",
+            width=380, height=130)))
+    return ('<h2>Over time</h2><p class="hint">As this dashboard saw it since it started.'
+            '</p><div class="panels">' + "".join(
+                f'<figure class="panel"><figcaption>{escape(title)}</figcaption>{chart}'
+                f'</figure>' for title, chart in panels) + "</div>")
+
+
+# -- rounds ------------------------------------------------------------------------------
+
+_ROUND_HEAD = ["ROUND", "START", "TRIGGER", "JOBS", "GPUS", "MOVED", "RECLAIMS",
+               "ESTIMATE MS", "SOLVE MS", "PLACE MS", "DISPATCH MS", "TOTAL MS", "NOTE"]
+
+
+def rounds_page(model: Model) -> str:
+    rows = "".join(round_row(r) for r in reversed(model.rounds))
+    head = "".join(f"<th>{h}</th>" for h in _ROUND_HEAD)
+    return f"""<h1>Rounds</h1><p class="hint">The last {len(model.rounds)} scheduling rounds,
+newest first, with the time each phase took.</p>
+<table id="rounds" class="rounds"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+<p class="empty" id="no-rounds"{" hidden" if model.rounds else ""}>no rounds yet</p>"""
+
+
+def round_row(r: pb.Round) -> str:
+    cells = [r.round or "-", utc(seconds(r.start_time)), r.trigger or "-", r.jobs,
+             r.gpus_allocated, r.jobs_moved, r.reclaims, f"{r.estimate_ms:.1f}",
+             f"{r.solve_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
+             f"{r.total_ms:.1f}", r.note]
+    return (f'<tr data-round="{r.round}">'
+            + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+def queues_page(model: Model) -> str:
+    return ('<h1>Queues</h1><p class="hint">What each queue holds against its guarantee '
+            '(the bar: held; the mark: guaranteed), by GPU type.</p>' + queues_section(model))
+
+
+def queues_section(model: Model) -> str:
+    if not model.queues.queues:
+        return '<section id="queues"><p class="empty">no queues</p></section>'
+    rows = []
+    for q in model.queues.queues:
+        s = q.spec
+        types = sorted(set(s.guarantee) | set(q.held))
+        bars = "".join(_use_bar(t, q.held.get(t, 0), s.guarantee.get(t, 0)) for t in types)
+        rows.append(
+            f'<tr data-queue="{escape(s.name)}"><th>{escape(s.name)}</th>'
+            f'<td>{escape(",".join(s.tenants) or "*")}</td>'
+            f'<td>{escape(format_counts(s.guarantee))}</td><td>{escape(format_counts(q.held))}'
+            f'</td><td>{escape(format_counts(q.borrowed))}</td><td>{q.pending_jobs}</td>'
+            f'<td>{q.running_jobs}</td><td class="bars">{bars or "-"}</td></tr>')
+    return (f'<section id="queues"><table class="queues"><thead><tr><th>QUEUE</th>'
+            f'<th>TENANTS</th><th>GUARANTEE</th><th>HELD</th><th>BORROWED</th><th>PENDING</th>'
+            f'<th>RUNNING</th><th>USE</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'</section>')
+
+
+def _use_bar(gpu_type: str, held: int, guarantee: int) -> str:
+    scale = max(held, guarantee, 1)
+    over = " over" if held > guarantee else ""
+    return (f'<div class="use{over}" title="{escape(gpu_type)}: {held} held, {guarantee} '
+            f'guaranteed"><span class="t">{escape(gpu_type)}</span><span class="track">'
+            f'<span class="held" style="width:{100 * held / scale:.0f}%"></span>'
+            f'<span class="mark" style="left:{100 * guarantee / scale:.0f}%"></span></span>'
+            f'<span class="n">{held}/{guarantee}</span></div>')

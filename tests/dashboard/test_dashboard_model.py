@@ -1,0 +1,158 @@
+"""The dashboard's pure parts: the model it builds from the API's events (allocation
+history, reasons), the fragments it draws, and the hub's treatment of a slow page."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sia_grpc.api import OTHER_TENANT, pb
+from sia_grpc.dashboard import render
+from sia_grpc.dashboard.feed import Hub
+from sia_grpc.dashboard.model import Model, Step
+
+KIND = pb.JobEvent
+
+
+def job(job_id: str = "j1", *, revision: int = 1, gpus: int = 0, gpu_type: str = "rtx",
+        state: int = pb.JOB_STATE_QUEUED, reason: str = "", created: float = 100.0,
+        started: float = 0.0, tenant: str = "") -> pb.Job:
+    j = pb.Job(job_id=job_id, revision=revision, spec=pb.JobSpec(name=job_id, tenant=tenant),
+               status=pb.JobStatus(state=state, reason=reason))
+    j.status.create_time.FromNanoseconds(int(created * 1e9))
+    if started:
+        j.status.start_time.FromNanoseconds(int(started * 1e9))
+    if gpus:
+        j.status.allocation.CopyFrom(pb.Allocation(gpu_type=gpu_type, num_gpus=gpus))
+    return j
+
+
+def event(j: pb.Job, kind: int = KIND.KIND_UPDATED) -> pb.JobEvent:
+    return pb.JobEvent(kind=kind, revision=j.revision, job=j)
+
+
+def test_a_snapshot_starts_the_history_at_create_and_start_times():
+    m = Model()
+    rec = m.apply(event(job(gpus=4, started=130.0, state=pb.JOB_STATE_RUNNING),
+                        KIND.KIND_SNAPSHOT), now=500.0)
+    assert rec.history == [Step(100.0, "", 0), Step(130.0, "rtx", 4)]
+    assert rec.seen_from == 500.0
+
+
+def test_live_changes_add_steps_when_the_allocation_changes():
+    m = Model()
+    m.apply(event(job(), KIND.KIND_CREATED), now=100.0)
+    m.apply(event(job(revision=2, gpus=1, state=pb.JOB_STATE_RUNNING, reason="started")),
+            now=110.0)
+    m.apply(event(job(revision=3, gpus=1, state=pb.JOB_STATE_RUNNING, reason="kept")),
+            now=120.0)
+    rec = m.apply(event(job(revision=4, gpus=2, gpu_type="a100", state=pb.JOB_STATE_RUNNING,
+                            reason="moved to a100")), now=130.0)
+    assert rec.history == [Step(100.0, "", 0), Step(110.0, "rtx", 1), Step(130.0, "a100", 2)]
+    assert [(n.at, n.state, n.text) for n in rec.notes] == [
+        (110.0, "RUNNING", "started"), (120.0, "RUNNING", "kept"),
+        (130.0, "RUNNING", "moved to a100")]
+    # An older version arriving late (a snapshot after a reconnect) changes nothing.
+    m.apply(event(job(revision=2, gpus=1), KIND.KIND_SNAPSHOT), now=140.0)
+    assert m.jobs["j1"].allocation() == ("a100", 2)
+    assert m.apply(event(job(revision=5), KIND.KIND_DELETED), now=150.0) is None
+    assert m.jobs == {} and m.revision == 5
+
+
+@given(st.lists(st.tuples(st.sampled_from(["", "rtx", "a100"]), st.integers(0, 8),
+                          st.floats(0, 50)), max_size=30))
+def test_history_steps_always_differ_and_never_go_back_in_time(changes):
+    m = Model()
+    now, rec = 100.0, m.apply(event(job(), KIND.KIND_CREATED), now=100.0)
+    for rev, (gpu_type, gpus, dt) in enumerate(changes, start=2):
+        now += dt
+        rec = m.apply(event(job(revision=rev, gpus=gpus if gpu_type else 0,
+                                gpu_type=gpu_type)), now=now)
+    pairs = list(zip(rec.history, rec.history[1:], strict=False))
+    assert all((a.gpu_type, a.num_gpus) != (b.gpu_type, b.num_gpus) for a, b in pairs)
+    assert all(a.at <= b.at for a, b in pairs)
+    assert (rec.history[-1].gpu_type, rec.history[-1].num_gpus) == rec.allocation()
+
+
+def test_keep_only_forgets_jobs_deleted_while_away_and_rounds_are_not_repeated():
+    m = Model()
+    for j in ("a", "b", "c"):
+        m.apply(event(job(j), KIND.KIND_SNAPSHOT), now=1.0)
+    assert m.keep_only({"a", "c"}) == ["b"] and set(m.jobs) == {"a", "c"}
+    assert m.add_round(pb.Round(round=7)) and not m.add_round(pb.Round(round=7))
+
+
+def cluster() -> pb.Cluster:
+    def node(name, state, holders, reason=""):
+        return pb.Node(name=name, gpu_type="rtx", num_gpus=len(holders), state=state,
+                       drain_reason=reason,
+                       gpus=[pb.GpuSlot(index=i, job_id=h) for i, h in enumerate(holders)])
+    return pb.Cluster(policy="sia", round_duration_s=60, nodes=[
+        node("n0", pb.NODE_STATE_READY, ["j1", "j1", OTHER_TENANT, ""]),
+        node("n1", pb.NODE_STATE_DRAINING, ["", ""], "replace GPU 3"),
+        node("n2", pb.NODE_STATE_LOST, ["", ""], "missed heartbeats")],
+        types=[pb.GpuTypeSummary(gpu_type="rtx", nodes=3, gpus=8, allocated=3)])
+
+
+def test_the_cluster_grid_marks_holders_other_tenants_and_drained_and_lost_nodes():
+    m = Model()
+    m.cluster = cluster()
+    m.apply(event(job("j1"), KIND.KIND_SNAPSHOT), now=1.0)
+    html = render.cluster_section(m, now=2.0)
+    assert re.findall(r'class="gpu (\w+)" data-job="([^"]*)"', html) == [
+        ("held", "j1"), ("held", "j1"), ("other", OTHER_TENANT), ("free", ""),
+        ("free", ""), ("free", ""), ("free", ""), ("free", "")]
+    assert re.findall(r'<tr class="node (\w+)"', html) == ["ready", "draining", "lost"]
+    assert "DRAINING: replace GPU 3" in html and "LOST: missed heartbeats" in html
+    assert '<b class="allocated">3</b> allocated · <b class="free">5</b> free' in html
+    bg, fg = render.job_colour("j1")
+    assert f"background:{bg};color:{fg}" in html and (bg, fg) in render.PALETTE
+
+
+def test_the_allocation_chart_draws_one_coloured_step_per_allocation():
+    history = [Step(0.0, "", 0), Step(10.0, "rtx", 2), Step(20.0, "a100", 4),
+               Step(30.0, "", 0)]
+    colours = render.type_colours(["rtx", "a100"])
+    svg = render.allocation_chart(history, 40.0, colours)
+    steps = re.findall(r'class="alloc-step" data-type="(\w+)" data-gpus="(\d)" '
+                       r'x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
+    assert [(t, n) for t, n, _, _ in steps] == [("rtx", "2"), ("a100", "4")]
+    assert "a100</span>" in svg and "rtx</span>" in svg  # the legend
+    (x1, w1), (x2, w2) = [(float(x), float(w)) for _, _, x, w in steps]
+    assert w1 == w2 and x2 == x1 + w1  # 10 s each, one after the other
+    assert f'fill="{colours["a100"]}"' in svg and colours["a100"] != colours["rtx"]
+
+
+async def test_a_page_that_falls_behind_is_closed_not_waited_for():
+    hub = Hub()
+    slow, fast = hub.subscribe(), hub.subscribe()
+    for i in range(2 * 2000):
+        hub.publish("job", {"id": str(i)})
+        if not fast.empty():
+            fast.get_nowait()
+    items = []
+    while not slow.empty():
+        items.append(slow.get_nowait())
+    assert items[-1] is None  # its stream ends; the page reconnects and reloads
+    hub.publish("job", {"id": "after"})
+    assert slow.empty() and await asyncio.wait_for(fast.get(), 1) == (
+        b'event: job\ndata: {"id":"after"}\n\n')
+
+
+def test_the_panels_over_time_follow_each_types_allocation_and_the_jobs_by_activity():
+    m = Model()
+    m.cluster = cluster()
+    m.apply(event(job("j1")), now=1.0)
+    assert m.sample(10.0) and not m.sample(20.0)  # nothing changed the second time
+    m.cluster.types[0].allocated = 5
+    m.apply(event(job("j1", revision=2, state=pb.JOB_STATE_RUNNING, gpus=5)), now=25.0)
+    assert m.sample(30.0)
+    assert m.allocated == {"rtx": [Step(10.0, "rtx", 3), Step(30.0, "rtx", 5)]}
+    assert m.jobs_by == {"waiting": [Step(10.0, "waiting", 1), Step(30.0, "waiting", 0)],
+                         "running": [Step(10.0, "running", 0), Step(30.0, "running", 1)]}
+    html = render.cluster_section(m, now=40.0)
+    assert "rtx: GPUs allocated of 8" in html and "<title>capacity 8</title>" in html
+    assert re.findall(r'"alloc-step" data-type="rtx" data-gpus="(\d)"', html) == ["3", "5"]
