@@ -29,7 +29,6 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from sia_grpc.api.errors import ApiError
     from sia_grpc.client.spec import SpecError
     from sia_grpc.slurm.commands import SlurmError
 
@@ -37,7 +36,7 @@ def add_commands(sub: Any) -> None:
     inner = slurm.add_subparsers(dest="slurm_command", required=True, metavar="COMMAND")
     p = command(inner, "submit", "submit a held Slurm batch job that Sia places "
                                  "(prints its Slurm job id)", _submit,
-                prefix=PREFIX, usage=(SpecError, ApiError, SlurmError, OSError))
+                prefix=PREFIX, usage=(SpecError, SlurmError, OSError))
     p.add_argument("spec", metavar="SPEC", help="the job spec (YAML, TOML or JSON)")
     p.add_argument("cmd", nargs="*", metavar="-- COMMAND",
                    help="the command the job runs (default: the spec's command)")

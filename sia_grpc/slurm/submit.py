@@ -19,7 +19,7 @@ def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
     spec is checked as the bridge will read it, so a bad one fails here, naming the
     field, not in the bridge's log."""
     ticket = Ticket(id="", spec=spec_mapping(spec), submitted=time.time() if now is None else now)
-    policy_job(ticket, ticket.submitted)  # raises SpecError / ApiError naming the field
+    policy_job(ticket, ticket.submitted)  # raises SpecError naming the field
     return ticket
 
 

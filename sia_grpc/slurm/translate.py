@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client.spec import SpecError, spec_from_mapping, spec_to_mapping
 from sia_grpc.controller.validation import resolve
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, application
@@ -242,10 +243,14 @@ def _seed_samples(app: str) -> list[pb.ThroughputSample]:
 def policy_job(ticket: Ticket, now: float) -> pb.PolicyJob:
     """The policy's view of an opted-in job. Its goodput information is, for now,
     its application's shipped 1-GPU profiles and initial gradient statistics (the
-    workers' own reports are a later step: docs/slurm.md). ValueError (SpecError,
-    ApiError) for a spec that cannot be scheduled."""
+    workers' own reports are a later step: docs/slurm.md). SpecError (a ValueError)
+    for a spec that cannot be scheduled), naming the field."""
     spec = spec_from_mapping(ticket.spec, source="spec")
-    res = resolve(spec)
+    try:
+        res = resolve(spec)
+    except ApiError as err:  # the controller's checks, as a user's error here
+        field, _, detail = err.message.partition(": ")
+        raise SpecError(err.field or field, detail if err.field else err.message) from None
     if spec.application not in SUPPORTED_APPLICATIONS:
         raise SpecError("spec.application", f"{spec.application!r} has no shipped profiles; "
                         f"the bridge schedules only {', '.join(SUPPORTED_APPLICATIONS)} yet")
@@ -335,7 +340,7 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         try:
             request.jobs.append(policy_job(j.ticket, now))
-        except ValueError as err:  # SpecError, ApiError: the reason goes in the log
+        except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
             continue
         scheduled[sia_id] = j
