@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 
@@ -51,14 +52,23 @@ def in_process_optimizer() -> Optimizer:
     return optimize_request
 
 
-def grpc_optimizer(target: str, *, timeout_s: float = 60.0) -> Optimizer:
-    """`PolicyService.Optimize` on the controller (or policy server) at `target`."""
+def grpc_optimizer(target: str, *, token: str | None = None, ca: str | None = None,
+                   timeout_s: float = 60.0) -> Optimizer:
+    """`PolicyService.Optimize` on the controller (or policy server) at `target`:
+    with `ca` (a CA certificate file) over TLS, with `token` as its bearer token."""
     import grpc
 
     from sia_grpc.api import PolicyServiceStub
 
-    stub = PolicyServiceStub(grpc.insecure_channel(target))
-    return lambda request: stub.Optimize(request, timeout=timeout_s)
+    if ca:
+        from sia_grpc.security.tls import channel_credentials
+
+        channel = grpc.secure_channel(target, channel_credentials(ca))
+    else:
+        channel = grpc.insecure_channel(target)
+    stub = PolicyServiceStub(channel)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    return lambda request: stub.Optimize(request, timeout=timeout_s, metadata=metadata)
 
 
 @dataclass
@@ -143,7 +153,12 @@ def env_exports(job_id: str, jobs_json: Mapping) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    optimize = grpc_optimizer(args.controller) if args.controller else in_process_optimizer()
+    if args.controller:
+        token = (Path(args.token_file).read_text().strip() if args.token_file
+                 else os.environ.get("SIA_TOKEN"))
+        optimize = grpc_optimizer(args.controller, token=token, ca=args.ca)
+    else:
+        optimize = in_process_optimizer()
     params = dict(kv.split("=", 1) for kv in args.set)
     bridge = Bridge(Slurm(), optimize, policy=args.policy, params=params,
                     round_duration_s=args.interval)
@@ -183,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--controller", metavar="HOST:PORT",
                      help="ask this controller's PolicyService (default: the policy in "
                           "this process)")
+    run.add_argument("--token-file", metavar="FILE",
+                     help="with --controller: file holding its bearer token (default: env "
+                          "SIA_TOKEN)")
+    run.add_argument("--ca", metavar="FILE",
+                     help="with --controller: its CA certificate (PEM): connect with TLS")
     run.add_argument("--policy", default="", help="the policy (default sia)")
     run.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
                      help="a setting of the policy (sia-slurm passes it as params)")

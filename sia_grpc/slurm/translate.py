@@ -127,7 +127,8 @@ class Ticket:
 class SlurmJob:
     job_id: int
     state: str  # RUNNING, PENDING, ...
-    held: bool  # pending with priority 0 (held by user or admin)
+    held: bool  # pending, held by its user (the hold `sia slurm submit` puts on it)
+    admin_held: bool  # pending, held by an operator (`scontrol hold` as root): left alone
     ticket: Ticket | None  # None: Slurm's own job
     gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs it holds
     submit_time: float = 0.0
@@ -205,9 +206,11 @@ def read_jobs(squeue: Mapping[str, Any]) -> list[SlurmJob]:
         if state not in _ACTIVE_STATES:
             continue
         job_id = int(j["job_id"])
+        pending, reason = state == "PENDING", j.get("state_reason")
         out.append(SlurmJob(
             job_id=job_id, state=state,
-            held=state == "PENDING" and not j.get("priority"),
+            held=pending and not j.get("priority") and reason == "JobHeldUser",
+            admin_held=pending and reason == "JobHeldAdmin",
             ticket=Ticket.parse(j.get("comment") or "", job_id),
             gpus=_job_gpus(j) if state in _HOLDING_STATES else {},
             submit_time=float(j.get("submit_time") or 0), raw=j))
@@ -338,6 +341,8 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
+        if j.admin_held:
+            continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
         try:
             request.jobs.append(policy_job(j.ticket, now))
         except ValueError as err:  # SpecError: the reason goes in the log

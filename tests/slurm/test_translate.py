@@ -156,7 +156,8 @@ def test_a_held_job_that_has_its_shape_is_released_and_older_copies_are_cancelle
         {"job_id": 40, "job_state": "RUNNING", "priority": 5, "comment": t.comment(),
          "gres_detail": ["gpu:rtx:2(IDX:0-1)"],
          "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}},
-        {"job_id": 41, "job_state": "PENDING", "priority": 0, "comment": t.comment()}]})
+        {"job_id": 41, "job_state": "PENDING", "priority": 0,
+         "state_reason": "JobHeldUser", "comment": t.comment()}]})
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert rnd.stale == (40,) and rnd.jobs["40"].job_id == 41
     actions = plan(rnd, pb.OptimizeResponse(decisions=[_decision("40", "rtx", 2)]))
@@ -191,3 +192,12 @@ def test_seed_profiles_give_every_type_of_the_cluster_an_estimate(app):
                                 "comment": t.comment()}]})
     (job,) = build_round(read_nodes(SINFO)[0], jobs, NOW).request.jobs
     assert {"rtx", "dgx-ext"} <= {s.gpu_type for s in job.samples}
+
+
+def test_a_job_an_operator_holds_is_left_alone():
+    t = Ticket("50", SPEC, NOW)
+    jobs = read_jobs({"jobs": [{"job_id": 50, "job_state": "PENDING", "priority": 0,
+                                "state_reason": "JobHeldAdmin", "comment": t.comment()}]})
+    assert jobs[0].admin_held and not jobs[0].held
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs and not rnd.jobs
