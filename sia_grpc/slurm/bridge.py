@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 import structlog
 
 from sia_grpc.api import pb
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.slurm.commands import Slurm, SlurmError
 from sia_grpc.slurm.translate import (
     Action,
@@ -86,9 +88,11 @@ class RoundReport:
 class Bridge:
     def __init__(self, slurm: Slurm, optimize: Optimizer, *, policy: str = "",
                  params: Mapping[str, str] | None = None, round_duration_s: float = 0.0,
+                 queues: QueueSet | None = None, queue_from: str = "",
                  clock: Callable[[], float] = time.time) -> None:
         self.slurm, self.optimize = slurm, optimize
         self.policy, self.params = policy, dict(params or {})
+        self.queues, self.queue_from = queues, queue_from
         self.round_duration_s = round_duration_s
         self.clock = clock
         self.log = structlog.get_logger("sia_grpc.slurm")
@@ -99,7 +103,8 @@ class Bridge:
         nodes, left_out = read_nodes(self.slurm.nodes_json())
         jobs = read_jobs(self.slurm.jobs_json())
         rnd = build_round(nodes, jobs, self.clock(), policy=self.policy, params=self.params,
-                          round_duration_s=self.round_duration_s, left_out=left_out)
+                          round_duration_s=self.round_duration_s, queues=self.queues,
+                          queue_from=self.queue_from, left_out=left_out)
         report = RoundReport(left_out=dict(left_out), invalid=dict(rnd.invalid))
         for sia_id, why in rnd.invalid.items():
             self.log.warning("slurm.job_not_schedulable", sia_id=sia_id, reason=why)
@@ -160,8 +165,17 @@ def _run(args: argparse.Namespace) -> int:
     else:
         optimize = in_process_optimizer()
     params = dict(kv.split("=", 1) for kv in args.set)
+    queues = None
+    if args.queues:
+        try:
+            with open(args.queues, "rb") as f:
+                queues = QueueSet.from_mapping(tomllib.load(f))
+        except (OSError, ValueError) as err:  # (TOML and field errors are ValueErrors)
+            print(f"sia-slurm: --queues {args.queues}: {err}", file=sys.stderr)
+            return 2
     bridge = Bridge(Slurm(), optimize, policy=args.policy, params=params,
-                    round_duration_s=args.interval)
+                    round_duration_s=args.interval, queues=queues,
+                    queue_from=args.queue_from)
     if args.once:
         report = bridge.round()
         print(json.dumps({"actions": [(a.kind, a.job_id) for a in report.actions],
@@ -203,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "SIA_TOKEN)")
     run.add_argument("--ca", metavar="FILE",
                      help="with --controller: its CA certificate (PEM): connect with TLS")
+    run.add_argument("--queues", metavar="FILE.toml",
+                     help="the queues, as the controller's queues TOML (docs/operations.md, "
+                          "\"Queues\"); default: none, one pool")
+    run.add_argument("--queue-from", choices=("account", "partition"), default="",
+                     help="with --queues: the queue of a job whose spec names none is its "
+                          "Slurm account's (or partition's) name")
     run.add_argument("--policy", default="", help="the policy (default sia)")
     run.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
                      help="a setting of the policy (sia-slurm passes it as params)")

@@ -28,20 +28,25 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sia_grpc.api import pb
+from sia_grpc.api.convert import queues_to_pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client.spec import SpecError, spec_from_mapping, spec_to_mapping
+from sia_grpc.controller.queueing import scheduled_in
 from sia_grpc.controller.validation import resolve
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, application
 from sia_grpc.models.efficiency import grad_params_at_progress
 from sia_grpc.models.profiles import load_seed_profiles, load_validation
 from sia_grpc.nodeagent.gpus import gpu_type_for
+from sia_grpc.policy.queues import QueueSet
 
 __all__ = [
-    "COMMENT_TAG", "Action", "Round", "Shape", "SlurmJob", "SlurmNode", "Ticket",
+    "COMMENT_TAG", "QUEUE_FROM", "Action", "Round", "Shape", "SlurmJob", "SlurmNode", "Ticket",
     "build_round", "job_environment", "plan", "read_jobs", "read_nodes",
 ]
 
 COMMENT_TAG = "sia1:"
+# What a job's Slurm field names its queue when its spec names none ("": none).
+QUEUE_FROM = ("", "account", "partition")
 
 # Node states and flags (sinfo --json) under which a node takes no new work: left
 # out of the round, so Sia plans nothing there.
@@ -243,12 +248,17 @@ def _seed_samples(app: str) -> list[pb.ThroughputSample]:
     return out
 
 
-def policy_job(ticket: Ticket, now: float) -> pb.PolicyJob:
+def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
+               slurm_queue: str = "") -> pb.PolicyJob:
     """The policy's view of an opted-in job. Its goodput information is, for now,
     its application's shipped 1-GPU profiles and initial gradient statistics (the
-    workers' own reports are a later step: docs/slurm.md). SpecError (a ValueError)
-    for a spec that cannot be scheduled), naming the field."""
+    workers' own reports are a later step: docs/slurm.md). Its queue: the spec's,
+    else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
+    `queues` has it (else `default`). SpecError (a ValueError) for a spec that
+    cannot be scheduled, naming the field."""
     spec = spec_from_mapping(ticket.spec, source="spec")
+    if not spec.queue:
+        spec.queue = slurm_queue
     try:
         res = resolve(spec)
     except ApiError as err:  # the controller's checks, as a user's error here
@@ -259,6 +269,7 @@ def policy_job(ticket: Ticket, now: float) -> pb.PolicyJob:
                         f"the bridge schedules only {', '.join(SUPPORTED_APPLICATIONS)} yet")
     app = application(spec.application)
     grad = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
+    queue, priority, _ = scheduled_in(queues or QueueSet(), spec)
     return pb.PolicyJob(
         job_id=ticket.id, adaptivity=spec.adaptivity, min_gpus=res.min_gpus,
         max_gpus=res.max_gpus or 0, num_gpus=res.num_gpus or 0,
@@ -270,7 +281,7 @@ def policy_job(ticket: Ticket, now: float) -> pb.PolicyJob:
                            for t, (lo, hi) in sorted(res.local_bsz_limits.items())],
         samples=_seed_samples(app.name), grad=pb.GradientStats(sqr=grad.sqr, var=grad.var),
         age_s=max(now - ticket.submitted, 0.0), restarts=ticket.moves,
-        restart_cost_s=res.restart_cost, queue=spec.queue, priority=spec.priority)
+        restart_cost_s=res.restart_cost, queue=queue, priority=priority)
 
 
 class _Capacity:
@@ -314,11 +325,16 @@ class _Capacity:
 
 def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float, *,
                 policy: str = "", params: Mapping[str, str] | None = None,
-                round_duration_s: float = 0.0,
-                left_out: Mapping[str, str] | None = None) -> Round:
+                round_duration_s: float = 0.0, queues: QueueSet | None = None,
+                queue_from: str = "", left_out: Mapping[str, str] | None = None) -> Round:
     """The policy request for one round. Slurm's own jobs' GPUs are taken (the
     nodes offer Sia only the rest); each opted-in job is a PolicyJob, and one that
-    Slurm runs, or is about to run, on its shape has it as its previous allocation."""
+    Slurm runs, or is about to run, on its shape has it as its previous allocation.
+    With `queues`, a job whose spec names no queue is in the one its Slurm
+    `queue_from` ("account" or "partition") names."""
+    if queue_from not in QUEUE_FROM:
+        raise ValueError(f"queue_from: expected one of {', '.join(QUEUE_FROM)}, got "
+                         f"{queue_from!r}")
     foreign: dict[str, int] = {}
     carriers: dict[str, SlurmJob] = {}
     stale: list[int] = []
@@ -338,13 +354,16 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         nodes=[pb.NodeSpec(name=n.name, gpu_type=n.gpu_type, num_gpus=cap.total[n.name])
                for n in nodes if cap.total[n.name] > 0],
         policy=policy, params=dict(params or {}), round_duration_s=round_duration_s)
+    if queues is not None:
+        request.queues.CopyFrom(queues_to_pb(queues))
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
         try:
-            request.jobs.append(policy_job(j.ticket, now))
+            slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
+            request.jobs.append(policy_job(j.ticket, now, queues, slurm_queue))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
             continue

@@ -201,3 +201,26 @@ def test_a_job_an_operator_holds_is_left_alone():
     assert jobs[0].admin_held and not jobs[0].held
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert not rnd.request.jobs and not rnd.jobs
+
+
+def test_with_queues_a_jobs_slurm_account_names_its_queue_unless_its_spec_does():
+    from sia_grpc.controller.policy_service import optimize_request
+    from sia_grpc.policy.queues import QueueSet
+
+    queues = QueueSet.from_mapping({"queue": [{"name": "gold", "guarantee": {"rtx": 2}},
+                                              {"name": "silver"}]})
+    raw = [("60", "gold", {}), ("61", "nosuch", {}), ("62", "gold", {"queue": "silver"})]
+    jobs = read_jobs({"jobs": [
+        {"job_id": int(i), "job_state": "PENDING", "priority": 0, "account": account,
+         "state_reason": "JobHeldUser", "comment": Ticket(i, {**SPEC, **extra}, NOW).comment()}
+        for i, account, extra in raw]})
+    nodes = read_nodes(SINFO)[0]
+    rnd = build_round(nodes, jobs, NOW, queues=queues, queue_from="account")
+    assert [(j.job_id, j.queue) for j in rnd.request.jobs] == [
+        ("60", "gold"), ("61", "default"), ("62", "silver")]
+    assert {q.name for q in rnd.request.queues.queue} >= {"gold", "silver"}
+    assert len(optimize_request(rnd.request).decisions) == 3
+    plain = build_round(nodes, jobs, NOW)  # no queues: one pool, whatever the account
+    assert {j.queue for j in plain.request.jobs} == {"default"}
+    with pytest.raises(ValueError, match="queue_from"):
+        build_round(nodes, jobs, NOW, queues=queues, queue_from="qos")
