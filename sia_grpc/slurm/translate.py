@@ -339,7 +339,9 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     carriers: dict[str, SlurmJob] = {}
     stale: list[int] = []
     for j in jobs:
-        if j.ticket is None:
+        # Slurm's own, or opted in but started by hand (no shape of Sia's, not held):
+        # their GPUs are taken, and they are not Sia's to move.
+        if j.ticket is None or (j.ticket.shape is None and not j.held and not j.admin_held):
             for n, c in j.gpus.items():
                 foreign[n] = foreign.get(n, 0) + c
             continue

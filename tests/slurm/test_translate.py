@@ -224,3 +224,13 @@ def test_with_queues_a_jobs_slurm_account_names_its_queue_unless_its_spec_does()
     assert {j.queue for j in plain.request.jobs} == {"default"}
     with pytest.raises(ValueError, match="queue_from"):
         build_round(nodes, jobs, NOW, queues=queues, queue_from="qos")
+
+
+def test_a_job_started_by_hand_holds_its_gpus_and_is_not_sias_to_move():
+    t = Ticket("70", SPEC, NOW)  # no shape: an operator gave it GPUs and released it
+    jobs = read_jobs({"jobs": [{"job_id": 70, "job_state": "RUNNING", "priority": 9,
+                                "comment": t.comment(), "gres_detail": ["gpu:rtx:3(IDX:0-2)"],
+                                "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 1
