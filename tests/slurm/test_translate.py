@@ -111,7 +111,7 @@ def test_a_released_job_slurm_has_not_started_yet_is_placed_where_it_fits():
 def test_an_unschedulable_spec_is_left_out_of_the_round_with_its_reason():
     bad = Ticket("30", {"application": "nosuchapp", "adaptivity": "adaptive"}, NOW)
     jobs = read_jobs({"jobs": [{"job_id": 30, "job_state": "PENDING", "priority": 0,
-                                "comment": bad.comment()}]})
+                                "state_reason": "JobHeldUser", "comment": bad.comment()}]})
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert not rnd.request.jobs and "application" in rnd.invalid["30"]
 
@@ -189,7 +189,7 @@ def test_sia_slurm_submit_names_the_field_of_a_bad_spec(tmp_path, capsys):
 def test_seed_profiles_give_every_type_of_the_cluster_an_estimate(app):
     t = Ticket("1", {**SPEC, "application": app}, NOW)
     jobs = read_jobs({"jobs": [{"job_id": 1, "job_state": "PENDING", "priority": 0,
-                                "comment": t.comment()}]})
+                                "state_reason": "JobHeldUser", "comment": t.comment()}]})
     (job,) = build_round(read_nodes(SINFO)[0], jobs, NOW).request.jobs
     assert {"rtx", "dgx-ext"} <= {s.gpu_type for s in job.samples}
 
