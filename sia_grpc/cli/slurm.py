@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from sia_grpc.cli.argparsing import command, subcommand
+from sia_grpc.cli.argparsing import UsageError, command, subcommand
 
 PREFIX = "sia slurm submit"
 
@@ -16,9 +16,15 @@ def _submit(args: argparse.Namespace) -> int:
     from sia_grpc.slurm.commands import Slurm
     from sia_grpc.slurm.submit import batch_script, ticket_for
 
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if cmd and cmd[0].startswith("-") and cmd is args.cmd:
+        raise UsageError(f"unexpected {cmd[0]!r} after SPEC: options go before SPEC, the "
+                         f"command after `--`")
     spec = load_spec(args.spec)
     ticket = ticket_for(spec)
-    script = batch_script(args.cmd or list(spec.command), os.environ.get("PATH", ""))
+    script = batch_script(cmd or list(spec.command), os.environ.get("PATH", ""),
+                          checkpoint_dir=os.path.abspath(args.checkpoint_dir)
+                          if args.checkpoint_dir else "")
     sbatch = ["--export=NONE", f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
     for flag in ("partition", "account", "output"):
         value = getattr(args, flag)
@@ -38,8 +44,12 @@ def add_commands(sub: Any) -> None:
                                  "(prints its Slurm job id)", _submit,
                 prefix=PREFIX, usage=(SpecError, SlurmError, OSError))
     p.add_argument("spec", metavar="SPEC", help="the job spec (YAML, TOML or JSON)")
-    p.add_argument("cmd", nargs="*", metavar="-- COMMAND",
+    # (REMAINDER: the command's own options are not sia's; sia's go before SPEC)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="the command the job runs (default: the spec's command)")
     p.add_argument("--partition", help="sbatch --partition")
     p.add_argument("--account", help="sbatch --account")
     p.add_argument("--output", help="sbatch --output (default slurm-%%j.out)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="SIA_CHECKPOINT_DIR for sia_grpc.train: where the job checkpoints and "
+                        "resumes from when Sia moves it (on storage every node sees)")

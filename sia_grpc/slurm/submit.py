@@ -23,14 +23,18 @@ def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
     return ticket
 
 
-def batch_script(command: Sequence[str], path: str, python: str = sys.executable) -> str:
+def batch_script(command: Sequence[str], path: str, python: str = sys.executable, *,
+                 checkpoint_dir: str = "") -> str:
     """The job's batch script: it takes the shape Sia gave it from its ticket
-    (`sia-slurm env`: SIA_BATCH_SIZE, ...) and runs `command`."""
+    (`sia-slurm env`: SIA_BATCH_SIZE, ...) and runs `command`; with `checkpoint_dir`,
+    `sia_grpc.train` keeps its checkpoints there, for every Slurm job the sia job
+    becomes (so it must be on storage all the nodes see)."""
     if not command:
         raise SpecError("spec.command", "no command: give one after `--` or in the spec")
+    ckpt = f"export SIA_CHECKPOINT_DIR={shlex.quote(checkpoint_dir)}\n" if checkpoint_dir else ""
     return (f"#!/bin/sh\n"
             f"# A sia-slurm job: Sia chooses its GPU type, count and batch size "
             f"(docs/slurm.md).\n"
-            f"export PATH={shlex.quote(path)}\n"
+            f"export PATH={shlex.quote(path)}\n{ckpt}"
             f'eval "$({shlex.quote(python)} -m sia_grpc.slurm env)"\n'
             f"exec {shlex.join(command)}\n")

@@ -440,8 +440,12 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
 
 def job_environment(ticket: Ticket) -> dict[str, str]:
     """The SIA_* variables the job's batch script exports (`sia-slurm env`), as a
-    node agent gives its workers: the sia job id, its generation, and the shape."""
+    node agent gives its workers: the sia job id, its generation, its target, and
+    the shape."""
     env = {"SIA_JOB_ID": ticket.id, "SIA_GENERATION": str(ticket.moves)}
+    for key, name in (("epochs", "SIA_TARGET_EPOCHS"), ("samples", "SIA_TARGET_SAMPLES")):
+        if key in ticket.spec:  # the spec's target, over the script's own
+            env[name] = str(ticket.spec[key])
     s = ticket.shape
     if s is not None:
         env.update(SIA_GPU_TYPE=s.gpu_type, SIA_NUM_GPUS=str(s.num_gpus),

@@ -6,6 +6,7 @@ cannot run (`make venv` installs Debian's slurm-wlm as root)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -153,3 +154,40 @@ def test_a_node_drained_in_slurm_is_left_out_and_its_jobs_move(cluster, slurm, c
         moved[0].job_id)  # the sia id stays the first Slurm id
 
     assert _bridge(slurm).round().actions == []  # settled
+
+
+def _epochs(path) -> list[tuple[int, float]]:
+    """(epoch, progress) of each line the mlp example printed."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        if line.startswith("epoch "):
+            words = line.split()
+            out.append((int(words[1].rstrip(":")), float(words[-1])))
+    return out
+
+
+def test_a_moved_training_job_resumes_from_its_checkpoint(cluster, slurm, capsys, tmp_path):
+    pytest.importorskip("torch")
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text(f"name: mlp\n{SPEC}epochs: 30\n")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"), str(spec), "--",
+                sys.executable, "-m", "sia_grpc.train.examples.mlp", "--samples", "4096"]) == 0
+    first = int(capsys.readouterr().out.strip())
+    assert _bridge(slurm).round().actions[0].kind == "start"
+    log0 = tmp_path / f"slurm-{first}.out"
+    deadline = time.monotonic() + WAIT_S
+    while len(_epochs(log0)) < 2:  # trained a little: there is something to lose
+        assert time.monotonic() < deadline, f"no epochs: {log0.read_text()}"
+        time.sleep(0.1)
+    (node,) = _jobs(slurm)[first].gpus
+    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+
+    report = _bridge(slurm).round()
+    new = report.moved[first]
+    _wait(slurm, lambda js: first not in js and new not in js, "the moved job to finish")
+    before, after = _epochs(log0), _epochs(tmp_path / f"slurm-{new}.out")
+    assert before and after and after[-1][0] == 29 and after[-1][1] == 1.0
+    # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
+    assert 0 < after[0][0] <= before[-1][0] + 1 and after[0][1] >= before[-1][1]
+    assert "Traceback" not in log0.read_text()
