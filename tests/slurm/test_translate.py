@@ -234,3 +234,10 @@ def test_a_job_started_by_hand_holds_its_gpus_and_is_not_sias_to_move():
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert not rnd.request.jobs
     assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 1
+
+
+def test_sia_slurm_submit_takes_options_before_the_spec_only(tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("application: cifar10\nadaptivity: adaptive\n")
+    assert sia(["slurm", "submit", str(spec), "--output", "x.out", "--", "true"]) == 2
+    assert "options go before SPEC" in capsys.readouterr().err
