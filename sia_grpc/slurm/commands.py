@@ -81,14 +81,11 @@ class Slurm:
         `sia_grpc.train` takes as the cue to checkpoint."""
         self.run("scancel", str(job_id))
 
-    def submit(self, script: str, ticket: Ticket | None, args: Sequence[str] = (),
-               comment: str | None = None) -> int:
+    def submit(self, script: str, ticket: Ticket, args: Sequence[str] = ()) -> int:
         """sbatch `script` (from stdin) with `args`, carrying `ticket` in its comment:
         held without a shape, else with the shape's GPUs. Returns the job id."""
-        argv = ["sbatch", "--parsable", *args]
-        text = comment if comment is not None else ticket.comment()
-        argv.append(f"--comment={text}")
-        shape = ticket.shape if ticket is not None else None
+        argv = ["sbatch", "--parsable", *args, f"--comment={ticket.comment()}"]
+        shape = ticket.shape
         if shape is None:
             argv.append("--hold")
         else:
@@ -99,13 +96,14 @@ class Slurm:
 
     def resubmit(self, job_id: int, ticket: Ticket, raw: Mapping[str, Any]) -> int:
         """A copy of `job_id` (its batch script, name, directory, output files,
-        partition and account) carrying `ticket`."""
+        partition, account, QOS and time limit) carrying `ticket`."""
         script = self.run("scontrol", "write", "batch_script", str(job_id), "-")
         args = ["--export=NONE"]
         for flag, key in (("--job-name", "name"), ("--chdir", "current_working_directory"),
                           ("--output", "standard_output"), ("--error", "standard_error"),
-                          ("--partition", "partition"), ("--account", "account")):
+                          ("--partition", "partition"), ("--account", "account"),
+                          ("--qos", "qos"), ("--time", "time_limit")):
             value = raw.get(key)
-            if value:
+            if value and isinstance(value, str | int):  # (time_limit: minutes)
                 args.append(f"{flag}={value}")
         return self.submit(script, ticket, args)

@@ -349,6 +349,8 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         if old is not None:  # a move cut short: the newest copy carries the job
             keep, drop = (j, old) if j.job_id > old.job_id else (old, j)
             stale.append(drop.job_id)
+            for n, c in drop.gpus.items():  # taken until it is cancelled
+                foreign[n] = foreign.get(n, 0) + c
             j = keep
         carriers[j.ticket.id] = j
     cap = _Capacity(nodes, foreign)

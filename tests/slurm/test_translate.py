@@ -160,6 +160,8 @@ def test_a_held_job_that_has_its_shape_is_released_and_older_copies_are_cancelle
          "state_reason": "JobHeldUser", "comment": t.comment()}]})
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert rnd.stale == (40,) and rnd.jobs["40"].job_id == 41
+    # The older copy's GPUs are taken until it is cancelled.
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 2
     actions = plan(rnd, pb.OptimizeResponse(decisions=[_decision("40", "rtx", 2)]))
     assert [(a.kind, a.job_id) for a in actions] == [("cancel", 40), ("release", 41)]
 
