@@ -45,8 +45,9 @@ _START_TIMEOUT_S = 60.0
 
 
 def _binary(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (str(p) for p in (Path("/usr/sbin") / name,) if p.exists()), None)
+    """`name` on PATH, or in /usr/sbin (where Debian puts the daemons, off a user's PATH)."""
+    sbin = Path("/usr/sbin") / name
+    return shutil.which(name) or (str(sbin) if sbin.exists() else None)
 
 
 def unavailable() -> str | None:
