@@ -191,3 +191,19 @@ def test_a_moved_training_job_resumes_from_its_checkpoint(cluster, slurm, capsys
     # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
     assert 0 < after[0][0] <= before[-1][0] + 1 and after[0][1] >= before[-1][1]
     assert "Traceback" not in log0.read_text()
+
+
+def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm, capsys,
+                                                                  tmp_path):
+    by_hand, held = _submit(capsys, tmp_path, "hand"), _submit(capsys, tmp_path, "hold")
+    # docs/slurm.md, "If the bridge stops": give it GPUs and release it.
+    slurm.run("scontrol", "update", f"job={by_hand}", "TresPerJob=gres:gpu:rtx:2",
+              "NumNodes=1-1", "NumTasks=1")
+    slurm.run("scontrol", "release", str(by_hand))
+    slurm.run("scontrol", "hold", str(held))  # as root: an operator's hold
+    _wait(slurm, lambda js: js[by_hand].state == "RUNNING" and js[held].admin_held,
+          "the job started by hand running, the other held by the operator")
+    report = _bridge(slurm).round()
+    assert report.actions == [] and report.failed == []
+    jobs = _jobs(slurm)
+    assert jobs[by_hand].state == "RUNNING" and jobs[held].admin_held
