@@ -22,9 +22,16 @@ def _submit(args: argparse.Namespace) -> int:
                          f"command after `--`")
     spec = load_spec(args.spec)
     ticket = ticket_for(spec)
-    script = batch_script(cmd or list(spec.command), os.environ.get("PATH", ""),
-                          checkpoint_dir=os.path.abspath(args.checkpoint_dir)
-                          if args.checkpoint_dir else "")
+    env = {"PATH": os.environ.get("PATH", "")}
+    if args.checkpoint_dir:
+        env["SIA_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
+    if args.report_to:
+        if not args.report_token_file:
+            raise UsageError("--report-to needs --report-token-file (the bridge's workers' "
+                             "token)")
+        with open(args.report_token_file) as f:
+            env.update(SIA_AGENT_ADDRESS=args.report_to, SIA_AGENT_TOKEN=f.read().strip())
+    script = batch_script(cmd or list(spec.command), env)
     sbatch = ["--export=NONE", f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
     for flag in ("partition", "account", "output"):
         value = getattr(args, flag)
@@ -50,6 +57,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--partition", help="sbatch --partition")
     p.add_argument("--account", help="sbatch --account")
     p.add_argument("--output", help="sbatch --output (default slurm-%%j.out)")
+    p.add_argument("--report-to", metavar="HOST:PORT",
+                   help="the bridge's WorkerService (sia-slurm run --listen): the workers "
+                        "report their step times there (SIA_AGENT_ADDRESS)")
+    p.add_argument("--report-token-file", metavar="FILE",
+                   help="with --report-to: file holding its token (SIA_AGENT_TOKEN)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="SIA_CHECKPOINT_DIR for sia_grpc.train: where the job checkpoints and "
                         "resumes from when Sia moves it (on storage every node sees)")

@@ -14,6 +14,7 @@ a restarted bridge picks up where the last one stopped (docs/slurm.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -31,8 +32,10 @@ import structlog
 from sia_grpc.api import pb
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.slurm.commands import Slurm, SlurmError
+from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.slurm.translate import (
     Action,
+    SlurmJob,
     Ticket,
     build_round,
     job_environment,
@@ -89,10 +92,12 @@ class Bridge:
     def __init__(self, slurm: Slurm, optimize: Optimizer, *, policy: str = "",
                  params: Mapping[str, str] | None = None, round_duration_s: float = 0.0,
                  queues: QueueSet | None = None, queue_from: str = "",
+                 reports: ReportServer | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.slurm, self.optimize = slurm, optimize
         self.policy, self.params = policy, dict(params or {})
         self.queues, self.queue_from = queues, queue_from
+        self.reports = reports
         self.round_duration_s = round_duration_s
         self.clock = clock
         self.log = structlog.get_logger("sia_grpc.slurm")
@@ -101,7 +106,7 @@ class Bridge:
         """One round: read, decide, apply. A failed Slurm command is logged and
         reported; the others still run (the next round sees what came of it)."""
         nodes, left_out = read_nodes(self.slurm.nodes_json())
-        jobs = read_jobs(self.slurm.jobs_json())
+        jobs = self._record_reports(read_jobs(self.slurm.jobs_json()))
         rnd = build_round(nodes, jobs, self.clock(), policy=self.policy, params=self.params,
                           round_duration_s=self.round_duration_s, queues=self.queues,
                           queue_from=self.queue_from, left_out=left_out)
@@ -133,6 +138,25 @@ class Bridge:
                           if action.ticket and action.ticket.shape else None,
                           reason=action.reason)
         return report
+
+    def _record_reports(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
+        """`jobs` with what the workers reported since the last round written into
+        their tickets, in Slurm (the newest copy of each sia job)."""
+        reported = self.reports.take() if self.reports is not None else {}
+        carriers = {j.ticket.id: j for j in sorted(jobs, key=lambda j: j.job_id) if j.ticket}
+        updated: dict[int, SlurmJob] = {}
+        for sia_id, telemetry in reported.items():
+            j = carriers.get(sia_id)
+            if j is None:
+                continue  # it has ended
+            ticket = j.ticket.observe(telemetry)
+            try:
+                self.slurm.note(j.job_id, ticket)
+            except SlurmError as err:
+                self.log.warning("slurm.report_not_recorded", job=j.job_id, error=str(err))
+                continue
+            updated[j.job_id] = dataclasses.replace(j, ticket=ticket)
+        return [updated.get(j.job_id, j) for j in jobs]
 
     def run(self, interval_s: float, stop: threading.Event) -> None:
         """Rounds every `interval_s` until `stop` is set; a round that fails (Slurm
@@ -173,11 +197,20 @@ def _run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as err:  # (TOML and field errors are ValueErrors)
             print(f"sia-slurm: --queues {args.queues}: {err}", file=sys.stderr)
             return 2
+    reports = None
+    if args.listen:
+        if not args.worker_token_file:
+            print("sia-slurm: --listen needs --worker-token-file (the workers' token)",
+                  file=sys.stderr)
+            return 2
+        reports = ReportServer(args.listen, Path(args.worker_token_file).read_text().strip())
     bridge = Bridge(Slurm(), optimize, policy=args.policy, params=params,
                     round_duration_s=args.interval, queues=queues,
-                    queue_from=args.queue_from)
+                    queue_from=args.queue_from, reports=reports)
     if args.once:
         report = bridge.round()
+        if reports is not None:
+            reports.stop()
         print(json.dumps({"actions": [(a.kind, a.job_id) for a in report.actions],
                           "failed": [(a.kind, a.job_id, why) for a, why in report.failed],
                           "moved": report.moved, "left_out": report.left_out,
@@ -186,7 +219,11 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    bridge.run(args.interval, stop)
+    try:
+        bridge.run(args.interval, stop)
+    finally:
+        if reports is not None:
+            reports.stop()
     return 0
 
 
@@ -223,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--queue-from", choices=("account", "partition"), default="",
                      help="with --queues: the queue of a job whose spec names none is its "
                           "Slurm account's (or partition's) name")
+    run.add_argument("--listen", metavar="HOST:PORT",
+                     help="serve WorkerService here for the jobs' workers to report their "
+                          "step times (sia slurm submit --report-to)")
+    run.add_argument("--worker-token-file", metavar="FILE",
+                     help="with --listen: file holding the token the workers must send")
     run.add_argument("--policy", default="", help="the policy (default sia)")
     run.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
                      help="a setting of the policy (sia-slurm passes it as params)")

@@ -76,6 +76,10 @@ class Slurm:
             raise ValueError(f"unknown action {action.kind!r}")
         return None
 
+    def note(self, job_id: int, ticket: Ticket) -> None:
+        """Write `ticket` into the job's comment (what its workers reported)."""
+        self.run("scontrol", "update", f"job={job_id}", f"Comment={ticket.comment()}")
+
     def cancel(self, job_id: int) -> None:
         """Cancel a job: Slurm signals it (SIGTERM, then SIGKILL after KillWait), which
         `sia_grpc.train` takes as the cue to checkpoint."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sia_grpc.api import pb
 from sia_grpc.client.spec import SpecError
@@ -23,18 +23,16 @@ def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
     return ticket
 
 
-def batch_script(command: Sequence[str], path: str, python: str = sys.executable, *,
-                 checkpoint_dir: str = "") -> str:
-    """The job's batch script: it takes the shape Sia gave it from its ticket
-    (`sia-slurm env`: SIA_BATCH_SIZE, ...) and runs `command`; with `checkpoint_dir`,
-    `sia_grpc.train` keeps its checkpoints there, for every Slurm job the sia job
-    becomes (so it must be on storage all the nodes see)."""
+def batch_script(command: Sequence[str], env: Mapping[str, str],
+                 python: str = sys.executable) -> str:
+    """The job's batch script: it exports `env` (PATH, and the SIA_* settings given
+    at submission: SIA_CHECKPOINT_DIR, SIA_AGENT_ADDRESS, ...), takes the shape Sia
+    gave it from its ticket (`sia-slurm env`: SIA_BATCH_SIZE, ...) and runs `command`."""
     if not command:
         raise SpecError("spec.command", "no command: give one after `--` or in the spec")
-    ckpt = f"export SIA_CHECKPOINT_DIR={shlex.quote(checkpoint_dir)}\n" if checkpoint_dir else ""
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return (f"#!/bin/sh\n"
             f"# A sia-slurm job: Sia chooses its GPU type, count and batch size "
-            f"(docs/slurm.md).\n"
-            f"export PATH={shlex.quote(path)}\n{ckpt}"
+            f"(docs/slurm.md).\n{exports}"
             f'eval "$({shlex.quote(python)} -m sia_grpc.slurm env)"\n'
             f"exec {shlex.join(command)}\n")

@@ -95,6 +95,11 @@ class Shape:
             other.gpu_type, other.num_gpus, other.num_nodes)
 
 
+# An observed step time: [gpu_type, nodes, replicas, atomic batch, accum steps, count,
+# mean step s, mean sync s], as the workers reported them (merged per shape).
+Observation = tuple[str, int, int, int, int, int, float, float]
+
+
 @dataclass(frozen=True)
 class Ticket:
     """An opted-in job's state, kept in its Slurm comment (module docstring)."""
@@ -104,13 +109,32 @@ class Ticket:
     submitted: float
     moves: int = 0
     shape: Shape | None = None
+    obs: tuple[Observation, ...] = ()  # the workers' step times, per shape
+    grad: tuple[float, float] | None = None  # the workers' latest (sqr, var)
 
     def comment(self) -> str:
         data: dict[str, Any] = {"id": self.id, "spec": dict(self.spec), "t0": self.submitted,
                                 "moves": self.moves}
         if self.shape is not None:
             data["shape"] = vars(self.shape)
+        if self.obs:
+            data["obs"] = [list(o) for o in self.obs]
+        if self.grad is not None:
+            data["grad"] = list(self.grad)
         return COMMENT_TAG + json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def observe(self, t: pb.Telemetry) -> Ticket:
+        """With the step times and gradient statistics of a worker report merged in
+        (times averaged per shape, weighted by steps; the latest statistics)."""
+        merged = {o[:5]: o for o in self.obs}
+        for s in t.samples:
+            key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
+            n = max(s.count, 1)
+            _, _, _, _, _, m, step, sync = merged.get(key, (*key, 0, 0.0, 0.0))
+            merged[key] = (*key, m + n, (step * m + s.step_time_s * n) / (m + n),
+                           (sync * m + s.sync_time_s * n) / (m + n))
+        grad = (t.grad.sqr, t.grad.var) if t.HasField("grad") else self.grad
+        return replace(self, obs=tuple(sorted(merged.values())), grad=grad)
 
     @classmethod
     def parse(cls, comment: str, job_id: int) -> Ticket | None:
@@ -120,10 +144,13 @@ class Ticket:
             return None
         try:
             data = json.loads(comment[len(COMMENT_TAG):])
-            shape = data.get("shape")
+            shape, grad = data.get("shape"), data.get("grad")
+            obs = tuple((str(t), int(n), int(r), int(b), int(a), int(c), float(st), float(sy))
+                        for t, n, r, b, a, c, st, sy in data.get("obs", ()))
             return cls(id=str(data.get("id") or job_id), spec=dict(data["spec"]),
                        submitted=float(data.get("t0", 0.0)), moves=int(data.get("moves", 0)),
-                       shape=Shape(**shape) if shape else None)
+                       shape=Shape(**shape) if shape else None, obs=obs,
+                       grad=(float(grad[0]), float(grad[1])) if grad else None)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None  # not ours after all: left alone, as Slurm's own
 
@@ -248,11 +275,19 @@ def _seed_samples(app: str) -> list[pb.ThroughputSample]:
     return out
 
 
+def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
+    return [pb.ThroughputSample(gpu_type=t, num_nodes=n, num_replicas=r, atomic_batch_size=b,
+                                accum_steps=a, step_time_s=step, sync_time_s=sync, count=c)
+            for t, n, r, b, a, c, step, sync in ticket.obs
+            if step > 0 and 0 <= sync < step]  # (the policy refuses others)
+
+
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
                slurm_queue: str = "") -> pb.PolicyJob:
-    """The policy's view of an opted-in job. Its goodput information is, for now,
-    its application's shipped 1-GPU profiles and initial gradient statistics (the
-    workers' own reports are a later step: docs/slurm.md). Its queue: the spec's,
+    """The policy's view of an opted-in job. Its goodput information: its
+    application's shipped 1-GPU profiles, what Sia bootstraps from, and the step
+    times and gradient statistics its workers reported to the bridge (in the
+    ticket), else the application's initial statistics. Its queue: the spec's,
     else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
     `queues` has it (else `default`). SpecError (a ValueError) for a spec that
     cannot be scheduled, naming the field."""
@@ -268,7 +303,11 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         raise SpecError("spec.application", f"{spec.application!r} has no shipped profiles; "
                         f"the bridge schedules only {', '.join(SUPPORTED_APPLICATIONS)} yet")
     app = application(spec.application)
-    grad = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
+    if ticket.grad is not None:  # measured by its workers
+        sqr, var = ticket.grad
+    else:
+        g = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
+        sqr, var = g.sqr, g.var
     queue, priority, _ = scheduled_in(queues or QueueSet(), spec)
     return pb.PolicyJob(
         job_id=ticket.id, adaptivity=spec.adaptivity, min_gpus=res.min_gpus,
@@ -279,7 +318,8 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         type_batch_limits=[pb.TypeBatchLimits(gpu_type=t, min_local_batch_size=lo,
                                               max_local_batch_size=hi)
                            for t, (lo, hi) in sorted(res.local_bsz_limits.items())],
-        samples=_seed_samples(app.name), grad=pb.GradientStats(sqr=grad.sqr, var=grad.var),
+        samples=[*_seed_samples(app.name), *_observed_samples(ticket)],
+        grad=pb.GradientStats(sqr=sqr, var=var),
         age_s=max(now - ticket.submitted, 0.0), restarts=ticket.moves,
         restart_cost_s=res.restart_cost, queue=queue, priority=priority)
 

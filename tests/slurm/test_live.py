@@ -15,7 +15,8 @@ import pytest
 from sia_grpc.cli import main as sia
 from sia_grpc.slurm.bridge import Bridge, in_process_optimizer
 from sia_grpc.slurm.commands import Slurm
-from sia_grpc.slurm.translate import SlurmJob, read_jobs
+from sia_grpc.slurm.reports import ReportServer
+from sia_grpc.slurm.translate import SlurmJob, build_round, read_jobs, read_nodes
 from sia_grpc.testing import slurm as testing_slurm
 
 pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(120)]
@@ -168,26 +169,29 @@ def _epochs(path) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow  # two starts of torch in Slurm jobs: ~20 s, most of it importing
-def test_a_moved_training_job_resumes_from_its_checkpoint(cluster, slurm, capsys, tmp_path):
+def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
+        cluster, slurm, capsys, tmp_path):
     pytest.importorskip("torch")
-    spec = tmp_path / "mlp.yaml"
-    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
-    capsys.readouterr()
-    assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"), str(spec), "--",
-                sys.executable, "-m", "sia_grpc.train.examples.mlp", "--samples", "4096"]) == 0
-    first = int(capsys.readouterr().out.strip())
-    assert _bridge(slurm).round().actions[0].kind == "start"
-    log0 = tmp_path / f"slurm-{first}.out"
-    deadline = time.monotonic() + WAIT_S
-    while not _epochs(log0):  # trained a little: there is something to lose
-        assert time.monotonic() < deadline, f"no epochs: {log0.read_text()}"
-        time.sleep(0.1)
-    (node,) = _jobs(slurm)[first].gpus
-    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
-
-    report = _bridge(slurm).round()
-    assert first in report.moved, "the job finished before the bridge moved it"
+    token = tmp_path / "token"
+    token.write_text("w0rkers\n")
+    reports = ReportServer("127.0.0.1:0", "w0rkers")
+    bridge = Bridge(slurm, in_process_optimizer(), reports=reports)
+    try:
+        first, log0, report = _train_and_move(cluster, slurm, capsys, tmp_path, bridge,
+                                              f"127.0.0.1:{reports.port}", token)
+    finally:
+        reports.stop()
     new = report.moved[first]
+    # What the workers reported went into the ticket, and with it to the copy: a
+    # restarted bridge (nothing in memory) plans with it.
+    copy = _jobs(slurm)[new].ticket
+    assert copy.grad is not None and copy.obs and copy.moves == 1
+    rnd = build_round(read_nodes(slurm.nodes_json())[0], read_jobs(slurm.jobs_json()), 0.0)
+    (planned,) = rnd.request.jobs
+    assert (planned.grad.sqr, planned.grad.var) == copy.grad
+    assert {(o[0], o[3], o[5]) for o in copy.obs} <= {
+        (s.gpu_type, s.atomic_batch_size, s.count) for s in planned.samples}
+
     # (two starts of torch and the training: longer than a state change)
     _wait(slurm, lambda js: first not in js and new not in js, "the moved job to finish",
           wait_s=3 * WAIT_S)
@@ -196,6 +200,31 @@ def test_a_moved_training_job_resumes_from_its_checkpoint(cluster, slurm, capsys
     # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
     assert 0 < after[0][0] <= before[-1][0] + 1 and after[0][1] >= before[-1][1]
     assert "Traceback" not in log0.read_text()
+
+
+def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
+    """Submit the mlp example reporting to `report_to`, start it, let it train and
+    report, drain its node and run a round: (its Slurm id, its log, the round)."""
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--report-to", report_to, "--report-token-file", str(token), str(spec), "--",
+                "env", "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
+                "sia_grpc.train.examples.mlp", "--samples", "4096"]) == 0
+    first = int(capsys.readouterr().out.strip())
+    assert bridge.round().actions[0].kind == "start"
+    log0 = tmp_path / f"slurm-{first}.out"
+    deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
+    # Trained a little (there is something to lose) and reported.
+    while not _epochs(log0) or bridge.reports.received < 2:
+        assert time.monotonic() < deadline, f"no epochs or reports: {log0.read_text()}"
+        time.sleep(0.1)
+    (node,) = _jobs(slurm)[first].gpus
+    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    report = bridge.round()
+    assert first in report.moved, "the job finished before the bridge moved it"
+    return first, log0, report
 
 
 def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm, capsys,
