@@ -393,25 +393,29 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
                 foreign[n] = foreign.get(n, 0) + c
             j = keep
         carriers[j.ticket.id] = j
-    cap = _Capacity(nodes, foreign)
-    request = pb.OptimizeRequest(
-        nodes=[pb.NodeSpec(name=n.name, gpu_type=n.gpu_type, num_gpus=cap.total[n.name])
-               for n in nodes if cap.total[n.name] > 0],
-        policy=policy, params=dict(params or {}), round_duration_s=round_duration_s)
-    if queues is not None:
-        request.queues.CopyFrom(queues_to_pb(queues))
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
+    policy_jobs = []
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
         try:
             slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
-            request.jobs.append(policy_job(j.ticket, now, queues, slurm_queue))
+            policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
+            for n, c in j.gpus.items():  # left where it runs, its GPUs taken
+                foreign[n] = foreign.get(n, 0) + c
             continue
         scheduled[sia_id] = j
+    cap = _Capacity(nodes, foreign)
+    request = pb.OptimizeRequest(
+        nodes=[pb.NodeSpec(name=n.name, gpu_type=n.gpu_type, num_gpus=cap.total[n.name])
+               for n in nodes if cap.total[n.name] > 0],
+        jobs=policy_jobs, policy=policy, params=dict(params or {}),
+        round_duration_s=round_duration_s)
+    if queues is not None:
+        request.queues.CopyFrom(queues_to_pb(queues))
     # Running jobs first (their GPUs are where they are), then those about to run.
     for sia_id, j in sorted(scheduled.items(), key=lambda kv: not kv[1].holding):
         shape = j.ticket.shape

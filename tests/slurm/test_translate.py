@@ -114,6 +114,14 @@ def test_an_unschedulable_spec_is_left_out_of_the_round_with_its_reason():
                                 "state_reason": "JobHeldUser", "comment": bad.comment()}]})
     rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
     assert not rnd.request.jobs and "application" in rnd.invalid["30"]
+    # One that runs already (its spec read differently since) keeps its GPUs, taken.
+    running = read_jobs({"jobs": [{"job_id": 31, "job_state": "RUNNING", "priority": 5,
+                                   "comment": replace(bad, id="31", shape=Shape(
+                                       "rtx", "rtx", 3, 1)).comment(),
+                                   "gres_detail": ["gpu:rtx:3(IDX:0-2)"],
+                                   "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(read_nodes(SINFO)[0], running, NOW)
+    assert "31" in rnd.invalid and {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 1
 
 
 def _decision(job_id: str, gpu_type: str | None = None, gpus: int = 0,
