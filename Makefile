@@ -13,13 +13,14 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv postgres browser demo test test-fast lint bench protos clean
+.PHONY: venv postgres browser slurm demo test test-fast lint bench protos clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) --no-print-directory postgres
 	$(MAKE) --no-print-directory browser
+	$(MAKE) --no-print-directory slurm
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
@@ -47,6 +48,17 @@ browser:
 			chromium chromium-driver; \
 	else echo "make browser: no chromium/chromedriver and no root apt-get: the dashboard's" \
 		"browser tests will skip"; \
+	fi
+
+# A Slurm cluster for the Slurm bridge's tests (sia_grpc/testing/slurm.py starts a
+# throwaway one: slurmctld and several slurmd on one machine): Debian's slurm-wlm,
+# installed as root where its binaries are missing. Without it those tests skip, saying why.
+slurm:
+	@if command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ]; \
+	then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm; \
+	else echo "make slurm: no Slurm and no root apt-get: the Slurm bridge's live tests will skip"; \
 	fi
 
 demo: $(STAMP)

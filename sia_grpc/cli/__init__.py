@@ -3,7 +3,8 @@
 
 Each module registers its commands: `demo` (the demos), `sim` (simulate, report,
 policy-settings), `bench` (benchmarks, replay), `jobs` (the commands that talk to a
-controller), `dashboard` (the web view) and `security` (certs, tokens)."""
+controller), `dashboard` (the web view), `security` (certs, tokens) and `slurm`
+(`sia slurm submit`)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from sia_grpc.api.errors import ApiError
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `sia` command line (every subcommand registered)."""
-    from sia_grpc.cli import bench, dashboard, demo, jobs, security, sim
+    from sia_grpc.cli import bench, dashboard, demo, jobs, security, sim, slurm
 
     parser = argparse.ArgumentParser(
         prog="sia", description="sia-grpc: the Sia scheduler's command line ('sia COMMAND "
                                 "--help' for each command)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, sim, bench, jobs, dashboard, security):
+    for module in (demo, sim, bench, jobs, dashboard, security, slurm):
         module.add_commands(sub)
     return parser
 

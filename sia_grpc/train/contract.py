@@ -11,7 +11,8 @@ The standard torch.distributed variables come first, so an unmodified
 from __future__ import annotations
 
 __all__ = [
-    "ENV_ACCUM_STEPS", "ENV_AGENT_SOCKET", "ENV_ATOMIC_BATCH_SIZE", "ENV_BATCH_SIZE",
+    "ENV_ACCUM_STEPS", "ENV_AGENT_ADDRESS", "ENV_AGENT_SOCKET", "ENV_AGENT_TOKEN",
+    "ENV_ATOMIC_BATCH_SIZE", "ENV_BATCH_SIZE",
     "ENV_CHECKPOINT_DIR", "ENV_GENERATION", "ENV_GPU_TYPE", "ENV_JOB_ID", "ENV_PACE",
     "ENV_PROFILE", "ENV_TARGET_EPOCHS", "ENV_TARGET_SAMPLES", "EXIT_CHECKPOINTED",
     "EXIT_COMPLETED", "EXIT_PROFILED", "EXIT_STALE",
@@ -23,6 +24,10 @@ __all__ = [
 ENV_JOB_ID = "SIA_JOB_ID"
 ENV_GENERATION = "SIA_GENERATION"            # the directive generation these workers run
 ENV_AGENT_SOCKET = "SIA_AGENT_SOCKET"        # Unix socket of the agent's WorkerService
+# Without a socket: WorkerService at HOST:PORT over TCP, with this bearer token (the
+# Slurm bridge's, docs/slurm.md).
+ENV_AGENT_ADDRESS = "SIA_AGENT_ADDRESS"
+ENV_AGENT_TOKEN = "SIA_AGENT_TOKEN"
 ENV_CHECKPOINT_DIR = "SIA_CHECKPOINT_DIR"    # the job's checkpoint directory (all generations)
 ENV_GPU_TYPE = "SIA_GPU_TYPE"                # the GPU type these workers run on
 

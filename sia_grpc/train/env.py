@@ -78,6 +78,8 @@ class WorkerEnv:
     job_id: str = ""
     generation: int = 0
     agent_socket: str = ""
+    agent_address: str = ""     # HOST:PORT, when there is no socket
+    agent_token: str = ""
     checkpoint_dir: str = ""
     gpu_type: str = ""
     batch_size: int = 0         # global batch, 0 = the script's
@@ -114,6 +116,8 @@ class WorkerEnv:
             job_id=env.get(c.ENV_JOB_ID, ""),
             generation=_int(env, c.ENV_GENERATION, 0),
             agent_socket=env.get(c.ENV_AGENT_SOCKET, ""),
+            agent_address=env.get(c.ENV_AGENT_ADDRESS, ""),
+            agent_token=env.get(c.ENV_AGENT_TOKEN, ""),
             checkpoint_dir=env.get(c.ENV_CHECKPOINT_DIR, ""),
             gpu_type=env.get(c.ENV_GPU_TYPE, ""),
             batch_size=_int(env, c.ENV_BATCH_SIZE, 0),

@@ -170,8 +170,7 @@ class Runtime:
         self.profile = ProfilePass.of(env.profile_sizes)
         self.agreement = Agreement(worker.rank, worker.world_size, worker.device,
                                    self.overheads)
-        self.reports = Reports(AgentClient(env.agent_socket) if env.agent_socket else None,
-                               worker.report_interval_s)
+        self.reports = Reports(AgentClient.of(env), worker.report_interval_s)
         self.checkpoints = Checkpointer(worker.checkpoint_dir, worker.checkpoint_interval_s,
                                         worker.generation, self.overheads)
         resumed = self.checkpoints.resume(worker.rank, worker.device)

@@ -22,19 +22,31 @@ LOG = logging.getLogger(__name__)
 
 
 class AgentClient:
-    """Report(WorkerReport) -> WorkerReply over `unix:<socket>`."""
+    """Report(WorkerReport) -> WorkerReply over `unix:<socket>` (a node agent's), or
+    to a gRPC `address` with a bearer `token` (the Slurm bridge's)."""
 
-    def __init__(self, socket_path: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, socket_path: str = "", timeout_s: float = 2.0, *, address: str = "",
+                 token: str = "") -> None:
         import grpc
 
-        self.address = f"unix:{socket_path}"
+        self.address = f"unix:{socket_path}" if socket_path else address
         self._grpc = grpc
         self._channel = grpc.insecure_channel(self.address)
         self._stub = WorkerServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout_s = timeout_s
         self.failures = 0
         self.sent = 0
         self._retry_at = 0.0
+
+    @classmethod
+    def of(cls, env) -> AgentClient | None:
+        """The client a worker's environment (`WorkerEnv`) names, or None: no agent."""
+        if env.agent_socket:
+            return cls(env.agent_socket)
+        if env.agent_address:
+            return cls(address=env.agent_address, token=env.agent_token)
+        return None
 
     def ready(self) -> bool:
         """False while backing off after a failure."""
@@ -45,7 +57,7 @@ class AgentClient:
         if not force and not self.ready():
             return None
         try:
-            reply = self._stub.Report(report, timeout=self.timeout_s)
+            reply = self._stub.Report(report, timeout=self.timeout_s, metadata=self._metadata)
         except Exception as e:  # RpcError mostly; nothing here may stop training
             self.failures += 1
             delay = min(60.0, 0.5 * 2 ** min(self.failures, 7))

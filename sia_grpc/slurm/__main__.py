@@ -1,0 +1,5 @@
+import sys
+
+from sia_grpc.slurm.bridge import main
+
+sys.exit(main())

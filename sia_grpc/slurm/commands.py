@@ -1,0 +1,113 @@
+"""Slurm's I/O for the bridge: every call to Slurm's commands is here.
+
+Reads are `sinfo --json` (nodes) and `squeue --json` (jobs); writes are
+`scontrol update/release`, `sbatch` and `scancel`. Errors are `SlurmError`
+naming the command and what it printed. The environment (SLURM_CONF, PATH)
+is the bridge's, or the one given.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sia_grpc.slurm.translate import Action, Shape, Ticket
+
+__all__ = ["Slurm", "SlurmError"]
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed: the command and its output."""
+
+
+def _gpus_request(shape: Shape) -> list[str]:
+    """`scontrol update` fields for a shape: GPUs per job of Slurm's type, on
+    exactly `num_nodes` nodes, one task per node (Slurm refuses fewer tasks than
+    nodes)."""
+    n = shape.num_nodes
+    return [f"TresPerJob=gres:gpu:{shape.gres_type}:{shape.num_gpus}", f"NumNodes={n}-{n}",
+            f"NumTasks={n}"]
+
+
+class Slurm:
+    def __init__(self, env: Mapping[str, str] | None = None, *, timeout_s: float = 30.0) -> None:
+        self.env = dict(env) if env is not None else None
+        self.timeout_s = timeout_s
+
+    def run(self, *argv: str, stdin: str | None = None) -> str:
+        try:
+            out = subprocess.run(list(argv), env=self.env, input=stdin, capture_output=True,
+                                 text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SlurmError(f"{' '.join(argv[:3])}: {err}") from err
+        if out.returncode != 0:
+            raise SlurmError(f"{' '.join(argv[:3])} failed ({out.returncode}): "
+                             f"{(out.stderr or out.stdout).strip()}")
+        return out.stdout
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def nodes_json(self) -> dict[str, Any]:
+        return json.loads(self.run("sinfo", "--json"))
+
+    def jobs_json(self) -> dict[str, Any]:
+        # (22.05's squeue --json ignores -j and -t: the caller filters)
+        return json.loads(self.run("squeue", "--json"))
+
+    # -- writes --------------------------------------------------------------------------
+
+    def apply(self, action: Action, raw: Mapping[str, Any] | None = None) -> int | None:
+        """Carry out one `Action`; a move returns the new job's id."""
+        if action.kind == "start":
+            self.run("scontrol", "update", f"job={action.job_id}",
+                     *_gpus_request(action.ticket.shape), f"Comment={action.ticket.comment()}")
+            self.run("scontrol", "release", str(action.job_id))
+        elif action.kind == "release":
+            self.run("scontrol", "release", str(action.job_id))
+        elif action.kind == "move":
+            new = self.resubmit(action.job_id, action.ticket, raw or {})
+            self.cancel(action.job_id)
+            return new
+        elif action.kind == "cancel":
+            self.cancel(action.job_id)
+        else:
+            raise ValueError(f"unknown action {action.kind!r}")
+        return None
+
+    def note(self, job_id: int, ticket: Ticket) -> None:
+        """Write `ticket` into the job's comment (what its workers reported)."""
+        self.run("scontrol", "update", f"job={job_id}", f"Comment={ticket.comment()}")
+
+    def cancel(self, job_id: int) -> None:
+        """Cancel a job: Slurm signals it (SIGTERM, then SIGKILL after KillWait), which
+        `sia_grpc.train` takes as the cue to checkpoint."""
+        self.run("scancel", str(job_id))
+
+    def submit(self, script: str, ticket: Ticket, args: Sequence[str] = ()) -> int:
+        """sbatch `script` (from stdin) with `args`, carrying `ticket` in its comment:
+        held without a shape, else with the shape's GPUs. Returns the job id."""
+        argv = ["sbatch", "--parsable", *args, f"--comment={ticket.comment()}"]
+        shape = ticket.shape
+        if shape is None:
+            argv.append("--hold")
+        else:
+            argv += [f"--gpus={shape.gres_type}:{shape.num_gpus}", f"--nodes={shape.num_nodes}",
+                     f"--ntasks={shape.num_nodes}"]
+        out = self.run(*argv, stdin=script).strip()
+        return int(out.split(";")[0])
+
+    def resubmit(self, job_id: int, ticket: Ticket, raw: Mapping[str, Any]) -> int:
+        """A copy of `job_id` (its batch script, name, directory, output files,
+        partition, account, QOS and time limit) carrying `ticket`."""
+        script = self.run("scontrol", "write", "batch_script", str(job_id), "-")
+        args = ["--export=NONE"]
+        for flag, key in (("--job-name", "name"), ("--chdir", "current_working_directory"),
+                          ("--output", "standard_output"), ("--error", "standard_error"),
+                          ("--partition", "partition"), ("--account", "account"),
+                          ("--qos", "qos"), ("--time", "time_limit")):
+            value = raw.get(key)
+            if value and isinstance(value, str | int):  # (time_limit: minutes)
+                args.append(f"{flag}={value}")
+        return self.submit(script, ticket, args)

@@ -1,0 +1,72 @@
+"""The bridge's WorkerService: where the workers of opted-in jobs report their step
+times and gradient statistics, as they report to a node agent (the
+`sia_grpc.train` contract), here over TCP with a bearer token, since the bridge
+runs on another host than the jobs (`SIA_AGENT_ADDRESS`, `SIA_AGENT_TOKEN`).
+
+Reports add up in memory between rounds only: each round the bridge `take`s them
+and writes them into the jobs' tickets (their Slurm comments), so what Sia learnt
+outlives the bridge. A report is keyed by the sia job id (`SIA_JOB_ID`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from sia_grpc.api import WorkerServiceServicer, add_WorkerServiceServicer_to_server, pb
+from sia_grpc.nodeagent.workerservice import TelemetryAccumulator
+
+__all__ = ["ReportServer"]
+
+
+class _Servicer(WorkerServiceServicer):
+    def __init__(self, server: ReportServer) -> None:
+        self._server = server
+
+    def Report(self, request: pb.WorkerReport, context: grpc.ServicerContext) -> pb.WorkerReply:
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self._server.token}".encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        if not request.telemetry.job_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "telemetry.job_id: must be set")
+        self._server.add(request.telemetry)
+        # The bridge changes a job's batch by moving it, never in place: carry on.
+        return pb.WorkerReply(current=True)
+
+
+class ReportServer:
+    """WorkerService on `listen` (HOST:PORT; port 0: any free one, see `port`)."""
+
+    def __init__(self, listen: str, token: str) -> None:
+        if not token:
+            raise ValueError("the workers' token must not be empty")
+        self.token = token
+        self._lock = threading.Lock()
+        self._jobs: dict[str, TelemetryAccumulator] = {}
+        self.received = 0
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        add_WorkerServiceServicer_to_server(_Servicer(self), self._server)
+        self.port = self._server.add_insecure_port(listen)
+        if not self.port:
+            raise OSError(f"cannot listen on {listen}")
+        self._server.start()
+
+    def add(self, t: pb.Telemetry) -> None:
+        with self._lock:
+            acc = self._jobs.get(t.job_id)
+            if acc is None:
+                acc = self._jobs[t.job_id] = TelemetryAccumulator(t.job_id, t.generation)
+            acc.add(t)
+            self.received += 1
+
+    def take(self) -> dict[str, pb.Telemetry]:
+        """Sia job id -> what its workers reported since the last `take`."""
+        with self._lock:
+            out = {job_id: acc.take() for job_id, acc in self._jobs.items()}
+        return {job_id: t for job_id, t in out.items() if t is not None}
+
+    def stop(self) -> None:
+        self._server.stop(None).wait()

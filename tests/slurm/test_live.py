@@ -1,0 +1,243 @@
+"""The bridge against a real Slurm (sia_grpc/testing/slurm.py: slurmctld and three
+slurmd on this machine, rtx-0 and rtx-1 with 4 rtx GPUs each, a100-0 with 4 a100,
+which the bridge maps onto the profiles' dgx-ext). Skips, saying why, where Slurm
+cannot run (`make venv` installs Debian's slurm-wlm as root)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sia_grpc.cli import main as sia
+from sia_grpc.slurm.bridge import Bridge, in_process_optimizer
+from sia_grpc.slurm.commands import Slurm
+from sia_grpc.slurm.reports import ReportServer
+from sia_grpc.slurm.translate import SlurmJob, build_round, read_jobs, read_nodes
+from sia_grpc.testing import slurm as testing_slurm
+
+pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(120)]
+
+WAIT_S = 30.0  # the most any Slurm state change here may take before a test fails
+SPEC = "application: cifar10\nadaptivity: adaptive\nmax_gpus: 4\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[testing_slurm.SlurmCluster]:
+    reason = testing_slurm.unavailable()
+    if reason is not None:
+        pytest.skip(f"Slurm: {reason}")
+    with testing_slurm.SlurmCluster() as c:
+        yield c
+
+
+@pytest.fixture
+def slurm(cluster, tmp_path, monkeypatch) -> Iterator[Slurm]:
+    """The cluster with no jobs and every node up; commands run with its SLURM_CONF,
+    job files go to tmp_path."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.chdir(tmp_path)
+    yield Slurm()
+    cluster.cancel_all()
+    for node in cluster.nodes:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+def _bridge(slurm: Slurm) -> Bridge:
+    return Bridge(slurm, in_process_optimizer(), clock=lambda: time.time())
+
+
+def _jobs(slurm: Slurm) -> dict[int, SlurmJob]:
+    return {j.job_id: j for j in read_jobs(slurm.jobs_json())}
+
+
+def _wait(slurm: Slurm, ready: Callable[[dict[int, SlurmJob]], bool], what: str,
+          wait_s: float = WAIT_S) -> dict:
+    deadline = time.monotonic() + wait_s
+    while True:
+        jobs = _jobs(slurm)
+        if ready(jobs):
+            return jobs
+        if time.monotonic() > deadline:
+            pytest.fail(f"Slurm did not reach: {what}; jobs: "
+                        f"{[(j.job_id, j.state, dict(j.gpus)) for j in jobs.values()]}")
+        time.sleep(0.2)
+
+
+def _submit(capsys, tmp_path, name: str) -> int:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(f"name: {name}\n{SPEC}")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", str(spec), "--", "sleep", "300"]) == 0
+    return int(capsys.readouterr().out.strip())
+
+
+def _own_job(slurm: Slurm, gres: str) -> int:
+    out = slurm.run("sbatch", "--parsable", "-o", "/dev/null", f"--gres={gres}",
+                    "--wrap", "sleep 300")
+    return int(out.strip().split(";")[0])
+
+
+def _node_types(cluster) -> dict[str, str]:
+    return {n: t for n, (t, _) in cluster.nodes.items()}
+
+
+def _running_as_decided(jobs: dict[int, SlurmJob], report, cluster) -> None:
+    """Every opted-in job runs on the GPU type (in Slurm's name) and count Sia chose."""
+    decided = {d.job_id: d.allocation for d in report.response.decisions
+               if d.HasField("allocation")}
+    carriers = {j.ticket.id: j for j in jobs.values() if j.ticket is not None}
+    assert decided and set(decided) <= set(carriers)
+    types = _node_types(cluster)
+    for sia_id, alloc in decided.items():
+        j = carriers[sia_id]
+        assert j.state == "RUNNING"
+        assert sum(j.gpus.values()) == alloc.num_gpus and len(j.gpus) == alloc.num_nodes
+        assert {types[n] for n in j.gpus} == {j.ticket.shape.gres_type}
+        assert j.ticket.shape.gpu_type == alloc.gpu_type
+
+
+def _all_run(jobs: dict[int, SlurmJob]) -> bool:
+    return all(j.state == "RUNNING" for j in jobs.values())
+
+
+def test_opted_in_jobs_run_where_sia_put_them_and_slurms_own_jobs_are_left_alone(
+        cluster, slurm, capsys, tmp_path):
+    own = _own_job(slurm, "gpu:rtx:3")
+    ours = [_submit(capsys, tmp_path, f"j{i}") for i in range(3)]
+    before = _wait(slurm, lambda js: js[own].state == "RUNNING", "Slurm's own job running")
+    assert all(before[i].held and before[i].ticket.shape is None for i in ours)
+
+    report = _bridge(slurm).round()
+    assert not report.failed
+    assert sorted(a.job_id for a in report.actions) == ours  # nothing done to `own`
+    jobs = _wait(slurm, _all_run, "every job running")
+    _running_as_decided(jobs, report, cluster)
+    assert jobs[own].raw["comment"] == "" and jobs[own].state == "RUNNING"
+    assert dict(jobs[own].gpus) == dict(before[own].gpus)
+    # Sia planned only on the GPUs Slurm's own job left free on its node.
+    (node,) = before[own].gpus
+    planned = sum(g.node == node for d in report.response.decisions for g in d.allocation.gpus)
+    assert planned <= 4 - before[own].gpus[node]
+
+    # A new bridge (a restart) reads the same state from Slurm: it changes nothing.
+    again = _bridge(slurm).round()
+    assert again.actions == [] and again.failed == []
+    after = _jobs(slurm)
+    assert {i: (j.state, j.raw["comment"]) for i, j in after.items()} == {
+        i: (j.state, j.raw["comment"]) for i, j in jobs.items()}
+
+
+def test_a_node_drained_in_slurm_is_left_out_and_its_jobs_move(cluster, slurm, capsys,
+                                                                tmp_path):
+    ours = [_submit(capsys, tmp_path, f"d{i}") for i in range(2)]
+    first = _bridge(slurm).round()
+    assert sorted(a.job_id for a in first.actions) == ours
+    jobs = _wait(slurm, _all_run, "the jobs running")
+    busy = sorted({n for i in ours for n in jobs[i].gpus})
+    drained = busy[0]
+    cluster.run("scontrol", "update", f"nodename={drained}", "state=drain", "reason=test")
+
+    report = _bridge(slurm).round()
+    assert drained in report.left_out
+    moved = [a for a in report.actions if a.kind == "move"]
+    assert moved and not report.failed
+    jobs = _wait(slurm, lambda js: _all_run(js) and set(report.moved.values()) <= set(js),
+                 "the moved jobs running")
+    assert not any(drained in j.gpus for j in jobs.values())
+    for old, new in report.moved.items():
+        assert old not in jobs  # the old copy was cancelled
+        assert jobs[new].ticket.moves == 1
+    _running_as_decided(jobs, report, cluster)
+    assert json.loads(jobs[report.moved[moved[0].job_id]].raw["comment"][5:])["id"] == str(
+        moved[0].job_id)  # the sia id stays the first Slurm id
+
+    assert _bridge(slurm).round().actions == []  # settled
+
+
+def _epochs(path) -> list[tuple[int, float]]:
+    """(epoch, progress) of each line the mlp example printed."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        if line.startswith("epoch "):
+            words = line.split()
+            out.append((int(words[1].rstrip(":")), float(words[-1])))
+    return out
+
+
+@pytest.mark.slow  # two starts of torch in Slurm jobs: ~20 s, most of it importing
+def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
+        cluster, slurm, capsys, tmp_path):
+    pytest.importorskip("torch")
+    token = tmp_path / "token"
+    token.write_text("w0rkers\n")
+    reports = ReportServer("127.0.0.1:0", "w0rkers")
+    bridge = Bridge(slurm, in_process_optimizer(), reports=reports)
+    try:
+        first, log0, report = _train_and_move(cluster, slurm, capsys, tmp_path, bridge,
+                                              f"127.0.0.1:{reports.port}", token)
+    finally:
+        reports.stop()
+    new = report.moved[first]
+    # What the workers reported went into the ticket, and with it to the copy: a
+    # restarted bridge (nothing in memory) plans with it.
+    copy = _jobs(slurm)[new].ticket
+    assert copy.grad is not None and copy.obs and copy.moves == 1
+    rnd = build_round(read_nodes(slurm.nodes_json())[0], read_jobs(slurm.jobs_json()), 0.0)
+    (planned,) = rnd.request.jobs
+    assert (planned.grad.sqr, planned.grad.var) == copy.grad
+    assert {(o[0], o[3], o[5]) for o in copy.obs} <= {
+        (s.gpu_type, s.atomic_batch_size, s.count) for s in planned.samples}
+
+    # (two starts of torch and the training: longer than a state change)
+    _wait(slurm, lambda js: first not in js and new not in js, "the moved job to finish",
+          wait_s=3 * WAIT_S)
+    before, after = _epochs(log0), _epochs(tmp_path / f"slurm-{new}.out")
+    assert before and after and after[-1][0] == 15 and after[-1][1] == 1.0
+    # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
+    assert 0 < after[0][0] <= before[-1][0] + 1 and after[0][1] >= before[-1][1]
+    assert "Traceback" not in log0.read_text()
+
+
+def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
+    """Submit the mlp example reporting to `report_to`, start it, let it train and
+    report, drain its node and run a round: (its Slurm id, its log, the round)."""
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--report-to", report_to, "--report-token-file", str(token), str(spec), "--",
+                "env", "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
+                "sia_grpc.train.examples.mlp", "--samples", "4096"]) == 0
+    first = int(capsys.readouterr().out.strip())
+    assert bridge.round().actions[0].kind == "start"
+    log0 = tmp_path / f"slurm-{first}.out"
+    deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
+    # Trained a little (there is something to lose) and reported.
+    while not _epochs(log0) or bridge.reports.received < 2:
+        assert time.monotonic() < deadline, f"no epochs or reports: {log0.read_text()}"
+        time.sleep(0.1)
+    (node,) = _jobs(slurm)[first].gpus
+    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    report = bridge.round()
+    assert first in report.moved, "the job finished before the bridge moved it"
+    return first, log0, report
+
+
+def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm, capsys,
+                                                                  tmp_path):
+    by_hand, held = _submit(capsys, tmp_path, "hand"), _submit(capsys, tmp_path, "hold")
+    # docs/slurm.md, "If the bridge stops": give it GPUs and release it.
+    slurm.run("scontrol", "update", f"job={by_hand}", "TresPerJob=gres:gpu:rtx:2",
+              "NumNodes=1-1", "NumTasks=1")
+    slurm.run("scontrol", "release", str(by_hand))
+    slurm.run("scontrol", "hold", str(held))  # as root: an operator's hold
+    _wait(slurm, lambda js: js[by_hand].state == "RUNNING" and js[held].admin_held,
+          "the job started by hand running, the other held by the operator")
+    report = _bridge(slurm).round()
+    assert report.actions == [] and report.failed == []
+    jobs = _jobs(slurm)
+    assert jobs[by_hand].state == "RUNNING" and jobs[held].admin_held

@@ -1,0 +1,253 @@
+"""The bridge's translation, from Slurm 22.05 JSON recorded on the test cluster
+(tests/slurm/data: `sinfo --json` and `squeue --json` with node a100-0 drained,
+Slurm's own job 3 running on 2 GPUs of rtx-0, sia jobs 4 and 5 running on the other
+2, sia job 6 held waiting for Sia, Slurm's own job 7 pending, jobs 1 and 2 cancelled)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sia_grpc.api import pb
+from sia_grpc.cli import main as sia
+from sia_grpc.slurm.bridge import env_exports
+from sia_grpc.slurm.translate import (
+    Shape,
+    Ticket,
+    build_round,
+    job_environment,
+    plan,
+    read_jobs,
+    read_nodes,
+)
+
+DATA = Path(__file__).parent / "data"
+SINFO = json.loads((DATA / "sinfo.json").read_text())
+SQUEUE = json.loads((DATA / "squeue.json").read_text())
+NOW = 1796146600.0
+SPEC = {"application": "cifar10", "adaptivity": "adaptive", "max_gpus": 4}
+
+
+def test_nodes_map_gres_types_onto_profile_types_and_leave_drained_ones_out():
+    nodes, left_out = read_nodes(SINFO)
+    assert [(n.name, n.gres_type, n.gpu_type, n.num_gpus) for n in nodes] == [
+        ("rtx-0", "rtx", "rtx", 4), ("rtx-1", "rtx", "rtx", 4)]
+    assert list(left_out) == ["a100-0"] and "DRAIN" in left_out["a100-0"]
+    undrained = {"nodes": [{**n, "state_flags": []} for n in SINFO["nodes"]]}
+    a100 = [n for n in read_nodes(undrained)[0] if n.name == "a100-0"]
+    assert [(n.gres_type, n.gpu_type) for n in a100] == [("a100", "dgx-ext")]
+
+
+def test_nodes_with_untyped_or_mixed_gpus_are_left_out_saying_why():
+    base = SINFO["nodes"][1]
+    sinfo = {"nodes": [{**base, "name": "u", "gres": "gpu:4"},
+                       {**base, "name": "m", "gres": "gpu:rtx:2,gpu:a100:2(S:0)"},
+                       {**base, "name": "ok", "gres": "gpu:a100:8(S:0-1)"}]}
+    nodes, left_out = read_nodes(sinfo)
+    assert [(n.name, n.gpu_type, n.num_gpus) for n in nodes] == [("ok", "dgx-ext", 8)]
+    assert set(left_out) == {"u", "m"} and "gpu:TYPE:COUNT" in left_out["m"]
+
+
+def test_jobs_are_read_with_their_tickets_and_the_gpus_they_hold():
+    jobs = {j.job_id: j for j in read_jobs(SQUEUE)}
+    assert sorted(jobs) == [3, 4, 5, 6, 7]  # 1 and 2 are cancelled
+    assert jobs[3].ticket is None and dict(jobs[3].gpus) == {"rtx-0": 2}
+    assert jobs[7].ticket is None and not jobs[7].gpus and not jobs[7].held
+    for j in (jobs[4], jobs[5]):
+        assert j.ticket.shape.gpu_type == "rtx" and dict(j.gpus) == {"rtx-0": 1}
+    assert jobs[4].ticket.id == "1" and jobs[4].ticket.moves == 1
+    assert jobs[6].held and jobs[6].ticket.shape is None and jobs[6].ticket.id == "6"
+
+
+def test_a_job_on_several_nodes_holds_the_gpus_of_each():
+    job = {"job_id": 9, "job_state": "RUNNING", "priority": 1, "comment": "",
+           "gres_detail": ["gpu:rtx:4(IDX:0-3)", "gpu:2(IDX:1,3)"],
+           "job_resources": {"allocated_nodes": [{"nodename": "rtx-0"}, {"nodename": "rtx-1"}]}}
+    (j,) = read_jobs({"jobs": [job]})
+    assert dict(j.gpus) == {"rtx-0": 4, "rtx-1": 2}
+
+
+def test_comments_that_are_not_tickets_are_slurms_own_jobs():
+    assert Ticket.parse("", 1) is None
+    assert Ticket.parse("my run", 1) is None
+    assert Ticket.parse("sia1:{not json", 1) is None
+    assert Ticket.parse('sia1:{"id":"x"}', 1) is None  # no spec
+    t = Ticket("7", SPEC, NOW, 2, Shape("dgx-ext", "a100", 4, 1, 512, 128, 0, 4))
+    assert Ticket.parse(t.comment(), 99) == t
+    assert Ticket.parse(replace(t, id="").comment(), 99).id == "99"
+
+
+def test_the_round_offers_sia_what_slurms_own_jobs_leave_and_keeps_running_jobs_in_place():
+    nodes, left_out = read_nodes(SINFO)
+    rnd = build_round(nodes, read_jobs(SQUEUE), NOW, left_out=left_out)
+    req = rnd.request
+    assert [(n.name, n.gpu_type, n.num_gpus) for n in req.nodes] == [
+        ("rtx-0", "rtx", 2), ("rtx-1", "rtx", 4)]  # job 3 holds 2 of rtx-0's 4
+    assert [j.job_id for j in req.jobs] == ["1", "2", "6"]
+    assert all(j.samples and j.init_batch_size for j in req.jobs)  # the seed profiles
+    assert {p.job_id: (p.allocation.gpu_type, p.allocation.num_gpus,
+                       sorted((g.node, g.index) for g in p.allocation.gpus))
+            for p in req.previous} == {"1": ("rtx", 1, [("rtx-0", 0)]),
+                                       "2": ("rtx", 1, [("rtx-0", 1)])}
+    assert req.jobs[0].restarts == 1 and req.jobs[2].restarts == 0
+
+
+def test_a_released_job_slurm_has_not_started_yet_is_placed_where_it_fits():
+    nodes, _ = read_nodes(SINFO)
+    shape = Shape("rtx", "rtx", 3, 1)
+    waiting = read_jobs({"jobs": [{"job_id": 20, "job_state": "PENDING", "priority": 5,
+                                   "comment": Ticket("20", SPEC, NOW, 0, shape).comment()}]})
+    prev = build_round(nodes, waiting, NOW).request.previous
+    assert [(p.allocation.num_gpus, {g.node for g in p.allocation.gpus}) for p in prev] == [
+        (3, {"rtx-0"})]
+    too_big = [replace(waiting[0], ticket=replace(waiting[0].ticket, shape=replace(
+        shape, num_gpus=5)))]
+    assert not build_round(nodes, too_big, NOW).request.previous  # Sia plans it anew
+
+
+def test_an_unschedulable_spec_is_left_out_of_the_round_with_its_reason():
+    bad = Ticket("30", {"application": "nosuchapp", "adaptivity": "adaptive"}, NOW)
+    jobs = read_jobs({"jobs": [{"job_id": 30, "job_state": "PENDING", "priority": 0,
+                                "state_reason": "JobHeldUser", "comment": bad.comment()}]})
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs and "application" in rnd.invalid["30"]
+    # One that runs already (its spec read differently since) keeps its GPUs, taken.
+    running = read_jobs({"jobs": [{"job_id": 31, "job_state": "RUNNING", "priority": 5,
+                                   "comment": replace(bad, id="31", shape=Shape(
+                                       "rtx", "rtx", 3, 1)).comment(),
+                                   "gres_detail": ["gpu:rtx:3(IDX:0-2)"],
+                                   "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(read_nodes(SINFO)[0], running, NOW)
+    assert "31" in rnd.invalid and {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 1
+
+
+def _decision(job_id: str, gpu_type: str | None = None, gpus: int = 0,
+              nodes: int = 1) -> pb.JobDecision:
+    d = pb.JobDecision(job_id=job_id, reason="because")
+    if gpu_type:
+        d.allocation.CopyFrom(pb.Allocation(gpu_type=gpu_type, num_gpus=gpus, num_nodes=nodes,
+                                            batch_size=256, atomic_batch_size=64))
+    return d
+
+
+def test_decisions_become_starts_moves_and_nothing_for_jobs_that_keep_their_place():
+    sinfo = {"nodes": [{**n, "state_flags": []} for n in SINFO["nodes"]]}  # a100-0 back
+    nodes, _ = read_nodes(sinfo)
+    rnd = build_round(nodes, read_jobs(SQUEUE), NOW)
+    response = pb.OptimizeResponse(decisions=[
+        _decision("1", "rtx", 1),  # keeps its place (the batch may differ)
+        _decision("2", "dgx-ext", 2),  # another type: moved
+        _decision("6", "dgx-ext", 4)])  # held, waiting: started
+    actions = {a.job_id: a for a in plan(rnd, response)}
+    assert sorted(actions) == [5, 6]
+    move, start = actions[5], actions[6]
+    assert move.kind == "move" and move.ticket.id == "2" and move.ticket.moves == 2
+    assert (move.ticket.shape.gres_type, move.ticket.shape.num_gpus) == ("a100", 2)
+    assert start.kind == "start" and start.ticket.id == "6" and start.ticket.moves == 0
+    assert (start.ticket.shape.gpu_type, start.ticket.shape.gres_type,
+            start.ticket.shape.num_gpus, start.ticket.shape.batch_size) == (
+        "dgx-ext", "a100", 4, 256)
+    # No GPUs for a running job: moved back to held, waiting, without a shape.
+    (off,) = plan(rnd, pb.OptimizeResponse(decisions=[_decision("1")]))
+    assert off.kind == "move" and off.job_id == 4 and off.ticket.shape is None
+    # No GPUs for a waiting job: nothing to do.
+    assert plan(rnd, pb.OptimizeResponse(decisions=[_decision("6")])) == []
+
+
+def test_a_held_job_that_has_its_shape_is_released_and_older_copies_are_cancelled():
+    shape = Shape("rtx", "rtx", 2, 1)
+    t = Ticket("40", SPEC, NOW, 1, shape)
+    jobs = read_jobs({"jobs": [
+        {"job_id": 40, "job_state": "RUNNING", "priority": 5, "comment": t.comment(),
+         "gres_detail": ["gpu:rtx:2(IDX:0-1)"],
+         "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}},
+        {"job_id": 41, "job_state": "PENDING", "priority": 0,
+         "state_reason": "JobHeldUser", "comment": t.comment()}]})
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert rnd.stale == (40,) and rnd.jobs["40"].job_id == 41
+    # The older copy's GPUs are taken until it is cancelled.
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 2
+    actions = plan(rnd, pb.OptimizeResponse(decisions=[_decision("40", "rtx", 2)]))
+    assert [(a.kind, a.job_id) for a in actions] == [("cancel", 40), ("release", 41)]
+
+
+def test_the_job_environment_carries_the_shape_sia_chose():
+    t = Ticket("7", SPEC, NOW, 2, Shape("dgx-ext", "a100", 4, 1, 512, 128, 1, 4))
+    assert job_environment(t) == {
+        "SIA_JOB_ID": "7", "SIA_GENERATION": "2", "SIA_GPU_TYPE": "dgx-ext",
+        "SIA_NUM_GPUS": "4", "SIA_NUM_NODES": "1", "SIA_BATCH_SIZE": "512",
+        "SIA_ATOMIC_BATCH_SIZE": "128", "SIA_ACCUM_STEPS": "1"}
+    exports = env_exports("4", SQUEUE)
+    assert "export SIA_JOB_ID=1\n" in exports and "export SIA_GPU_TYPE=rtx\n" in exports
+    assert env_exports("3", SQUEUE) == ""  # Slurm's own job
+
+
+def test_sia_slurm_submit_names_the_field_of_a_bad_spec(tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("application: cifar10\nadaptivity: adaptive\nmax_gpus: -1\n")
+    assert sia(["slurm", "submit", str(spec), "--", "true"]) == 2
+    assert "spec.max_gpus" in capsys.readouterr().err
+    spec.write_text("application: cifar10\nadaptivity: adaptive\n")
+    assert sia(["slurm", "submit", str(spec)]) == 2  # no command anywhere
+    assert "spec.command" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("app", ["cifar10", "bert"])
+def test_seed_profiles_give_every_type_of_the_cluster_an_estimate(app):
+    t = Ticket("1", {**SPEC, "application": app}, NOW)
+    jobs = read_jobs({"jobs": [{"job_id": 1, "job_state": "PENDING", "priority": 0,
+                                "state_reason": "JobHeldUser", "comment": t.comment()}]})
+    (job,) = build_round(read_nodes(SINFO)[0], jobs, NOW).request.jobs
+    assert {"rtx", "dgx-ext"} <= {s.gpu_type for s in job.samples}
+
+
+def test_a_job_an_operator_holds_is_left_alone():
+    t = Ticket("50", SPEC, NOW)
+    jobs = read_jobs({"jobs": [{"job_id": 50, "job_state": "PENDING", "priority": 0,
+                                "state_reason": "JobHeldAdmin", "comment": t.comment()}]})
+    assert jobs[0].admin_held and not jobs[0].held
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs and not rnd.jobs
+
+
+def test_with_queues_a_jobs_slurm_account_names_its_queue_unless_its_spec_does():
+    from sia_grpc.controller.policy_service import optimize_request
+    from sia_grpc.policy.queues import QueueSet
+
+    queues = QueueSet.from_mapping({"queue": [{"name": "gold", "guarantee": {"rtx": 2}},
+                                              {"name": "silver"}]})
+    raw = [("60", "gold", {}), ("61", "nosuch", {}), ("62", "gold", {"queue": "silver"})]
+    jobs = read_jobs({"jobs": [
+        {"job_id": int(i), "job_state": "PENDING", "priority": 0, "account": account,
+         "state_reason": "JobHeldUser", "comment": Ticket(i, {**SPEC, **extra}, NOW).comment()}
+        for i, account, extra in raw]})
+    nodes = read_nodes(SINFO)[0]
+    rnd = build_round(nodes, jobs, NOW, queues=queues, queue_from="account")
+    assert [(j.job_id, j.queue) for j in rnd.request.jobs] == [
+        ("60", "gold"), ("61", "default"), ("62", "silver")]
+    assert {q.name for q in rnd.request.queues.queue} >= {"gold", "silver"}
+    assert len(optimize_request(rnd.request).decisions) == 3
+    plain = build_round(nodes, jobs, NOW)  # no queues: one pool, whatever the account
+    assert {j.queue for j in plain.request.jobs} == {"default"}
+    with pytest.raises(ValueError, match="queue_from"):
+        build_round(nodes, jobs, NOW, queues=queues, queue_from="qos")
+
+
+def test_a_job_started_by_hand_holds_its_gpus_and_is_not_sias_to_move():
+    t = Ticket("70", SPEC, NOW)  # no shape: an operator gave it GPUs and released it
+    jobs = read_jobs({"jobs": [{"job_id": 70, "job_state": "RUNNING", "priority": 9,
+                                "comment": t.comment(), "gres_detail": ["gpu:rtx:3(IDX:0-2)"],
+                                "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 1
+
+
+def test_sia_slurm_submit_takes_options_before_the_spec_only(tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("application: cifar10\nadaptivity: adaptive\n")
+    assert sia(["slurm", "submit", str(spec), "--output", "x.out", "--", "true"]) == 2
+    assert "options go before SPEC" in capsys.readouterr().err
