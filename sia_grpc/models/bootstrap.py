@@ -101,6 +101,7 @@ class ThroughputEstimator:
         self._fits: dict[str, PerfParams] = {}
         self._plans: dict[str, object] = {}
         self._version = 0
+        self._type_versions: dict[str, int] = {}  # per type: bumped when its data changes
         self._uid = _new_uid()
         self._copied = False
 
@@ -143,6 +144,7 @@ class ThroughputEstimator:
         self._fits.pop(gpu_type, None)
         self._plans.clear()  # other types' projections may depend on this one
         self._version += 1
+        self._type_versions[gpu_type] = self._type_versions.get(gpu_type, 0) + 1
         if self._copied:
             self._uid, self._copied = _new_uid(), False
 
@@ -196,11 +198,20 @@ class ThroughputEstimator:
         table = self._data.get(gpu_type)
         if not table:
             return None
-        keys = np.array(list(table.keys()), dtype=np.int64)
-        sums = np.array(list(table.values()), dtype=float)
-        step = sums[:, 1] / sums[:, 0]
-        sync = sums[:, 2] / sums[:, 0]
-        params = fit_perf_params(keys[:, 0], keys[:, 1], keys[:, 2], step - sync, step)
+        # Also kept process-wide by (estimator, type, that type's data): the controller
+        # ships copies without the fits its solver process made; a running job's
+        # telemetry changes one type's data, and only that type is fitted again.
+        key = (self._uid, gpu_type, self._type_versions.get(gpu_type, 0))
+        params = _FITS.get(key)
+        if params is None:
+            keys = np.array(list(table.keys()), dtype=np.int64)
+            sums = np.array(list(table.values()), dtype=float)
+            step = sums[:, 1] / sums[:, 0]
+            sync = sums[:, 2] / sums[:, 0]
+            params = fit_perf_params(keys[:, 0], keys[:, 1], keys[:, 2], step - sync, step)
+            if len(_FITS) >= _MAX_FITS:
+                _FITS.clear()
+            _FITS[key] = params
         self._fits[gpu_type] = params
         return params
 
@@ -456,6 +467,11 @@ def _readonly(est: GoodputEstimate) -> GoodputEstimate:
     for arr in (est.goodput, est.throughput, est.batch_size, est.atomic_bsz, est.accum_steps):
         arr.setflags(write=False)
     return est
+
+
+# Fitted throughput models by (estimator uid, GPU type, version of that type's data).
+_FITS: dict[tuple[int, str, int], PerfParams] = {}
+_MAX_FITS = 200_000
 
 
 def _new_uid() -> int:

@@ -312,3 +312,23 @@ def test_a_deep_copy_is_a_new_estimator():
     est = _estimator()
     assert copy.deepcopy(est).uid != est.uid
     assert pickle.loads(pickle.dumps(est)).uid == est.uid
+
+
+def test_a_pickled_copy_refits_only_the_type_whose_data_changed(monkeypatch: pytest.MonkeyPatch):
+    """What the controller's solver process sees each round: the job's estimator
+    arrives without fits, one type having new observations."""
+    est = _estimator()
+    _observe(est, "slow", SLOW, [(1, 2), (2, 8)])
+    _observe(est, "fast", FAST, [(1, 2), (2, 8)])
+    for t in ("slow", "fast"):
+        est.perf_params(t)
+    _observe(est, "fast", FAST, [(1, 4)])  # this round's telemetry
+    fitted = []
+    real = bootstrap_module.fit_perf_params
+    monkeypatch.setattr(bootstrap_module, "fit_perf_params",
+                        lambda *a: fitted.append(1) or real(*a))
+    copy_ = pickle.loads(pickle.dumps(est))
+    copy_._fits.clear()  # as the controller's copy arrives
+    got = {t: copy_.perf_params(t) for t in ("slow", "fast")}
+    assert len(fitted) == 1
+    assert got == {t: est.perf_params(t) for t in ("slow", "fast")}
