@@ -392,6 +392,7 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
     cached packed, one (5, rows) array per item, so that putting a round together
     is one concatenation.
     """
+    CACHE.new_round()
     if not items:
         return GoodputEstimate(*np.zeros((len(_EST_FIELDS), 0)))
     keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
@@ -426,8 +427,7 @@ def _grids_for(items, keys=None) -> list[BatchGrid]:
         keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
     grids: list[BatchGrid | None] = []
     misses: dict[bool, list[int]] = {}
-    for k, key in enumerate(keys):
-        entry = CACHE.get(key)
+    for k, entry in enumerate(CACHE.get_many(keys)):
         grids.append(None if entry is None else entry.value)
         if entry is None:
             misses.setdefault(items[k][0].accumulation, []).append(k)

@@ -332,3 +332,16 @@ def test_a_pickled_copy_refits_only_the_type_whose_data_changed(monkeypatch: pyt
     got = {t: copy_.perf_params(t) for t in ("slow", "fast")}
     assert len(fitted) == 1
     assert got == {t: est.perf_params(t) for t in ("slow", "fast")}
+
+
+def test_entries_unused_for_some_rounds_go():
+    """A long-running controller's solver process: finished jobs' estimates do not
+    pile up until the byte bound."""
+    cache = EstimateCache(keep=2)
+    cache.put("done", Entry(GoodputEstimate.zeros(1)))
+    cache.put("running", Entry(GoodputEstimate.zeros(1)))
+    for _ in range(3):
+        cache.new_round()
+        assert cache.get_many(["running"])[0] is not None
+    assert cache.get("done") is None and len(cache) == 1
+    assert cache.nbytes == Entry(GoodputEstimate.zeros(1)).nbytes
