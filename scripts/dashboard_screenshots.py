@@ -7,7 +7,7 @@ types on loopback, 120x faster than real time), submits that demo's trace and a 
 longer jobs at once (four tenants in three queues), serves the dashboard on an
 ephemeral port, lets the rounds scale and move the jobs for a while, and has headless
 Chromium (Debian's chromium and chromedriver: `make browser`) take each page at
-1280x800, a laptop's screen.
+1280x800, a laptop's screen (a job's page whole: its charts and restarts are below).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from sia_grpc.testing.browser import chrome
 from sia_grpc.testing.localcluster import LocalCluster
 
 SETTLE_S = 12.0  # real seconds of rounds before the pictures (24 cluster minutes)
+JOB_PAGE_HEIGHT = 1500  # the window's height for a job's page: all of it
 # Longer jobs beside the demo's trace, so that the pictures show a busy cluster.
 LONG = (("imagenet", "adaptive"), ("yolov3", "adaptive"), ("yolov3", "rigid"),
         ("imagenet", "adaptive"))
@@ -66,12 +67,15 @@ async def main(out: Path) -> None:
                              clock=lc.controller.clock.time) as dash:
             await asyncio.sleep(SETTLE_S)
             # The job the rounds changed most: the richest history to show.
-            busiest = max(dash.model.jobs.values(), key=lambda r: len(r.history)).job.job_id
+            busiest = max(dash.model.jobs.values(), key=lambda r: (
+                len(r.restarts), len(r.history))).job.job_id
             driver = await asyncio.to_thread(chrome)
             try:
                 for name, path in (("cluster", ""), ("jobs", "jobs"),
                                    ("job", f"jobs/{busiest}"), ("rounds", "rounds"),
                                    ("queues", "queues")):
+                    await asyncio.to_thread(driver.set_window_size, 1280,
+                                            JOB_PAGE_HEIGHT if name == "job" else 800)
                     await asyncio.to_thread(driver.get, dash.url + path)
                     await asyncio.sleep(0.5)  # (the first events drawn)
                     await asyncio.to_thread(driver.save_screenshot,

@@ -249,7 +249,8 @@ def job_to_mapping(job: pb.Job) -> dict[str, Any]:
             "gpus": [f"{g.node}:{g.index}" for g in a.gpus], "batch_size": a.batch_size,
             "num_replicas": a.num_replicas, "atomic_batch_size": a.atomic_batch_size,
             "accum_steps": a.accum_steps}
-    for name in ("restarts", "progress", "goodput", "reason", "message", "generation"):
+    for name in ("restarts", "restart_seconds", "progress", "goodput", "throughput",
+                 "reason", "message", "generation"):
         if getattr(st, name):
             status[name] = getattr(st, name)
     for name in ("create_time", "start_time", "finish_time", "update_time"):

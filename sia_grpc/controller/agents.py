@@ -162,9 +162,8 @@ class Agents:
         if t.generation != rec.generation or rec.state in TERMINAL:
             return  # a fenced generation's late report
         new_shape = False
-        for s in t.samples:
-            if not valid_sample(s):
-                continue
+        samples = [s for s in t.samples if valid_sample(s)]
+        for s in samples:
             key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
             old = rec.samples.get(key)
             # A new shape, or one whose step time moved by more than 5% (a real
@@ -179,6 +178,10 @@ class Agents:
         if t.HasField("grad") and valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
         rec.job.status.progress = max(rec.job.status.progress, min(t.progress, 1.0))
+        # Its throughput goes out with the progress (the Persist below, at most every
+        # `persist_progress_every`); the end of a restart, with its cost, at once.
+        if rec.reported(samples, at):
+            new_shape = True
         if t.HasField("checkpoint"):
             c = t.checkpoint
             rec.checkpoint = max(rec.checkpoint, c.progress)

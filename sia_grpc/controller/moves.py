@@ -139,7 +139,7 @@ class Moves:
         if rec.held:
             self._stop_everywhere(rec, out)
         rec.job.status.ClearField("allocation")
-        rec.job.status.restarts += 1
+        rec.begin_restart(at)
         rec.generation += 1  # fence whatever still runs of the old generation
         rec.job.status.generation = rec.generation
         set_state(rec, pb.JOB_STATE_QUEUED, at, reason)
@@ -158,7 +158,7 @@ class Moves:
         left = sorted(set(rec.held) - ready)
         rec.target = None
         self._set_moving(rec, True)
-        rec.job.status.restarts += 1
+        rec.begin_restart(at)
         self._stop_everywhere(rec, out)
         rec.next_reason = f"requeued: {', '.join(left)} left the pool and {why}"
         set_state(rec, pb.JOB_STATE_RESTARTING, at, f"checkpointing: {rec.next_reason}")

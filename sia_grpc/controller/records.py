@@ -2,9 +2,9 @@
 
 A job is stored as its `pb.Job` (what clients read) plus a controller-private
 `extra` blob (JSON: samples, gradient statistics, profiles, the GPUs it holds and
-for which generation, checkpoint, attained time, measured restart cost), written
-with a format version (`EXTRA_VERSION`) so a later controller can read an older
-blob or refuse one from the future.
+for which generation, checkpoint, attained time, measured restart cost, the restart
+being measured), written with a format version (`EXTRA_VERSION`) so a later
+controller can read an older blob or refuse one from the future.
 """
 
 from __future__ import annotations
@@ -82,6 +82,9 @@ class JobRec:
     started_at: float = 0.0  # when its current generation was started
     last_persist: float = 0.0
     restart_cost: float | None = None  # measured checkpoint + restore seconds, once known
+    # (when, generation) of the restart under way: its cost (`status.restart_seconds`)
+    # is measured up to the first step a later generation reports.
+    restart_began: tuple[float, int] | None = None
     # The round's reason for a move, shown once the move lands (RUNNING, or QUEUED if
     # preempted); until then the job says it is checkpointing or starting.
     next_reason: str = ""
@@ -89,6 +92,25 @@ class JobRec:
     def restart_s(self) -> float:
         """S_i of Sia's restart factor: measured when known, else the spec's hint."""
         return self.restart_cost if self.restart_cost is not None else self.res.restart_cost
+
+    def begin_restart(self, at: float) -> None:
+        """One checkpoint-restart cycle begins (a move, resize, preemption or requeue):
+        counted, its cost measured from now, and no throughput until it runs again."""
+        self.job.status.restarts += 1
+        self.job.status.throughput = 0.0
+        self.restart_began = (at, self.generation)
+
+    def reported(self, samples: list[pb.ThroughputSample], at: float) -> bool:
+        """Steps its current generation reported (valid samples, the newest shape
+        last): its throughput, and the end of a restart under way; whether that ended."""
+        if not samples or self.state != pb.JOB_STATE_RUNNING:
+            return False  # (a checkpointing job's last steps are no throughput of a next)
+        self.job.status.throughput = samples_per_second(samples[-1])
+        if self.restart_began is None or self.generation <= self.restart_began[1]:
+            return False
+        self.job.status.restart_seconds = max(at - self.restart_began[0], 0.0)
+        self.restart_began = None
+        return True
 
     @property
     def job_id(self) -> str:
@@ -156,6 +178,14 @@ def sync_part(s: pb.ThroughputSample) -> float:
     return min(max(s.sync_time_s, 0.0), 0.999 * s.step_time_s)
 
 
+def samples_per_second(s: pb.ThroughputSample) -> float:
+    """A valid sample's training throughput: an iteration is `accum_steps` micro-batches
+    without the sync and one with it (`models.throughput`), each of `atomic_batch_size`
+    samples on each replica."""
+    iteration = s.step_time_s + s.accum_steps * (s.step_time_s - sync_part(s))
+    return s.num_replicas * s.atomic_batch_size * (s.accum_steps + 1) / iteration
+
+
 # The extra blob's format: 1 (no "v": before versions were written), 2 (+ held_gen).
 EXTRA_VERSION = 2
 
@@ -169,6 +199,7 @@ def dump_extra(rec: JobRec) -> dict:
         "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
         "generation": rec.generation, "checkpoint": rec.checkpoint,
         "attained": rec.attained, "restart_cost": rec.restart_cost,
+        "restart_began": rec.restart_began,
     }
 
 
@@ -193,6 +224,9 @@ def load_extra(rec: JobRec, d: Mapping) -> None:
     rec.attained = dict(d.get("attained", {}))
     if d.get("restart_cost") is not None:
         rec.restart_cost = float(d["restart_cost"])
+    if d.get("restart_began") is not None:
+        at, generation = d["restart_began"]
+        rec.restart_began = (float(at), int(generation))
     st = rec.job.status
     if st.HasField("allocation") and rec.held:
         rec.alloc = stored_allocation(st.allocation, st.goodput)

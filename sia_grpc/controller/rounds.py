@@ -165,7 +165,7 @@ class Rounds:
                 # one checkpoint-restart cycle: a move, resize or preemption
                 if new is None:
                     preempted.append((queue, "reclaim" if job_id in reclaims else "policy"))
-                rec.job.status.restarts += 1
+                rec.begin_restart(ev.at)
                 self._stop_everywhere(rec, out)
                 set_state(rec, pb.JOB_STATE_RESTARTING, ev.at, f"checkpointing: {reason}")
             elif new is not None:

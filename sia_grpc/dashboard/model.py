@@ -1,7 +1,8 @@
 """What the dashboard knows of the cluster, built from what the controller's API sends:
-the jobs (from WatchJobs), each job's allocation history and reasons as this process saw
-them change, the cluster (GetCluster), the last rounds (ListRounds, WatchRounds) and the
-queues (ListQueues). Pure: no I/O, times are passed in."""
+the jobs (from WatchJobs), each job's allocation history, goodput estimate and reported
+throughput, restarts and reasons as this process saw them change, the cluster
+(GetCluster), the last rounds (ListRounds, WatchRounds) and the queues (ListQueues).
+Pure: no I/O, times are passed in."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from sia_grpc.api import pb, state_name
 MAX_ROUNDS = 50  # rounds kept (and shown)
 MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
 MAX_NOTES = 200  # reasons kept per job
+MAX_RATES = 500  # changes of goodput estimate or reported throughput kept per job
+MAX_RESTARTS = 100  # restarts kept per job
 MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
 # The jobs counted over time, by what they are doing.
 ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
@@ -43,11 +46,36 @@ class Note:
     text: str
 
 
+@dataclass(frozen=True)
+class Rate:
+    """From `at` on, the scheduler's goodput estimate and the throughput the job
+    reported (both samples/s; the estimate scaled by statistical efficiency)."""
+
+    at: float
+    goodput: float
+    throughput: float
+
+
+@dataclass
+class Restart:
+    """A restart seen at `at` (the job at `generation` then): from the GPUs it held
+    (`src`, a (type, count)) to those it ran on next (`dst`, None until it runs again),
+    and its cost as the controller measured it (None until measured)."""
+
+    at: float
+    generation: int
+    src: tuple[str, int]
+    dst: tuple[str, int] | None = None
+    seconds: float | None = None
+
+
 @dataclass
 class JobRecord:
     job: pb.Job
     history: list[Step] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    rates: list[Rate] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
     # When this process first saw the job: history before it is what the job's
     # create and start times tell, not every change.
     seen_from: float = 0.0
@@ -90,15 +118,22 @@ class Model:
             self.jobs.pop(job.job_id, None)
             return None
         rec = self.jobs.get(job.job_id)
+        before: pb.JobStatus | None = None  # the version this one follows, if seen
         if rec is None:
             rec = self.jobs[job.job_id] = self._first_sight(job, now)
         elif job.revision and job.revision < rec.job.revision:
             return rec  # an older version (a snapshot after a reconnect raced a change)
+        else:
+            before = rec.job.status
         rec.job = job
         # A change seen live happened now; a snapshot's, when its update time says.
         at = _when(job, now) if ev.kind == pb.JobEvent.KIND_SNAPSHOT else now
+        held = (rec.history[-1].gpu_type, rec.history[-1].num_gpus)
+        if before is not None:
+            _restarts(rec, before, held, at)
+        _rate(rec, at)
         alloc = rec.allocation()
-        if (rec.history[-1].gpu_type, rec.history[-1].num_gpus) != alloc:
+        if held != alloc:
             _append(rec.history, Step(max(at, rec.history[-1].at), *alloc), MAX_STEPS)
         note = _note(job, at)
         if note and (not rec.notes or (rec.notes[-1].state, rec.notes[-1].text)
@@ -149,6 +184,30 @@ class Model:
             return False
         self.rounds.append(rnd)
         return True
+
+
+def _rate(rec: JobRecord, at: float) -> None:
+    """Note the job's goodput estimate and reported throughput where they changed."""
+    st, last = rec.job.status, rec.rates[-1] if rec.rates else Rate(at, 0.0, 0.0)
+    if (st.goodput, st.throughput) != (last.goodput, last.throughput):
+        _append(rec.rates, Rate(max(at, last.at), st.goodput, st.throughput), MAX_RATES)
+
+
+def _restarts(rec: JobRecord, before: pb.JobStatus, held: tuple[str, int], at: float) -> None:
+    """What this version of the job says of its restarts, after `before`: one more
+    began (from `held`, the GPUs it held), the last one runs again, it was measured.
+    (One version may say all three: a snapshot after the dashboard was away.)"""
+    st = rec.job.status
+    if st.restarts > before.restarts:
+        _append(rec.restarts, Restart(at, before.generation, held), MAX_RESTARTS)
+    last = rec.restarts[-1] if rec.restarts else None
+    if last is None:
+        return
+    if last.dst is None and st.allocation.num_gpus and st.generation > last.generation:
+        last.dst = (st.allocation.gpu_type, st.allocation.num_gpus)
+    if last.seconds is None and st.restart_seconds and (
+            st.restart_seconds != before.restart_seconds):
+        last.seconds = st.restart_seconds
 
 
 def _append(items: list, item: object, limit: int) -> None:

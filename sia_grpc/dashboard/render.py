@@ -8,18 +8,23 @@ from __future__ import annotations
 import datetime
 import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 
 from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, state_name
 from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
-from sia_grpc.dashboard.model import JobRecord, Model, Step, seconds
+from sia_grpc.dashboard.model import JobRecord, Model, Rate, Restart, Step, seconds
 
 # Okabe & Ito's palette (less black): told apart with each common colour-vision
 # deficiency. Each colour comes with the text colour that reads on it.
 PALETTE = [("#E69F00", "#000"), ("#56B4E9", "#000"), ("#009E73", "#fff"),
            ("#F0E442", "#000"), ("#0072B2", "#fff"), ("#D55E00", "#fff"),
            ("#CC79A7", "#000")]
+# The two lines of a job's rate chart: (attribute of `Rate`, its label, Okabe & Ito's
+# blue and vermilion, a dash pattern), so they stay apart without colour too.
+RATE_LINES = [("goodput", "goodput (scheduler's estimate)", "#0072B2", ""),
+              ("throughput", "throughput (reported)", "#D55E00", "6 3")]
 PAGES = [("/", "Cluster"), ("/jobs", "Jobs"), ("/rounds", "Rounds"), ("/queues", "Queues")]
 
 
@@ -219,8 +224,11 @@ def job_detail(rec: JobRecord, model: Model, now: float) -> str:
              ("GPUs", escape(format_gpus(j))), ("nodes", escape(format_nodes(j))),
              ("batch", str(st.allocation.batch_size or "-")),
              ("progress", f"{st.progress * 100:.1f}%"),
-             ("goodput (estimate)", f"{st.goodput:.3g}"),
-             ("restarts", str(st.restarts)), ("generation", str(st.generation)),
+             ("goodput (estimate)", f"{st.goodput:.3g} samples/s"),
+             ("throughput (reported)", f"{st.throughput:.3g} samples/s"),
+             ("restarts", str(st.restarts)),
+             ("last restart cost", f"{st.restart_seconds:.1f} s" if st.restart_seconds else "-"),
+             ("generation", str(st.generation)),
              ("created", utc(seconds(st.create_time))), ("started", utc(seconds(st.start_time))),
              ("finished", utc(seconds(st.finish_time)))]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
@@ -235,7 +243,9 @@ def job_detail(rec: JobRecord, model: Model, now: float) -> str:
 <div class="columns"><dl class="facts">{dl}</dl>
 <div><h2>Allocation over time</h2>{chart}
 <p class="hint">As seen since {utc(rec.seen_from)} (earlier: from its create and start
-times only).</p></div></div>
+times only).</p>
+<h2>Goodput and throughput</h2>{rate_chart(rec.rates, end)}</div></div>
+<h2>Restarts</h2>{restarts_table(rec.restarts)}
 <h2>Decisions</h2><ol class="notes" id="notes">{notes}</ol>"""
 
 
@@ -249,47 +259,132 @@ def allocation_chart(history: list[Step], end: float, colours: dict[str, str]) -
             f'</div>')
 
 
+@dataclass(frozen=True)
+class _Plot:
+    """A chart's area: times from `start` to `end` across, values 0 to `top` up."""
+
+    start: float
+    end: float
+    top: float
+    width: int
+    height: int
+    pad_l: int = 34  # room for the values' labels
+    pad_b, pad_t, pad_r = 22, 8, 8
+
+    @classmethod
+    def over(cls, times: list[float], end: float, top: float, width: int, height: int,
+             **kw: Any) -> _Plot:
+        end = max([end, *times])  # (a controller's clock a little ahead)
+        return cls(times[0] if times else end, end, top, width, height, **kw)
+
+    def x(self, at: float) -> float:
+        plot_w = self.width - self.pad_l - self.pad_r
+        return self.pad_l + plot_w * (min(at, self.end) - self.start) / max(
+            self.end - self.start, 1e-9)
+
+    def y(self, value: float) -> float:
+        plot_h = self.height - self.pad_b - self.pad_t
+        return self.pad_t + plot_h * (1 - value / self.top)
+
+    def steps(self, points: list[tuple[float, float]]) -> list[tuple[float, float, float]]:
+        """Each (from, value) of a series that holds its value until the next one's
+        time (the last one's until `end`) as (x from, x to, y)."""
+        out = []
+        for i, (at, value) in enumerate(points):
+            right = points[i + 1][0] if i + 1 < len(points) else self.end
+            out.append((self.x(at), self.x(max(right, at)), self.y(value)))
+        return out
+
+    def svg(self, body: str, *, label: str, ticks: list[tuple[float, str]],
+            unit: str = "") -> str:
+        """The chart: the values' labels at `ticks`, the time axis, `body`."""
+        marks = "".join(f'<text x="{self.pad_l - 6}" y="{self.y(v) + 4:.1f}" '
+                        f'text-anchor="end">{text}</text>' for v, text in ticks)
+        if unit:  # the values' unit, up the left side
+            marks += (f'<text class="unit" x="10" y="{self.pad_t + 40}" text-anchor="end" '
+                      f'transform="rotate(-90 10 {self.pad_t + 40})">{escape(unit)}</text>')
+        right, w, h = self.width - self.pad_r, self.width, self.height
+        return f"""<svg class="alloc" viewBox="0 0 {w} {h}" width="{w}" height="{h}"
+role="img" aria-label="{escape(label)}">{marks}
+<line x1="{self.pad_l}" y1="{self.y(0):.1f}" x2="{right}" y2="{self.y(0):.1f}" class="axis"/>
+{body}<text x="{self.pad_l}" y="{h - 4}">{utc(self.start)}</text>
+<text x="{right}" y="{h - 4}" text-anchor="end">{utc(self.end)}</text></svg>"""
+
+
+def _points(segments: list[tuple[float, float, float]]) -> str:
+    return " ".join(f"{x0:.1f},{y:.1f} {x1:.1f},{y:.1f}" for x0, x1, y in segments)
+
+
 def step_chart(steps: list[Step], end: float, colours: dict[str, str], *, label: str,
                capacity: int | None = None, width: int = 560, height: int = 180) -> str:
     """A step chart (SVG) of `steps` up to `end`: each step a bar of its value
     (`num_gpus`) coloured by its key (`gpu_type`), the steps' outline on top, and with
     `capacity` a dashed line there."""
-    pad_l, pad_b, pad_t = 34, 22, 8
-    end = max([end] + [s.at for s in steps])  # (a controller's clock a little ahead)
-    start = steps[0].at if steps else end
-    span = max(end - start, 1e-9)
     top = max([s.num_gpus for s in steps] + [capacity or 0, 1])
-    plot_w, plot_h = width - pad_l - 8, height - pad_b - pad_t
+    p = _Plot.over([s.at for s in steps], end, top, width, height)
+    segments = p.steps([(s.at, s.num_gpus) for s in steps])
+    shapes = [
+        f'<rect class="alloc-step" data-type="{escape(s.gpu_type)}" '
+        f'data-gpus="{s.num_gpus}" x="{x0:.1f}" y="{y:.1f}" '
+        f'width="{max(x1 - x0, 0.5):.1f}" height="{p.y(0) - y:.1f}" '
+        f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus} '
+        f'{escape(s.gpu_type)} from {utc(s.at)}</title></rect>'
+        for s, (x0, x1, y) in zip(steps, segments, strict=True) if s.num_gpus]
+    cap = (f'<line class="capacity" x1="{p.pad_l}" y1="{p.y(capacity):.1f}" '
+           f'x2="{width - p.pad_r}" y2="{p.y(capacity):.1f}"><title>capacity {capacity}'
+           f'</title></line>' if capacity else "")
+    body = f'{"".join(shapes)}<polyline class="step" points="{_points(segments)}"/>{cap}\n'
+    return p.svg(body, label=label, ticks=[(n, str(n)) for n in sorted({0, top // 2, top})])
 
-    def x(at: float) -> float:
-        return pad_l + plot_w * (min(at, end) - start) / span
 
-    def y(n: float) -> float:
-        return pad_t + plot_h * (1 - n / top)
+def rate_chart(rates: list[Rate], end: float, *, width: int = 560, height: int = 180) -> str:
+    """The job's goodput as the scheduler estimated it against the throughput its
+    workers reported, over time (samples/s; both hold until they change), and the
+    legend. An estimate above the throughput is a model that promised too much."""
+    if not rates:
+        return '<p class="empty">no goodput estimate or throughput report yet</p>'
+    top = max(max(r.goodput, r.throughput) for r in rates) or 1.0
+    p = _Plot.over([r.at for r in rates], end, top, width, height, pad_l=52)
+    lines = "".join(
+        f'<polyline class="rate" data-series="{name}" fill="none" stroke="{colour}" '
+        f'stroke-width="2" stroke-dasharray="{dash or "none"}" points="'
+        f'{_points(p.steps([(r.at, getattr(r, name)) for r in rates]))}">'
+        f'<title>{escape(label)}: {getattr(rates[-1], name):.4g} samples/s now</title>'
+        f'</polyline>' for name, label, colour, dash in RATE_LINES)
+    legend = "".join(
+        f'<span data-series="{name}"><svg width="24" height="10" aria-hidden="true">'
+        f'<line x1="0" y1="5" x2="24" y2="5" stroke="{colour}" stroke-width="2" '
+        f'stroke-dasharray="{dash or "none"}"/></svg> {escape(label)}</span>'
+        for name, label, colour, dash in RATE_LINES)
+    ticks = [(v, f"{v:.3g}") for v in (0.0, top / 2, top)]
+    return (p.svg(lines + "\n", label="goodput estimate and reported throughput over time",
+                  ticks=ticks, unit="samples/s")
+            + f'<div class="legend rates">{legend} <span class="unit">(samples/s)</span></div>')
 
-    shapes, line = [], []
-    for i, s in enumerate(steps):
-        right = steps[i + 1].at if i + 1 < len(steps) else end
-        x0, x1 = x(s.at), x(max(right, s.at))
-        line.append(f"{x0:.1f},{y(s.num_gpus):.1f} {x1:.1f},{y(s.num_gpus):.1f}")
-        if s.num_gpus:
-            shapes.append(
-                f'<rect class="alloc-step" data-type="{escape(s.gpu_type)}" '
-                f'data-gpus="{s.num_gpus}" x="{x0:.1f}" y="{y(s.num_gpus):.1f}" '
-                f'width="{max(x1 - x0, 0.5):.1f}" height="{y(0) - y(s.num_gpus):.1f}" '
-                f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus} '
-                f'{escape(s.gpu_type)} from {utc(s.at)}</title></rect>')
-    ticks = "".join(f'<text x="{pad_l - 6}" y="{y(n) + 4:.1f}" text-anchor="end">{n}</text>'
-                    for n in sorted({0, top // 2, top}))
-    cap = (f'<line class="capacity" x1="{pad_l}" y1="{y(capacity):.1f}" x2="{width - 8}" '
-           f'y2="{y(capacity):.1f}"><title>capacity {capacity}</title></line>'
-           if capacity else "")
-    return f"""<svg class="alloc" viewBox="0 0 {width} {height}" width="{width}" height="{height}"
-role="img" aria-label="{escape(label)}">{ticks}
-<line x1="{pad_l}" y1="{y(0):.1f}" x2="{width - 8}" y2="{y(0):.1f}" class="axis"/>
-{"".join(shapes)}<polyline class="step" points="{" ".join(line)}"/>{cap}
-<text x="{pad_l}" y="{height - 4}">{utc(start)}</text>
-<text x="{width - 8}" y="{height - 4}" text-anchor="end">{utc(end)}</text></svg>"""
+
+def restarts_table(restarts: list[Restart]) -> str:
+    """The restarts this dashboard saw, newest first: when, from which GPUs to which,
+    and what each cost as the controller measured it."""
+    def gpus(held: tuple[str, int] | None, pending: str) -> str:
+        return pending if held is None else f"{held[1]} {held[0]}" if held[1] else "-"
+
+    def cost(r: Restart, last: bool) -> str:
+        if r.seconds is not None:
+            return f"{r.seconds:.1f} s"
+        # One that the next restart cut short never reported a step: never measured.
+        return "measuring" if last else "none: restarted again before its first step"
+
+    rows = "".join(
+        f'<tr class="restart" data-generation="{r.generation}"><td>{utc(r.at)}</td>'
+        f'<td class="from">{escape(gpus(r.src, "-"))}</td>'
+        f'<td class="to">{escape(gpus(r.dst, "not running yet"))}</td>'
+        f'<td class="cost">{cost(r, r is restarts[-1])}</td></tr>' for r in reversed(restarts))
+    if not rows:
+        return '<p class="empty" id="no-restarts">none seen</p>'
+    return (f'<table class="restarts" id="restarts"><thead><tr><th>WHEN</th><th>FROM</th>'
+            f'<th>TO</th><th>MEASURED COST</th></tr></thead><tbody>{rows}</tbody></table>'
+            f'<p class="hint">The cost: from its checkpoint-stop to its first step at the '
+            f'next allocation, waiting for GPUs included, on the controller\'s clock.</p>')
 
 
 def over_time(model: Model, now: float) -> str:

@@ -125,10 +125,12 @@ def test_ls_rejects_an_unknown_state(capsys):
 
 def test_get_readable_json_yaml_and_wide(target, fake, capsys, clock):
     job = fake.add("resnet", application="cifar10", min_gpus=2, created=NOW - 90)
-    fake.set_state(job.job_id, pb.JOB_STATE_RUNNING, gpus=2)
+    fake.set_state(job.job_id, pb.JOB_STATE_RUNNING, gpus=2, restarts=1, throughput=812.5,
+                   restart_seconds=41.5)
     assert sia("get", job.job_id, "--controller", target) == 0
     data = yaml.safe_load(capsys.readouterr().out)  # the readable view
     assert data["status"]["state"] == "RUNNING"
+    assert (data["status"]["throughput"], data["status"]["restart_seconds"]) == (812.5, 41.5)
     assert data["status"]["allocation"]["gpus"] == ["n0:0", "n0:1"]
     assert data["spec"] == {"name": "resnet", "application": "cifar10", "min_gpus": 2}
     assert sia("get", job.job_id, "-o", "json", "--controller", target) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sia_grpc.api import pb
+from sia_grpc.controller.records import JobRec
 from sia_grpc.controller.state import (
     Action,
     AgentMessage,
@@ -92,6 +93,14 @@ class Harness:
         job = pb.Job(job_id=job_id, spec=pb.JobSpec(name=job_id, application=application, **spec))
         job.status.create_time.FromNanoseconds(int(self.now * 1e9))
         self.feed(JobCreated(self.now, job))
+
+    def run(self, job_id: str, application: str = "cifar10", **spec) -> JobRec:
+        """Submit a job, profile it, and run it after a round: its record."""
+        self.submit(job_id, application, **spec)
+        self.deliver()
+        self.tick()
+        self.deliver()
+        return self.state.jobs[job_id]
 
     def tick(self, seconds: float = 60.0, trigger: str = "timer") -> None:
         self.now += seconds

@@ -61,6 +61,20 @@ class RunningOverlap:
             self.configs.add((a.gpu_type, a.num_gpus))
 
 
+async def first_version(h, ok, timeout: float = 60.0) -> pb.Job:
+    """The job's first version (its current one, then each change) for which `ok`
+    holds, waiting at most `timeout` seconds."""
+    async with asyncio.timeout(timeout):
+        async for job in h.watch():
+            if ok(job):
+                return job
+    pytest.fail(f"{h.job_id} ended first: {job.status.reason}")
+
+
+# Four rtx GPUs (one node of the two in the tests that move it) until it completes.
+RIGID_ON_A_NODE = spec("cifar10", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4, batch_size=512)
+
+
 async def follow(client: AsyncSiaClient, checker: RunningOverlap) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         async for ev in client.watch():
@@ -143,21 +157,14 @@ async def test_a_drained_node_hands_its_job_to_another_and_stays_drained_across_
                             telemetry_interval=0.05) as lc, \
             AsyncSiaClient(lc.target) as client:
         await lc.wait_registered(2)
-        h = await client.submit(spec("cifar10", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=4,
-                                     batch_size=512))
-        async with asyncio.timeout(60):
-            async for job in h.watch():
-                if job.status.state == pb.JOB_STATE_RUNNING:
-                    break
+        h = await client.submit(RIGID_ON_A_NODE)
+        job = await first_version(h, lambda j: j.status.state == pb.JOB_STATE_RUNNING)
         (first,) = {g.node for g in job.status.allocation.gpus}
         (other,) = {"rtx-0", "rtx-1"} - {first}
         node = await client.drain(first, "replace GPU 3")
         assert node.state == pb.NODE_STATE_DRAINING and node.drain_reason == "replace GPU 3"
-        async with asyncio.timeout(60):
-            async for job in h.watch():
-                if job.status.state == pb.JOB_STATE_RUNNING and \
-                        {g.node for g in job.status.allocation.gpus} == {other}:
-                    break
+        job = await first_version(h, lambda j: j.status.state == pb.JOB_STATE_RUNNING and {
+            g.node for g in j.status.allocation.gpus} == {other})
         assert job.status.restarts == 1
         cluster = {n.name: n for n in (await client.cluster()).nodes}
         assert not any(g.job_id for g in cluster[first].gpus)
@@ -509,3 +516,29 @@ async def test_a_lone_job_grows_onto_an_idle_cluster_within_a_few_rounds():
                     grown = rounds
                     break
         assert grown is not None and grown - start <= 5  # 1 → 2 → 4 → 8: three timer rounds
+
+
+@pytest.mark.timeout(120)
+async def test_a_jobs_status_carries_its_throughput_and_its_restarts_measured_cost():
+    """What the dashboard draws of a job (docs/dashboard.md): the samples/s its modeled
+    workers report, and a move's cost from its checkpoint-stop to its first step on the
+    other node, as GetJob and WatchJobs carry them."""
+    async with LocalCluster({"rtx": (2, 4)}, rate=120.0, config=CONFIG,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(2)
+        h = await client.submit(RIGID_ON_A_NODE)
+        job = await first_version(h, lambda j: j.status.throughput > 0)
+        assert job.status.state == pb.JOB_STATE_RUNNING and job.status.restart_seconds == 0
+        (first,) = {g.node for g in job.status.allocation.gpus}
+        stopped = lc.controller.clock.time()
+        await client.drain(first, "move it")
+        job = await first_version(h, lambda j: j.status.restart_seconds > 0)
+        moved = lc.controller.clock.time()
+        assert job.status.restarts == 1 and job.status.state == pb.JOB_STATE_RUNNING
+        assert {g.node for g in job.status.allocation.gpus} == {"rtx-0", "rtx-1"} - {first}
+        # Measured on the controller's clock, between the drain and its news here.
+        assert 0 < job.status.restart_seconds <= moved - stopped
+        assert job.status.throughput > 0
+        assert (await client.get(h.job_id)).status.restart_seconds == \
+            job.status.restart_seconds

@@ -739,11 +739,7 @@ def test_round_is_acknowledged_only_after_every_directive_it_caused():
 
 def test_measured_restart_cost_replaces_the_hint_and_bad_samples_are_dropped():
     h = Harness(NODES)
-    h.submit("j1")
-    h.deliver()
-    h.tick()
-    h.deliver()
-    rec = h.state.jobs["j1"]
+    rec = h.run("j1")
     node = next(g.node for g in rec.alloc.gpus)
     hint = rec.res.restart_cost
     fitted = rec.estimator.version
@@ -869,3 +865,40 @@ def test_a_stored_record_from_a_newer_controller_is_refused_and_an_older_one_rea
     del extra["v"], extra["held_gen"]  # what a controller before versions wrote
     fresh.restore(job, json.dumps(extra).encode(), h.now)
     assert fresh.jobs["j1"].usable == h.state.jobs["j1"].usable
+
+
+def test_telemetry_sets_the_jobs_throughput_and_a_restart_its_measured_cost():
+    h = Harness(NODES)
+    rec = h.run("j1")
+    status = rec.job.status
+    # The agents report 0.2 s steps, 0.05 s of them syncing (harness.FakeAgent).
+    a = status.allocation
+    per_iteration = a.num_replicas * a.atomic_batch_size * (a.accum_steps + 1)
+    assert status.throughput == pytest.approx(per_iteration / (0.2 + 0.15 * a.accum_steps))
+    assert status.restart_seconds == 0 and status.restarts == 0
+    for _ in range(6):  # it grows (test_a_job_that_grows_is_stopped_before_it_runs_again)
+        h.tick()
+        if h.state_of("j1") == pb.JOB_STATE_RESTARTING:
+            break
+        h.deliver()
+    assert h.state_of("j1") == pb.JOB_STATE_RESTARTING and status.restarts == 1
+    assert status.throughput == 0  # checkpointing: not training
+    began = h.now
+    # A controller that takes over meanwhile goes on measuring it.
+    assert json.loads(h.state.extra("j1"))["restart_began"] == [began, rec.generation]
+    h.persisted.clear()
+    h.now += 7.0  # the checkpoint, the release and the start at the new allocation
+    h.deliver()  # (the new generation's first telemetry comes with its RUN's ack)
+    assert h.state_of("j1") == pb.JOB_STATE_RUNNING and rec.generation == 2
+    assert status.restart_seconds == pytest.approx(7.0)
+    assert status.throughput > 0 and "j1" in h.persisted
+    # Later reports change the throughput, not the cost of the restart.
+    h.now += 30.0
+    node = next(g.node for g in rec.alloc.gpus)
+    t = pb.Telemetry(job_id="j1", generation=rec.generation, progress=0.2)
+    t.samples.add(gpu_type="rtx", num_nodes=1, num_replicas=2, atomic_batch_size=32,
+                  accum_steps=1, step_time_s=0.5, sync_time_s=0.1)
+    h.feed(AgentMessage(h.now, node, pb.AgentMessage(telemetry=t)))
+    assert status.throughput == pytest.approx(2 * 32 * 2 / (0.5 + 0.4))
+    assert status.restart_seconds == pytest.approx(7.0)
+    assert json.loads(h.state.extra("j1"))["restart_began"] is None

@@ -1,7 +1,8 @@
 """The dashboard in a real headless browser (Chromium through WebDriver), checked as a
 person would look: the GPU grid, a job appearing in the table and changing on cancel,
-a job's allocation history, and what a tenant's dashboard leaves out. Every wait has a
-hard limit; none is timed."""
+a job's allocation history, its goodput estimate against its reported throughput and
+a restart with its measured cost, and what a tenant's dashboard leaves out. Every wait
+has a hard limit; none is timed."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ async def test_a_submitted_job_appears_and_a_cancel_changes_its_row(site, browse
     assert "q=appears" in await browser.js("return location.hash")
 
 
-async def test_a_job_page_draws_its_allocation_history(site, browser, tmp_path):
+async def test_a_job_page_draws_its_allocation_history_rates_and_restarts(site, browser):
     dash = await site.dashboard("admin")
     admin = await site.client("admin")
     job = (await admin.submit(rigid("history", 2, "rtx"))).job_id
@@ -87,6 +88,25 @@ async def test_a_job_page_draws_its_allocation_history(site, browser, tmp_path):
     await browser.until("document.querySelectorAll('#notes li time').length > 0",
                         "the decisions' reasons")
     assert (await browser.js("return document.getElementById('why').textContent")).strip()
+    # Its estimated goodput and the throughput its workers report, once they do (a
+    # line that rises from 0).
+    line = "document.querySelector('polyline.rate[data-series=\"{}\"]')"
+    await browser.until(f"{line.format('throughput')}?.getBBox().height > 0",
+                        "the reported throughput in the chart")
+    assert await browser.js(f"return {line.format('goodput')}.getBBox().width") > 0
+    assert await browser.js("""return Array.from(document.querySelectorAll(
+        '.legend.rates span[data-series]')).map((s) => s.dataset.series);""") == [
+        "goodput", "throughput"]
+    # Moved to the other rtx node (its own drained): a restart, and what it cost.
+    held = (await admin.get(job)).status.allocation.gpus
+    await admin.drain(held[0].node, "move it")
+    row = "document.querySelector('#restarts tr.restart')"
+    await browser.until(f"{row}?.querySelector('td.cost').textContent.endsWith(' s')",
+                        "the restart's measured cost")
+    cells = await browser.js(f"""return Array.from({row}.cells).map((c) => c.textContent);""")
+    assert cells[1:3] == ["2 rtx", "2 rtx"]
+    assert float(cells[3].removesuffix(" s")) == pytest.approx(
+        (await admin.get(job)).status.restart_seconds, abs=0.051)  # (shown to 0.1 s)
 
 
 async def test_a_tenants_dashboard_does_not_show_another_tenants_jobs(site, browser):

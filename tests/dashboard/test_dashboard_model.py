@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from sia_grpc.api import OTHER_TENANT, pb
 from sia_grpc.dashboard import render
 from sia_grpc.dashboard.feed import Hub
-from sia_grpc.dashboard.model import Model, Step
+from sia_grpc.dashboard.model import Model, Rate, Restart, Step
 
 KIND = pb.JobEvent
 
 
 def job(job_id: str = "j1", *, revision: int = 1, gpus: int = 0, gpu_type: str = "rtx",
         state: int = pb.JOB_STATE_QUEUED, reason: str = "", created: float = 100.0,
-        started: float = 0.0, tenant: str = "") -> pb.Job:
+        started: float = 0.0, tenant: str = "", **status: float) -> pb.Job:
     j = pb.Job(job_id=job_id, revision=revision, spec=pb.JobSpec(name=job_id, tenant=tenant),
-               status=pb.JobStatus(state=state, reason=reason))
+               status=pb.JobStatus(state=state, reason=reason, **status))
     j.status.create_time.FromNanoseconds(int(created * 1e9))
     if started:
         j.status.start_time.FromNanoseconds(int(started * 1e9))
@@ -156,3 +156,85 @@ def test_the_panels_over_time_follow_each_types_allocation_and_the_jobs_by_activ
     html = render.cluster_section(m, now=40.0)
     assert "rtx: GPUs allocated of 8" in html and "<title>capacity 8</title>" in html
     assert re.findall(r'"alloc-step" data-type="rtx" data-gpus="(\d)"', html) == ["3", "5"]
+
+
+RUNNING, RESTARTING = pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING
+
+
+def test_a_jobs_goodput_throughput_and_restarts_follow_its_versions():
+    m = Model()
+    m.apply(event(job(), KIND.KIND_CREATED), now=100.0)
+    versions = [  # (now, the job's status then)
+        (110.0, dict(state=RUNNING, gpus=2, generation=1, goodput=100.0)),
+        (120.0, dict(state=RUNNING, gpus=2, generation=1, goodput=100.0, throughput=90.0)),
+        (125.0, dict(state=RUNNING, gpus=2, generation=1, goodput=100.0, throughput=90.0)),
+        # A move: checkpointing (the GPUs still held), then on 4 a100, then measured.
+        (130.0, dict(state=RESTARTING, gpus=2, generation=1, goodput=100.0, restarts=1)),
+        (140.0, dict(state=RUNNING, gpus=4, gpu_type="a100", generation=2, goodput=300.0,
+                     restarts=1)),
+        (150.0, dict(state=RUNNING, gpus=4, gpu_type="a100", generation=2, goodput=300.0,
+                     restarts=1, throughput=280.0, restart_seconds=20.0))]
+    for rev, (now, status) in enumerate(versions, start=2):
+        rec = m.apply(event(job(revision=rev, **status)), now=now)
+    assert rec.rates == [Rate(110.0, 100.0, 0.0), Rate(120.0, 100.0, 90.0),
+                         Rate(130.0, 100.0, 0.0), Rate(140.0, 300.0, 0.0),
+                         Rate(150.0, 300.0, 280.0)]
+    assert rec.restarts == [Restart(130.0, 1, ("rtx", 2), ("a100", 4), 20.0)]
+    # Requeued from a lost node (its GPUs gone at once, the generation fenced): not yet
+    # running, not yet measured.
+    rec = m.apply(event(job(revision=9, generation=3, goodput=300.0, restarts=2,
+                            restart_seconds=20.0)), now=160.0)
+    assert rec.restarts[-1] == Restart(160.0, 2, ("a100", 4))
+    cells = r'<td class="from">(.*?)</td><td class="to">(.*?)</td><td class="cost">(.*?)</td>'
+    assert re.findall(cells, render.restarts_table(rec.restarts)) == [
+        ("4 a100", "not running yet", "measuring"), ("2 rtx", "4 a100", "20.0 s")]
+    # Moved again before it reported a step where it was going: that one is never measured.
+    rec = m.apply(event(job(revision=10, state=RUNNING, gpus=1, generation=4, goodput=50.0,
+                            restarts=2, restart_seconds=20.0)), now=170.0)
+    rec = m.apply(event(job(revision=11, state=RESTARTING, gpus=1, generation=4,
+                            goodput=50.0, restarts=3, restart_seconds=20.0)), now=175.0)
+    assert re.findall(cells, render.restarts_table(rec.restarts))[:2] == [
+        ("1 rtx", "not running yet", "measuring"),
+        ("4 a100", "1 rtx", "none: restarted again before its first step")]
+
+
+def test_a_snapshot_after_the_dashboard_was_away_may_say_a_whole_restart_at_once():
+    m = Model()
+    m.apply(event(job(state=RUNNING, gpus=2, generation=1)), now=100.0)
+    rec = m.apply(event(job(revision=5, state=RUNNING, gpus=4, gpu_type="a100", generation=2,
+                            restarts=1, restart_seconds=12.5), KIND.KIND_SNAPSHOT), now=200.0)
+    assert rec.restarts == [Restart(200.0, 1, ("rtx", 2), ("a100", 4), 12.5)]
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.sampled_from([0.0, 10.0, 20.0]),
+                          st.sampled_from([0.0, 5.0, 9.0]), st.booleans()), max_size=30))
+def test_rates_always_differ_never_go_back_in_time_and_each_restart_is_one_row(changes):
+    m = Model()
+    now, rec = 100.0, m.apply(event(job(), KIND.KIND_CREATED), now=100.0)
+    restarts = 0
+    for rev, (dt, goodput, throughput, restarted) in enumerate(changes, start=2):
+        now, restarts = now + dt, restarts + restarted
+        rec = m.apply(event(job(revision=rev, goodput=goodput, throughput=throughput,
+                                restarts=restarts)), now=now)
+    pairs = list(zip(rec.rates, rec.rates[1:], strict=False))
+    assert all((a.goodput, a.throughput) != (b.goodput, b.throughput) for a, b in pairs)
+    assert all(a.at <= b.at for a, b in pairs)
+    last = rec.rates[-1] if rec.rates else Rate(0.0, 0.0, 0.0)
+    assert (last.goodput, last.throughput) == (rec.job.status.goodput,
+                                               rec.job.status.throughput)
+    assert len(rec.restarts) == restarts
+
+
+def test_the_rate_chart_draws_the_estimate_and_the_throughput_apart_with_a_legend():
+    rates = [Rate(0.0, 100.0, 0.0), Rate(10.0, 100.0, 80.0), Rate(20.0, 300.0, 250.0)]
+    svg = render.rate_chart(rates, 40.0)
+    lines = dict(re.findall(r'<polyline class="rate" data-series="(\w+)"[^>]* stroke="'
+                            r'(#\w+)"', svg))
+    assert set(lines) == {"goodput", "throughput"} and len(set(lines.values())) == 2
+    assert 'stroke-dasharray="6 3"' in svg  # told apart without their colours too
+    assert "goodput (scheduler&#x27;s estimate)" in svg and "throughput (reported)" in svg
+    assert "samples/s" in svg and ">300<" in svg  # the unit, the top of the scale
+    # Each line holds its value until the next change: 3 steps of 2 points each.
+    (points,) = re.findall(r'data-series="throughput".*? points="([^"]+)"', svg)
+    assert len(points.split()) == 6
+    assert "no goodput estimate" in render.rate_chart([], 40.0)

@@ -119,7 +119,7 @@ class Allocation(_message.Message):
     def __init__(self, gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ..., num_nodes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuRef, _Mapping]]] = ..., batch_size: _Optional[int] = ..., num_replicas: _Optional[int] = ..., atomic_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("state", "allocation", "restarts", "progress", "goodput", "reason", "create_time", "start_time", "finish_time", "update_time", "generation", "message")
+    __slots__ = ("state", "allocation", "restarts", "progress", "goodput", "reason", "create_time", "start_time", "finish_time", "update_time", "generation", "message", "throughput", "restart_seconds")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,8 @@ class JobStatus(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    RESTART_SECONDS_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     allocation: Allocation
     restarts: int
@@ -144,7 +146,9 @@ class JobStatus(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     generation: int
     message: str
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., restarts: _Optional[int] = ..., progress: _Optional[float] = ..., goodput: _Optional[float] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    throughput: float
+    restart_seconds: float
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., restarts: _Optional[int] = ..., progress: _Optional[float] = ..., goodput: _Optional[float] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., message: _Optional[str] = ..., throughput: _Optional[float] = ..., restart_seconds: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "status", "revision")
