@@ -65,6 +65,8 @@ class ArmResult:
     late_copies: dict[str, int] = field(default_factory=dict)  # copies after it (see _result)
     makespan: float = 0.0  # modeled s from the first submission to the last end
     wall_s: float = 0.0
+    round_s: list[float] = field(default_factory=list)  # the bridge's rounds (wall s)
+    actions: int = 0  # the bridge's actions in Slurm (starts, moves, ...)
 
     def summary(self) -> dict[str, float]:
         jct = np.array(list(self.jct.values())) / 3600
@@ -77,7 +79,11 @@ class ArmResult:
                 if self.moves else 0.0,
                 "late_copies": sum(self.late_copies.values()),
                 "finished": sum(s == "COMPLETED" for s in self.states.values()),
-                "jobs": len(self.states), "wall_s": self.wall_s}
+                "jobs": len(self.states), "wall_s": self.wall_s,
+                "rounds": len(self.round_s), "bridge_actions": self.actions,
+                "round_s_p50": float(np.median(self.round_s)) if self.round_s else 0.0,
+                "round_s_p95": float(np.percentile(self.round_s, 95))
+                if self.round_s else 0.0}
 
 
 class _Records:
@@ -159,10 +165,16 @@ class _LockedBridge(Bridge):
     def __init__(self, lock: threading.Lock, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._lock = lock
+        self.round_s: list[float] = []  # wall seconds of each round
+        self.actions = 0
 
     def round(self) -> RoundReport:
         with self._lock:
-            return super().round()
+            t = time.monotonic()
+            report = super().round()
+            self.round_s.append(time.monotonic() - t)
+            self.actions += len(report.actions)
+            return report
 
 
 def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], float]) -> None:
@@ -238,7 +250,9 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
         rounds.join(timeout=60)
         reports.stop()
         slurm_cluster.cancel_all()
-    return _result(copies(seen), scale, wall0)
+    out = _result(copies(seen), scale, wall0)
+    out.round_s, out.actions = bridge.round_s, bridge.actions
+    return out
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
@@ -318,6 +332,9 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
         print(f"{label:14s} {r['avg_jct_h']:9.2f} {r['p99_jct_h']:9.2f} {r['makespan_h']:10.2f} "
               f"{r['avg_wait_h']:7.2f} {r['moves_per_job']:9.2f} {r['late_copies']:4d} "
               f"{r['finished']:>4d}/{r['jobs']:<3d} {r['wall_s']:6.0f}")
+    r = report["sia"]
+    print(f"bridge: {r['rounds']} rounds of {r['round_s_p50']:.2f} s (p50), "
+          f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm")
     report["avg_jct_ratio"] = report["slurm"]["avg_jct_h"] / report["sia"]["avg_jct_h"]
     print(f"Slurm alone / Sia average JCT: {report['avg_jct_ratio']:.2f}x")
     if json_out:
