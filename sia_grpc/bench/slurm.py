@@ -63,6 +63,9 @@ class ArmResult:
     states: dict[str, str] = field(default_factory=dict)
     moves: dict[str, int] = field(default_factory=dict)  # copies before the one that finished
     late_copies: dict[str, int] = field(default_factory=dict)  # copies after it (see _result)
+    # modeled s from a moved copy's end to the start of the next: Slurm's latency, or
+    # waiting for GPUs where Sia took the job's (moved it to held, waiting)
+    move_gaps: list[float] = field(default_factory=list)
     makespan: float = 0.0  # modeled s from the first submission to the last end
     wall_s: float = 0.0
     round_s: list[float] = field(default_factory=list)  # the bridge's rounds (wall s)
@@ -78,6 +81,8 @@ class ArmResult:
                 "moves_per_job": float(np.mean(list(self.moves.values())))
                 if self.moves else 0.0,
                 "late_copies": sum(self.late_copies.values()),
+                "move_gap_h_p50": float(np.median(self.move_gaps)) / 3600
+                if self.move_gaps else 0.0,
                 "finished": sum(s == "COMPLETED" for s in self.states.values()),
                 "jobs": len(self.states), "wall_s": self.wall_s,
                 "rounds": len(self.round_s), "bridge_actions": self.actions,
@@ -144,8 +149,12 @@ def _result(groups: Mapping[str, Sequence[Mapping]], scale: float, wall0: float)
         completed = [i for i, c in enumerate(copies) if c["job_state"] == "COMPLETED"]
         last = copies[completed[0]] if completed else copies[-1]
         out.states[name] = last["job_state"]
-        out.moves[name] = (completed[0] if completed else len(copies) - 1)
-        out.late_copies[name] = len(copies) - 1 - completed[0] if completed else 0
+        done = completed[0] if completed else len(copies) - 1
+        out.moves[name] = done
+        out.late_copies[name] = len(copies) - 1 - done if completed else 0
+        out.move_gaps += [(b["start_time"] - a["end_time"]) * scale
+                          for a, b in zip(copies[:done], copies[1:done + 1], strict=True)
+                          if a.get("end_time") and b.get("start_time")]
         started = [c["start_time"] for c in copies if c.get("start_time")]
         if started:
             out.wait[name] = (min(started) - copies[0]["submit_time"]) * scale
@@ -334,7 +343,8 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
               f"{r['finished']:>4d}/{r['jobs']:<3d} {r['wall_s']:6.0f}")
     r = report["sia"]
     print(f"bridge: {r['rounds']} rounds of {r['round_s_p50']:.2f} s (p50), "
-          f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm")
+          f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm; "
+          f"a move's copy started {r['move_gap_h_p50']:.2f} h (p50) after the old one ended")
     report["avg_jct_ratio"] = report["slurm"]["avg_jct_h"] / report["sia"]["avg_jct_h"]
     print(f"Slurm alone / Sia average JCT: {report['avg_jct_ratio']:.2f}x")
     if json_out:
