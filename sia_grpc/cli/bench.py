@@ -87,6 +87,17 @@ def _dashboard(args: argparse.Namespace) -> int:
     return run(jobs=args.jobs, samples=args.samples, as_json=args.json)
 
 
+def _slurm(args: argparse.Namespace) -> int:
+    from sia_grpc.testing.slurm import unavailable
+
+    if why := unavailable():
+        raise UsageError(f"no Slurm test cluster: {why}")
+    from sia_grpc.bench.slurm import run
+
+    return run(args.workload, args.first, args.time_scale, interval_s=args.interval,
+               timeout_s=args.timeout, json_out=args.json)
+
+
 def _replay(args: argparse.Namespace) -> int:
     from sia_grpc.bench.replay import run
 
@@ -171,6 +182,21 @@ def add_commands(sub: Any) -> None:
     db.add_argument("--samples", type=count, default=30,
                     help="jobs then created one at a time, each timed (default 30)")
     db.add_argument("--json", action="store_true")
+
+    sl = command(bench_sub, "slurm", "a trace on a throwaway Slurm cluster: Sia through the "
+                                     "sia-slurm bridge beside Slurm alone (FIFO with "
+                                     "backfill)", _slurm, prefix="sia bench slurm",
+                 usage=(ValueError,))
+    sl.add_argument("workload", nargs="?", default="saturn/workload-1", metavar="WORKLOAD",
+                    help="a CSV file or shipped workload (default saturn/workload-1)")
+    sl.add_argument("--first", type=count, default=30, help="the first N jobs (default 30)")
+    sl.add_argument("--time-scale", type=positive(float), default=360.0,
+                    help="trace (and modeled training) seconds per real second (default 360)")
+    sl.add_argument("--interval", type=positive(float), default=1.0, metavar="SECONDS",
+                    help="seconds between the bridge's rounds (default 1)")
+    sl.add_argument("--timeout", type=positive(float), default=900.0, metavar="SECONDS",
+                    help="give up on an arm after this long (default 900)")
+    sl.add_argument("--json", metavar="OUT", help="also write the results as JSON")
 
     rp = command(sub, "replay", "submit a trace to a live controller with modeled agents, "
                                 "and compare with the simulator", _replay)

@@ -381,7 +381,10 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     for j in jobs:
         # Slurm's own, or opted in but started by hand (no shape of Sia's, not held):
         # their GPUs are taken, and they are not Sia's to move.
-        if j.ticket is None or (j.ticket.shape is None and not j.held and not j.admin_held):
+        # A job whose script has ended (COMPLETING: Slurm is cleaning up) is done, not
+        # Sia's to move: a copy would run it again. Its GPUs are taken until it is gone.
+        if j.ticket is None or (j.ticket.shape is None and not j.held and not j.admin_held) \
+                or j.state == "COMPLETING":
             for n, c in j.gpus.items():
                 foreign[n] = foreign.get(n, 0) + c
             continue

@@ -251,3 +251,15 @@ def test_sia_slurm_submit_takes_options_before_the_spec_only(tmp_path, capsys):
     spec.write_text("application: cifar10\nadaptivity: adaptive\n")
     assert sia(["slurm", "submit", str(spec), "--output", "x.out", "--", "true"]) == 2
     assert "options go before SPEC" in capsys.readouterr().err
+
+
+def test_a_job_slurm_is_completing_is_not_planned_and_holds_its_gpus_until_gone():
+    # (Its script has ended; moving it would run it again in a copy.)
+    t = Ticket("80", SPEC, NOW, 0, Shape("rtx", "rtx", 2, 1))
+    jobs = read_jobs({"jobs": [{"job_id": 80, "job_state": "COMPLETING", "priority": 5,
+                                "comment": t.comment(), "gres_detail": ["gpu:rtx:2(IDX:0-1)"],
+                                "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(read_nodes(SINFO)[0], jobs, NOW)
+    assert not rnd.request.jobs and not rnd.jobs and rnd.stale == ()
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 2
+    assert plan(rnd, pb.OptimizeResponse(decisions=[_decision("80", "dgx-ext", 2)])) == []
