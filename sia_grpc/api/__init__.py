@@ -67,6 +67,11 @@ TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,
                              pb.JOB_STATE_CANCELLED})
 
 
+def seconds(ts) -> float:
+    """A `google.protobuf.Timestamp` as seconds since the epoch (0.0 when unset)."""
+    return ts.ToNanoseconds() / 1e9
+
+
 def state_name(state: int) -> str:
     """"RUNNING" for pb.JOB_STATE_RUNNING (an unknown number as itself)."""
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sia_grpc.api import pb
+from sia_grpc.api import pb, seconds
 from sia_grpc.controller.events import (
     Action,
     AgentRegistered,
@@ -16,7 +16,6 @@ from sia_grpc.controller.events import (
 from sia_grpc.controller.records import (
     JobRec,
     NodeRec,
-    seconds,
     sync_part,
     valid_grad,
     valid_sample,

@@ -149,10 +149,6 @@ def same_gpus(a: JobAllocation | None, b: JobAllocation | None) -> bool:
     return a.config == b.config and tuple(sorted(a.gpus)) == tuple(sorted(b.gpus))
 
 
-def seconds(ts: timestamp_pb2.Timestamp) -> float:
-    return ts.ToNanoseconds() / 1e9
-
-
 def timestamp(at: float) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromNanoseconds(int(at * 1e9))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.api import node_state_name, pb, seconds, state_name
 from sia_grpc.controller import queueing
 from sia_grpc.controller.events import (
     Action,
@@ -24,7 +24,6 @@ from sia_grpc.controller.records import (
     NodeRec,
     batch_key,
     same_gpus,
-    seconds,
     timestamp,
 )
 from sia_grpc.controller.transitions import TERMINAL, set_state

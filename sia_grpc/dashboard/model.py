@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-from sia_grpc.api import pb, state_name
+from sia_grpc.api import pb, seconds, state_name
 
 MAX_ROUNDS = 50  # rounds kept (and shown)
 MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
@@ -21,11 +20,6 @@ MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per 
 # The jobs counted over time, by what they are doing.
 ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
               "running": (pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING)}
-
-
-def seconds(ts: Any) -> float:
-    """A Timestamp as seconds since the epoch (0.0 when unset)."""
-    return ts.seconds + ts.nanos / 1e9
 
 
 @dataclass(frozen=True)

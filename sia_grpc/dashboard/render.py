@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, state_name
+from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, seconds, state_name
 from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
-from sia_grpc.dashboard.model import JobRecord, Model, Rate, Restart, Step, seconds
+from sia_grpc.dashboard.model import JobRecord, Model, Rate, Restart, Step
 
 # Okabe & Ito's palette (less black): told apart with each common colour-vision
 # deficiency. Each colour comes with the text colour that reads on it.

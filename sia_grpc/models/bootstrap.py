@@ -417,7 +417,7 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
     return GoodputEstimate(*np.concatenate(packed, axis=1))
 
 
-_EST_FIELDS = ("goodput", "throughput", "batch_size", "atomic_bsz", "accum_steps")
+_EST_FIELDS = tuple(f.name for f in dataclasses.fields(GoodputEstimate))
 
 
 def _grids_for(items, keys=None) -> list[BatchGrid]:

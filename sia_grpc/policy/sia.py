@@ -166,7 +166,8 @@ class SiaPolicy(RoundFromConfig):
             type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
         timings["estimate"] = time.perf_counter() - t0
         # What the estimate found in the process's cache (models.estimate_cache):
-        # the controller's solver process should find nearly every job there.
+        # the controller's solver process should find nearly every job there. (A count
+        # of the process: rounds run at once on threads share it.)
         cached = {"estimates_found": float(CACHE.found - looked_up[0]),
                   "estimates_made": float(CACHE.made - looked_up[1])}
         hold = np.array([j.required or ((j.pinned or (cfg.hold_restoring and j.restoring))
