@@ -198,7 +198,9 @@ def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
     before, after = _epochs(log0), _epochs(tmp_path / f"slurm-{new}.out")
     assert before and after and after[-1][0] == 15 and after[-1][1] == 1.0
     # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
-    assert 0 < after[0][0] <= before[-1][0] + 1 and after[0][1] >= before[-1][1]
+    # A SIGTERM seen at the last step of an epoch checkpoints the epoch as done before the
+    # example prints its line, so the copy may start one epoch after the next printed one.
+    assert 0 < after[0][0] <= before[-1][0] + 2 and after[0][1] >= before[-1][1]
     assert "Traceback" not in log0.read_text()
 
 
