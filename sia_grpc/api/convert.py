@@ -307,7 +307,7 @@ def policy_job_from_pb(j: pb.PolicyJob, path: str) -> PolicyJob:
             num_gpus=j.num_gpus or None, age=age, num_restarts=j.restarts,
             restart_cost=restart_cost or DEFAULT_RESTART_COST_S, submit_time=-age,
             queue=j.queue or DEFAULT_QUEUE, priority=j.priority,
-            stint=_finite_nonneg(j.stint_s, f"{path}.stint_s"))
+            stint=_finite_nonneg(j.stint_s, f"{path}.stint_s"), restoring=j.restoring)
     except ValueError as e:
         raise _from_core(path, e, _JOB_FIELDS) from None
 

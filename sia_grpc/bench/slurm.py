@@ -8,6 +8,10 @@ divided by it, and each job's work is a modeled worker
 (`sia_grpc.bench.slurm_worker`) that trains at the emulation's ground truth with
 modeled time running `time_scale` times faster than the clock.
 
+Each worker's modeled work is planned in this process (`slurm_truth`), so the
+workers import only the standard library and a copy starts and ends in a fraction
+of a second, as a real job's would.
+
 - **Sia**: each job is submitted with `sia slurm submit` at its arrival (its spec
   as `sia replay` submits it to a controller); a bridge (`Bridge.run`, what
   `sia-slurm run --interval` runs, with its WorkerService for the workers'
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sia_grpc.bench.slurm_truth import TruthServer
 from sia_grpc.sim.workload import TraceJob, load_workload
 from sia_grpc.slurm.bridge import Bridge, RoundReport, in_process_optimizer
 from sia_grpc.slurm.commands import Slurm
@@ -104,9 +109,9 @@ class _Records:
         return self.jobs
 
 
-def _worker(job: TraceJob, scale: float) -> list[str]:
+def _worker(job: TraceJob, scale: float, truth: str) -> list[str]:
     return [sys.executable, "-m", "sia_grpc.bench.slurm_worker", job.application,
-            "--time-scale", f"{scale:g}"]
+            "--time-scale", f"{scale:g}", "--truth", truth]
 
 
 def _submit_at(jobs: Sequence[TraceJob], scale: float, t0: float,
@@ -194,7 +199,7 @@ def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], floa
 
 
 def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-               interval_s: float = 1.0, timeout_s: float = 900.0) -> ArmResult:
+               truth: str, interval_s: float = 1.0, timeout_s: float = 900.0) -> ArmResult:
     """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it)."""
     from sia_grpc.bench.replay import trace_spec
     from sia_grpc.cli import main as sia
@@ -202,12 +207,13 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
 
     token = workdir / "workers.token"
     token.write_text("replay\n")
-    reports = ReportServer("127.0.0.1:0", "replay")
     slurm = Slurm()
     t0 = time.time()
 
     def modeled(t: float) -> float:  # the trace's clock: `scale` x faster from t0
         return t0 + (t - t0) * scale
+
+    reports = ReportServer("127.0.0.1:0", "replay", clock=lambda: modeled(time.time()))
 
     # The bridge sees modeled time: a round lasts `interval_s * scale` seconds and a
     # job's age (which Sia weighs against its restart cost) grows `scale` x faster.
@@ -224,7 +230,7 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
             rc = sia(["slurm", "submit", "--checkpoint-dir", str(workdir / job.name),
                       "--report-to", f"127.0.0.1:{reports.port}", "--report-token-file",
                       str(token), "--output", str(workdir / f"{job.name}-%j.out"), str(spec),
-                      "--", *_worker(job, scale)])
+                      "--", *_worker(job, scale, truth)])
             if rc != 0:
                 raise RuntimeError(f"sia slurm submit {job.name} failed ({rc})")
             job_id = int(out.getvalue().strip())
@@ -265,15 +271,15 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-                 timeout_s: float = 900.0) -> ArmResult:
+                 truth: str, timeout_s: float = 900.0) -> ArmResult:
     """Slurm alone on `slurm_cluster`: each job's own request, FIFO with backfill."""
     slurm = Slurm()
     node_types = [f"--node-type={n}={t}" for n, (t, _) in slurm_cluster.nodes.items()]
 
     def submit(job: TraceJob) -> int:
         gpus = min(job.num_replicas, _NODE_GPUS)
-        cmd = [*_worker(job, scale), "--batch-size", str(job.batch_size), "--gpus", str(gpus),
-               "--checkpoint", str(workdir / f"{job.name}.json"), *node_types]
+        cmd = [*_worker(job, scale, truth), "--batch-size", str(job.batch_size),
+               "--gpus", str(gpus), "--checkpoint", str(workdir / f"{job.name}.json"), *node_types]
         out = slurm.run("sbatch", "--parsable", f"--job-name={job.name}", f"--gres=gpu:{gpus}",
                         "--nodes=1", "--ntasks=1", f"--output={workdir / job.name}-%j.out",
                         "--wrap", f"exec {shlex.join(cmd)}")
@@ -293,15 +299,18 @@ def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir:
 
 def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
          **kwargs) -> ArmResult:
-    """One arm on a fresh cluster, in a fresh directory."""
+    """One arm on a fresh cluster, in a fresh directory, its workers' modeled work
+    served from this process (`slurm_truth`)."""
     from sia_grpc.testing.slurm import SlurmCluster
 
+    truth = TruthServer()
     with SlurmCluster() as cluster, tempfile.TemporaryDirectory(prefix=f"sia-{name}-") as d:
         old = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = str(cluster.conf)  # (the CLI and bridge read it)
         try:
-            return replay(cluster, jobs, scale, Path(d), **kwargs)
+            return replay(cluster, jobs, scale, Path(d), truth=truth.address, **kwargs)
         finally:
+            truth.stop()
             if old is None:
                 os.environ.pop("SLURM_CONF", None)
             else:

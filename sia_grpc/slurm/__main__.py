@@ -1,5 +1,5 @@
 import sys
 
-from sia_grpc.slurm.bridge import main
+from sia_grpc.slurm.cli import main
 
 sys.exit(main())

@@ -1,31 +1,21 @@
-"""`sia-slurm`: the bridge between a Slurm cluster and Sia's policy.
+"""The bridge between a Slurm cluster and Sia's policy (`sia-slurm run`).
 
 Every round it reads the nodes and jobs from Slurm, asks the policy for the
 opted-in jobs' allocations (in this process, or over gRPC from a controller's
 `PolicyService`: the same `OptimizeRequest` either way) and carries the
 decisions out with Slurm's commands (`sia_grpc.slurm.translate.plan`). It keeps
 nothing in memory between rounds: what it decided is in the jobs' comments, so
-a restarted bridge picks up where the last one stopped (docs/slurm.md).
-
-    sia-slurm run [--interval 30] [--once] [--controller HOST:PORT] [--policy sia]
-    sia-slurm env          # in a job's batch script: the SIA_* exports of the job
+a restarted bridge picks up where the last one stopped (docs/slurm.md). The
+command line is `sia_grpc.slurm.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
-import shlex
-import signal
-import sys
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import structlog
 
@@ -33,21 +23,12 @@ from sia_grpc.api import pb
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.slurm.commands import Slurm, SlurmError
 from sia_grpc.slurm.reports import ReportServer
-from sia_grpc.slurm.translate import (
-    Action,
-    SlurmJob,
-    Ticket,
-    build_round,
-    job_environment,
-    plan,
-    read_jobs,
-    read_nodes,
-)
+from sia_grpc.slurm.ticket import Ticket
+from sia_grpc.slurm.translate import Action, SlurmJob, build_round, plan, read_jobs, read_nodes
 
-__all__ = ["Bridge", "RoundReport", "grpc_optimizer", "in_process_optimizer", "main"]
+__all__ = ["Bridge", "RoundReport", "grpc_optimizer", "in_process_optimizer"]
 
 Optimizer = Callable[[pb.OptimizeRequest], pb.OptimizeResponse]
-DEFAULT_INTERVAL_S = 30.0
 
 
 def in_process_optimizer() -> Optimizer:
@@ -149,7 +130,7 @@ class Bridge:
             j = carriers.get(sia_id)
             if j is None:
                 continue  # it has ended
-            ticket = j.ticket.observe(telemetry)
+            ticket = self._measure_restart(j.ticket.observe(telemetry), telemetry.generation)
             try:
                 self.slurm.note(j.job_id, ticket)
             except SlurmError as err:
@@ -157,6 +138,21 @@ class Bridge:
                 continue
             updated[j.job_id] = dataclasses.replace(j, ticket=ticket)
         return [updated.get(j.job_id, j) for j in jobs]
+
+    def _measure_restart(self, ticket: Ticket, generation: int) -> Ticket:
+        """`ticket` with its restart cost measured, once its copy (of `generation`)
+        has reported: from the moment the bridge gave the copy its shape to its first
+        report (sia_grpc.train's rank 0 reports at its first step), for a copy that
+        resumed a job that had run (moves > 0). That is what the move cost the job
+        end to end, the old copy's checkpoint and Slurm's launch included, which the
+        workers' own start-up time leaves out."""
+        if ticket.placed is None or generation != ticket.moves:
+            return ticket
+        first = self.reports.first_report(ticket.id, generation)
+        if first is None:
+            return ticket
+        cost = ticket.restart_s if ticket.moves == 0 else max(first - ticket.placed, 0.0)
+        return dataclasses.replace(ticket, placed=None, restart_s=cost)
 
     def run(self, interval_s: float, stop: threading.Event) -> None:
         """Rounds every `interval_s` until `stop` is set; a round that fails (Slurm
@@ -167,117 +163,3 @@ class Bridge:
             except Exception as err:  # keep serving: the next round starts from Slurm
                 self.log.exception("slurm.round_failed", error=str(err))
             stop.wait(interval_s)
-
-
-def env_exports(job_id: str, jobs_json: Mapping) -> str:
-    """`export SIA_...=...` lines for Slurm job `job_id` (from its ticket)."""
-    for j in jobs_json.get("jobs", []):
-        if str(j.get("job_id")) == job_id:
-            ticket = Ticket.parse(j.get("comment") or "", int(job_id))
-            if ticket is None:
-                return ""
-            return "".join(f"export {k}={shlex.quote(v)}\n"
-                           for k, v in job_environment(ticket).items())
-    return ""
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.controller:
-        token = (Path(args.token_file).read_text().strip() if args.token_file
-                 else os.environ.get("SIA_TOKEN"))
-        optimize = grpc_optimizer(args.controller, token=token, ca=args.ca)
-    else:
-        optimize = in_process_optimizer()
-    params = dict(kv.split("=", 1) for kv in args.set)
-    queues = None
-    if args.queues:
-        try:
-            with open(args.queues, "rb") as f:
-                queues = QueueSet.from_mapping(tomllib.load(f))
-        except (OSError, ValueError) as err:  # (TOML and field errors are ValueErrors)
-            print(f"sia-slurm: --queues {args.queues}: {err}", file=sys.stderr)
-            return 2
-    reports = None
-    if args.listen:
-        if not args.worker_token_file:
-            print("sia-slurm: --listen needs --worker-token-file (the workers' token)",
-                  file=sys.stderr)
-            return 2
-        reports = ReportServer(args.listen, Path(args.worker_token_file).read_text().strip())
-    bridge = Bridge(Slurm(), optimize, policy=args.policy, params=params,
-                    round_duration_s=args.interval, queues=queues,
-                    queue_from=args.queue_from, reports=reports)
-    if args.once:
-        report = bridge.round()
-        if reports is not None:
-            reports.stop()
-        print(json.dumps({"actions": [(a.kind, a.job_id) for a in report.actions],
-                          "failed": [(a.kind, a.job_id, why) for a, why in report.failed],
-                          "moved": report.moved, "left_out": report.left_out,
-                          "invalid": report.invalid}))
-        return 1 if report.failed else 0
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        bridge.run(args.interval, stop)
-    finally:
-        if reports is not None:
-            reports.stop()
-    return 0
-
-
-def _env(args: argparse.Namespace) -> int:
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        print("sia-slurm env: SLURM_JOB_ID is not set (run it in a Slurm job)", file=sys.stderr)
-        return 2
-    sys.stdout.write(env_exports(job_id, Slurm().jobs_json()))
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sia-slurm", description="the bridge between Slurm and Sia's policy "
-                                      "(docs/slurm.md)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run rounds beside slurmctld")
-    run.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
-                     help=f"seconds between rounds (default {DEFAULT_INTERVAL_S:g})")
-    run.add_argument("--once", action="store_true",
-                     help="one round, its actions printed as JSON, then exit")
-    run.add_argument("--controller", metavar="HOST:PORT",
-                     help="ask this controller's PolicyService (default: the policy in "
-                          "this process)")
-    run.add_argument("--token-file", metavar="FILE",
-                     help="with --controller: file holding its bearer token (default: env "
-                          "SIA_TOKEN)")
-    run.add_argument("--ca", metavar="FILE",
-                     help="with --controller: its CA certificate (PEM): connect with TLS")
-    run.add_argument("--queues", metavar="FILE.toml",
-                     help="the queues, as the controller's queues TOML (docs/operations.md, "
-                          "\"Queues\"); default: none, one pool")
-    run.add_argument("--queue-from", choices=("account", "partition"), default="",
-                     help="with --queues: the queue of a job whose spec names none is its "
-                          "Slurm account's (or partition's) name")
-    run.add_argument("--listen", metavar="HOST:PORT",
-                     help="serve WorkerService here for the jobs' workers to report their "
-                          "step times (sia slurm submit --report-to)")
-    run.add_argument("--worker-token-file", metavar="FILE",
-                     help="with --listen: file holding the token the workers must send")
-    run.add_argument("--policy", default="", help="the policy (default sia)")
-    run.add_argument("--set", action="append", default=[], metavar="SETTING=VALUE",
-                     help="a setting of the policy (sia-slurm passes it as params)")
-    run.set_defaults(func=_run)
-    env = sub.add_parser("env", help="print the SIA_* exports of the Slurm job this runs in")
-    env.set_defaults(func=_env)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except SlurmError as err:
-        print(f"sia-slurm: {err}", file=sys.stderr)
-        return 1

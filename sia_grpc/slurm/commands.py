@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sia_grpc.slurm.translate import Action, Shape, Ticket
+from sia_grpc.slurm.ticket import Shape, Ticket
+
+if TYPE_CHECKING:  # (the bridge's: `sia-slurm env` imports this module, not the policy)
+    from sia_grpc.slurm.translate import Action
 
 __all__ = ["Slurm", "SlurmError"]
 

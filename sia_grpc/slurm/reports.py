@@ -5,13 +5,17 @@ runs on another host than the jobs (`SIA_AGENT_ADDRESS`, `SIA_AGENT_TOKEN`).
 
 Reports add up in memory between rounds only: each round the bridge `take`s them
 and writes them into the jobs' tickets (their Slurm comments), so what Sia learnt
-outlives the bridge. A report is keyed by the sia job id (`SIA_JOB_ID`).
+outlives the bridge. A report is keyed by the sia job id (`SIA_JOB_ID`); when the
+first report of each generation (`SIA_GENERATION`, one per copy) came is kept too,
+since the bridge measures what a move cost from it.
 """
 
 from __future__ import annotations
 
 import hmac
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -38,14 +42,18 @@ class _Servicer(WorkerServiceServicer):
 
 
 class ReportServer:
-    """WorkerService on `listen` (HOST:PORT; port 0: any free one, see `port`)."""
+    """WorkerService on `listen` (HOST:PORT; port 0: any free one, see `port`);
+    `clock` is the bridge's."""
 
-    def __init__(self, listen: str, token: str) -> None:
+    def __init__(self, listen: str, token: str, *,
+                 clock: Callable[[], float] = time.time) -> None:
         if not token:
             raise ValueError("the workers' token must not be empty")
         self.token = token
         self._lock = threading.Lock()
         self._jobs: dict[str, TelemetryAccumulator] = {}
+        self._first: dict[str, tuple[int, float]] = {}  # job -> (generation, its 1st report)
+        self.clock = clock
         self.received = 0
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
         add_WorkerServiceServicer_to_server(_Servicer(self), self._server)
@@ -60,6 +68,8 @@ class ReportServer:
             if acc is None:
                 acc = self._jobs[t.job_id] = TelemetryAccumulator(t.job_id, t.generation)
             acc.add(t)
+            if self._first.get(t.job_id, (-1, 0.0))[0] < t.generation:
+                self._first[t.job_id] = (t.generation, self.clock())
             self.received += 1
 
     def take(self) -> dict[str, pb.Telemetry]:
@@ -67,6 +77,13 @@ class ReportServer:
         with self._lock:
             out = {job_id: acc.take() for job_id, acc in self._jobs.items()}
         return {job_id: t for job_id, t in out.items() if t is not None}
+
+    def first_report(self, job_id: str, generation: int) -> float | None:
+        """When the first report of `job_id`'s `generation` came (the clock's time),
+        None if none has (or one of a later generation has since)."""
+        with self._lock:
+            gen, at = self._first.get(job_id, (-1, 0.0))
+        return at if gen == generation else None
 
     def stop(self) -> None:
         self._server.stop(None).wait()

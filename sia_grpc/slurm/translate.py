@@ -7,21 +7,13 @@ message either way) from them; `plan` turns its reply into `Action`s for
 `sia_grpc.slurm.commands` to carry out.
 
 What the bridge knows of an opted-in job lives in the job's Slurm comment
-(`Ticket`: `sia1:` and compact JSON), never only in the bridge's memory, so a
-restarted bridge reads the same state and makes the same decisions:
-
-    sia1:{"id":"41","spec":{...},"t0":1796146369.0,"moves":0,"shape":{...}}
-
-`id` is the sia job id (the Slurm id of the job `sia slurm submit` created; it
-stays when the bridge moves the job to a new Slurm job), `spec` the job spec
-(`sia_grpc.client.spec` mapping, without the command: that is the batch script),
-`t0` the submission time, `moves` how many times the bridge has moved it, `shape`
-the allocation the bridge gave it (absent: waiting for Sia, held).
+(`sia_grpc.slurm.ticket.Ticket`: `sia1:` and compact JSON), never only in the
+bridge's memory, so a restarted bridge reads the same state and makes the same
+decisions.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,13 +30,13 @@ from sia_grpc.models.efficiency import grad_params_at_progress
 from sia_grpc.models.profiles import load_seed_profiles, load_validation
 from sia_grpc.nodeagent.gpus import gpu_type_for
 from sia_grpc.policy.queues import QueueSet
+from sia_grpc.slurm.ticket import COMMENT_TAG, Shape, Ticket, job_environment
 
 __all__ = [
     "COMMENT_TAG", "QUEUE_FROM", "Action", "Round", "Shape", "SlurmJob", "SlurmNode", "Ticket",
     "build_round", "job_environment", "plan", "read_jobs", "read_nodes",
 ]
 
-COMMENT_TAG = "sia1:"
 # What a job's Slurm field names its queue when its spec names none ("": none).
 QUEUE_FROM = ("", "account", "partition")
 
@@ -74,85 +66,6 @@ class SlurmNode:
     gres_type: str  # as Slurm names it ("a100")
     gpu_type: str  # as the profiles name it ("dgx-ext"), `gpu_type_for(gres_type)`
     num_gpus: int
-
-
-@dataclass(frozen=True)
-class Shape:
-    """An allocation the bridge gave a job: what it asked Slurm for, and the batch."""
-
-    gpu_type: str
-    gres_type: str
-    num_gpus: int
-    num_nodes: int
-    batch_size: int = 0
-    atomic_batch_size: int = 0
-    accum_steps: int = 0
-    num_replicas: int = 0
-
-    def same_place(self, other: Shape | None) -> bool:
-        """The same GPU type, count and node count: what Slurm is asked for."""
-        return other is not None and (self.gpu_type, self.num_gpus, self.num_nodes) == (
-            other.gpu_type, other.num_gpus, other.num_nodes)
-
-
-# An observed step time: [gpu_type, nodes, replicas, atomic batch, accum steps, count,
-# mean step s, mean sync s], as the workers reported them (merged per shape).
-Observation = tuple[str, int, int, int, int, int, float, float]
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """An opted-in job's state, kept in its Slurm comment (module docstring)."""
-
-    id: str
-    spec: Mapping[str, Any]
-    submitted: float
-    moves: int = 0
-    shape: Shape | None = None
-    obs: tuple[Observation, ...] = ()  # the workers' step times, per shape
-    grad: tuple[float, float] | None = None  # the workers' latest (sqr, var)
-
-    def comment(self) -> str:
-        data: dict[str, Any] = {"id": self.id, "spec": dict(self.spec), "t0": self.submitted,
-                                "moves": self.moves}
-        if self.shape is not None:
-            data["shape"] = vars(self.shape)
-        if self.obs:
-            data["obs"] = [list(o) for o in self.obs]
-        if self.grad is not None:
-            data["grad"] = list(self.grad)
-        return COMMENT_TAG + json.dumps(data, separators=(",", ":"), sort_keys=True)
-
-    def observe(self, t: pb.Telemetry) -> Ticket:
-        """With the step times and gradient statistics of a worker report merged in
-        (times averaged per shape, weighted by steps; the latest statistics)."""
-        merged = {o[:5]: o for o in self.obs}
-        for s in t.samples:
-            key = (s.gpu_type, s.num_nodes, s.num_replicas, s.atomic_batch_size, s.accum_steps)
-            n = max(s.count, 1)
-            _, _, _, _, _, m, step, sync = merged.get(key, (*key, 0, 0.0, 0.0))
-            merged[key] = (*key, m + n, (step * m + s.step_time_s * n) / (m + n),
-                           (sync * m + s.sync_time_s * n) / (m + n))
-        grad = (t.grad.sqr, t.grad.var) if t.HasField("grad") else self.grad
-        return replace(self, obs=tuple(sorted(merged.values())), grad=grad)
-
-    @classmethod
-    def parse(cls, comment: str, job_id: int) -> Ticket | None:
-        """The ticket in `comment`, or None for a job that is not opted in. The
-        first ticket (from `sia slurm submit`) has no id yet: the job's own."""
-        if not comment.startswith(COMMENT_TAG):
-            return None
-        try:
-            data = json.loads(comment[len(COMMENT_TAG):])
-            shape, grad = data.get("shape"), data.get("grad")
-            obs = tuple((str(t), int(n), int(r), int(b), int(a), int(c), float(st), float(sy))
-                        for t, n, r, b, a, c, st, sy in data.get("obs", ()))
-            return cls(id=str(data.get("id") or job_id), spec=dict(data["spec"]),
-                       submitted=float(data.get("t0", 0.0)), moves=int(data.get("moves", 0)),
-                       shape=Shape(**shape) if shape else None, obs=obs,
-                       grad=(float(grad[0]), float(grad[1])) if grad else None)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None  # not ours after all: left alone, as Slurm's own
 
 
 @dataclass(frozen=True)
@@ -262,6 +175,7 @@ class Round:
     gres_types: Mapping[str, str]  # profile type -> Slurm's gres type name
     invalid: Mapping[str, str]  # sia id -> why its spec cannot be scheduled
     left_out: Mapping[str, str]  # node -> why it is not in the round
+    now: float = 0.0  # the round's time (the bridge's clock)
 
 
 def _seed_samples(app: str) -> list[pb.ThroughputSample]:
@@ -283,13 +197,17 @@ def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
 
 
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
-               slurm_queue: str = "") -> pb.PolicyJob:
+               slurm_queue: str = "", *, launched: bool = True) -> pb.PolicyJob:
     """The policy's view of an opted-in job. Its goodput information: its
     application's shipped 1-GPU profiles, what Sia bootstraps from, and the step
     times and gradient statistics its workers reported to the bridge (in the
-    ticket), else the application's initial statistics. Its queue: the spec's,
+    ticket), else the application's initial statistics; its restart cost as the
+    bridge measured it (`Bridge._measure_restart`), else the spec's. Its queue: the spec's,
     else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
-    `queues` has it (else `default`). SpecError (a ValueError) for a spec that
+    `queues` has it (else `default`). Restoring (Sia keeps its GPUs) from when the
+    bridge gives it a shape until its copy's first report, while Slurm has not
+    `launched` the copy yet, and at most its restart cost after that (a copy that
+    does not report). SpecError (a ValueError) for a spec that
     cannot be scheduled, naming the field."""
     spec = spec_from_mapping(ticket.spec, source="spec")
     if not spec.queue:
@@ -309,6 +227,9 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         g = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
         sqr, var = g.sqr, g.var
     queue, priority, _ = scheduled_in(queues or QueueSet(), spec)
+    restart_cost = res.restart_cost if ticket.restart_s is None else ticket.restart_s
+    restoring = ticket.shape is not None and ticket.placed is not None and (
+        not launched or now - ticket.placed < restart_cost)
     return pb.PolicyJob(
         job_id=ticket.id, adaptivity=spec.adaptivity, min_gpus=res.min_gpus,
         max_gpus=res.max_gpus or 0, num_gpus=res.num_gpus or 0,
@@ -321,7 +242,7 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         samples=[*_seed_samples(app.name), *_observed_samples(ticket)],
         grad=pb.GradientStats(sqr=sqr, var=var),
         age_s=max(now - ticket.submitted, 0.0), restarts=ticket.moves,
-        restart_cost_s=res.restart_cost, queue=queue, priority=priority)
+        restart_cost_s=restart_cost, queue=queue, priority=priority, restoring=restoring)
 
 
 class _Capacity:
@@ -378,7 +299,19 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     foreign: dict[str, int] = {}
     carriers: dict[str, SlurmJob] = {}
     stale: list[int] = []
+    jobs = list(jobs)
+    newest: dict[str, int] = {}  # sia id -> its newest Slurm copy
     for j in jobs:
+        if j.ticket is not None:
+            newest[j.ticket.id] = max(newest.get(j.ticket.id, 0), j.job_id)
+    for j in jobs:
+        # The old copy of a job the bridge moved, ending (COMPLETING: cancelled, its
+        # worker checkpointing): Sia gave its GPUs away with the move, to the copy or
+        # to others, which Slurm starts once they are free. Counted as taken, they
+        # would make the copies waiting for them look misplaced, and Sia place those
+        # jobs again from nothing (a job started and preempted round after round).
+        if j.state == "COMPLETING" and j.ticket is not None and newest[j.ticket.id] > j.job_id:
+            continue
         # Slurm's own, or opted in but started by hand (no shape of Sia's, not held):
         # their GPUs are taken, and they are not Sia's to move.
         # A job whose script has ended (COMPLETING: Slurm is cleaning up) is done, not
@@ -404,7 +337,8 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
         try:
             slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
-            policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue))
+            policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue,
+                                          launched=j.holding))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
             for n, c in j.gpus.items():  # left where it runs, its GPUs taken
@@ -433,7 +367,7 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
             gpus=refs)))
     return Round(request=request, jobs=scheduled, stale=tuple(sorted(stale)),
                  gres_types={n.gpu_type: n.gres_type for n in reversed(nodes)},
-                 invalid=invalid, left_out=dict(left_out or {}))
+                 invalid=invalid, left_out=dict(left_out or {}), now=now)
 
 
 # -- decisions -> actions ----------------------------------------------------------------
@@ -475,36 +409,19 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
             continue
         ticket = j.ticket
         new = _shape(d.allocation, rnd.gres_types) if d.HasField("allocation") else None
+        # (`placed`: from now until the copy's first report, what the move costs it)
+        placed = rnd.now if new is not None else None
         if ticket.shape is None:
             if new is not None and j.held:
-                actions.append(Action("start", j.job_id, replace(ticket, shape=new), d.reason))
+                actions.append(Action("start", j.job_id, replace(ticket, shape=new,
+                                                                 placed=placed), d.reason))
         elif new is not None and new.same_place(ticket.shape):
             if j.held:
                 actions.append(Action("release", j.job_id, ticket, d.reason))
         else:
-            actions.append(Action("move", j.job_id,
-                                  replace(ticket, shape=new, moves=ticket.moves + 1), d.reason))
+            actions.append(Action("move", j.job_id, replace(
+                ticket, shape=new, moves=ticket.moves + 1, placed=placed), d.reason))
     return actions
-
-
-def job_environment(ticket: Ticket) -> dict[str, str]:
-    """The SIA_* variables the job's batch script exports (`sia-slurm env`), as a
-    node agent gives its workers: the sia job id, its generation, its target, and
-    the shape."""
-    env = {"SIA_JOB_ID": ticket.id, "SIA_GENERATION": str(ticket.moves)}
-    for key, name in (("epochs", "SIA_TARGET_EPOCHS"), ("samples", "SIA_TARGET_SAMPLES")):
-        if key in ticket.spec:  # the spec's target, over the script's own
-            env[name] = str(ticket.spec[key])
-    s = ticket.shape
-    if s is not None:
-        env.update(SIA_GPU_TYPE=s.gpu_type, SIA_NUM_GPUS=str(s.num_gpus),
-                   SIA_NUM_NODES=str(s.num_nodes))
-        for name, value in (("SIA_BATCH_SIZE", s.batch_size),
-                            ("SIA_ATOMIC_BATCH_SIZE", s.atomic_batch_size),
-                            ("SIA_ACCUM_STEPS", s.accum_steps)):
-            if value:
-                env[name] = str(value)
-    return env
 
 
 def spec_mapping(spec: pb.JobSpec) -> dict[str, Any]:

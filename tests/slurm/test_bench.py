@@ -8,13 +8,23 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from sia_grpc.bench.slurm_truth import TruthServer
 from sia_grpc.emulation import load_app
+from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.testing import slurm as testing_slurm
 
-WORKER = [sys.executable, "-m", "sia_grpc.bench.slurm_worker", "cifar10"]
+
+@pytest.fixture
+def worker():
+    """The worker's command line, with the bench's truth service behind it."""
+    truth = TruthServer()
+    yield [sys.executable, "-m", "sia_grpc.bench.slurm_worker", "cifar10", "--truth",
+           truth.address]
+    truth.stop()
 
 
 def _worker_env(tmp_path) -> dict[str, str]:
@@ -25,24 +35,69 @@ def _worker_env(tmp_path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(60)
-def test_the_modeled_worker_checkpoints_on_sigterm_and_resumes_from_it(tmp_path):
+def test_the_modeled_worker_checkpoints_on_sigterm_and_resumes_from_it(tmp_path, worker):
     env = _worker_env(tmp_path)
     # 100x: hours of modeled training, so it is mid-way when signalled.
-    first = subprocess.Popen([*WORKER, "--time-scale", "100"], env=env, text=True,
+    first = subprocess.Popen([*worker, "--time-scale", "100"], env=env, text=True,
                              stdout=subprocess.PIPE)
     assert first.stdout.readline().startswith("cifar10: rtx x1")  # it runs
+    time.sleep(load_app("cifar10").restart_delay / 100 + 0.5)  # past its modeled restore
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=30)
     assert first.returncode == 143 and out.startswith("stopped at progress")
     saved = json.loads((tmp_path / "progress.json").read_text())["progress"]
     assert 0 < saved < load_app("cifar10").max_progress
 
-    again = subprocess.run([*WORKER, "--time-scale", "1e7"], env=env, text=True,
+    again = subprocess.run([*worker, "--time-scale", "1e7"], env=env, text=True,
                            capture_output=True, timeout=30)
     assert again.returncode == 0, again.stderr
     assert f"from progress {saved:.1f}/" in again.stdout  # resumed, not restarted
     assert json.loads((tmp_path / "progress.json").read_text())["progress"] == \
         load_app("cifar10").max_progress
+
+
+@pytest.mark.timeout(60)
+def test_a_modeled_worker_stopped_during_its_restore_keeps_its_checkpoint(tmp_path, worker):
+    # Modeled time starts when the worker is ready, with the restore delay: a move
+    # that comes sooner (here at 1x, 50 modeled s of restore) neither loses progress
+    # nor gains any, however long this machine took to import it.
+    env = _worker_env(tmp_path)
+    (tmp_path / "progress.json").write_text(json.dumps({"progress": 123.0}))
+    first = subprocess.Popen([*worker, "--time-scale", "1"], env=env, text=True,
+                             stdout=subprocess.PIPE)
+    assert "from progress 123.0/" in first.stdout.readline()
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=30)
+    assert first.returncode == 143 and out.startswith("stopped at progress 123.0")
+    assert json.loads((tmp_path / "progress.json").read_text())["progress"] == 123.0
+
+
+@pytest.mark.timeout(60)
+def test_the_modeled_worker_reports_to_the_bridge_and_imports_only_the_standard_library(
+        tmp_path, worker):
+    # Its modeled work comes from the bench's process, so its own start and end take a
+    # fraction of a second (at 360x, each second it held its GPUs would be 6 minutes).
+    reports = ReportServer("127.0.0.1:0", "tok")
+    try:
+        env = {**_worker_env(tmp_path), "SIA_AGENT_ADDRESS": f"127.0.0.1:{reports.port}",
+               "SIA_AGENT_TOKEN": "tok", "SIA_GENERATION": "2"}
+        probe = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+                 "runpy.run_module('sia_grpc.bench.slurm_worker', run_name='__main__', "
+                 "alter_sys=True)")
+        code = ("import atexit, sys\n"
+                "atexit.register(lambda: print('HEAVY', sorted({m.split('.')[0] for m in "
+                "sys.modules} & {'numpy', 'scipy', 'grpc', 'google', 'structlog'})))\n"
+                + probe)
+        done = subprocess.run([sys.executable, "-c", code, *worker[2:], "--time-scale", "1e5"],
+                              env=env, text=True, capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert "finished at progress" in done.stdout and "HEAVY []" in done.stdout
+        (t,) = reports.take().values()
+        assert (t.job_id, t.generation) == ("7", 2) and t.grad.var > 0
+        (sample,) = t.samples
+        assert (sample.gpu_type, sample.num_replicas, sample.atomic_batch_size) == ("rtx", 1, 128)
+    finally:
+        reports.stop()
 
 
 @pytest.mark.xdist_group("heavy")

@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from sia_grpc.api import WorkerServiceStub, pb
+from sia_grpc.slurm.bridge import Bridge
 from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.slurm.translate import Ticket, policy_job
 from sia_grpc.train.telemetry import AgentClient
@@ -64,3 +65,41 @@ def test_reports_in_the_ticket_feed_the_policy_and_survive_the_comment():
     assert [(s.num_replicas, s.atomic_batch_size, s.count) for s in job.samples
             if s.num_replicas == 2] == [(2, 64, 40)]
     assert (job.grad.sqr, job.grad.var) == (2.0, 3.0)
+
+
+def test_a_moves_cost_is_measured_from_the_placement_to_the_copys_first_report():
+    # What a move cost a job, end to end (the old copy's checkpoint, Slurm's launch,
+    # the restore): from when the bridge gave the copy its shape (`placed`, plan) to
+    # the first report of the copy's generation. It becomes the restart cost the
+    # policy weighs, in place of the spec's guess, and survives in the comment.
+    now = [100.0]
+    server = ReportServer("127.0.0.1:0", "s3cret", clock=lambda: now[0])
+    bridge = Bridge(None, None, reports=server, clock=lambda: now[0])
+    try:
+        old = _report("7", 0.2, 10)
+        old.telemetry.generation = 0
+        server.add(old.telemetry)
+        now[0] = 150.0
+        server.add(old.telemetry)  # (not the first of its generation)
+        assert server.first_report("7", 0) == 100.0
+        moved = Ticket("7", SPEC, 0.0, moves=1, placed=170.0)
+        assert bridge._measure_restart(moved, 0) == moved  # the old copy's, not this one's
+        assert bridge._measure_restart(moved, 1) == moved  # the copy has not reported
+        now[0] = 212.5
+        server.add(_report("7", 0.2, 10).telemetry)  # generation 1, the copy
+        now[0] = 260.0
+        server.add(_report("7", 0.2, 10).telemetry)
+        assert server.first_report("7", 1) == 212.5 and server.first_report("7", 0) is None
+        measured = bridge._measure_restart(moved, 1)
+        assert (measured.restart_s, measured.placed) == (42.5, None)
+        assert Ticket.parse(measured.comment(), 7) == measured
+        assert policy_job(measured, 300.0).restart_cost_s == 42.5
+        assert policy_job(moved, 300.0).restart_cost_s == 50.0  # unmeasured: cifar10's
+        # A first start restores nothing: its start-up is not a restart cost.
+        fresh = _report("8", 0.2, 10)
+        fresh.telemetry.generation = 0
+        server.add(fresh.telemetry)
+        first = bridge._measure_restart(Ticket("8", SPEC, 0.0, placed=90.0), 0)
+        assert (first.restart_s, first.placed) == (None, None)
+    finally:
+        server.stop()

@@ -6,6 +6,9 @@ Slurm's own job 3 running on 2 GPUs of rtx-0, sia jobs 4 and 5 running on the ot
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.cli import main as sia
-from sia_grpc.slurm.bridge import env_exports
+from sia_grpc.slurm.ticket import env_exports
 from sia_grpc.slurm.translate import (
     Shape,
     Ticket,
@@ -150,9 +153,13 @@ def test_decisions_become_starts_moves_and_nothing_for_jobs_that_keep_their_plac
     assert (start.ticket.shape.gpu_type, start.ticket.shape.gres_type,
             start.ticket.shape.num_gpus, start.ticket.shape.batch_size) == (
         "dgx-ext", "a100", 4, 256)
-    # No GPUs for a running job: moved back to held, waiting, without a shape.
+    # Both placed now: what the copy's first report measures a move's cost from.
+    assert move.ticket.placed == start.ticket.placed == NOW
+    # No GPUs for a running job: moved back to held, waiting, without a shape (its
+    # wait for GPUs is no part of a restart's cost).
     (off,) = plan(rnd, pb.OptimizeResponse(decisions=[_decision("1")]))
     assert off.kind == "move" and off.job_id == 4 and off.ticket.shape is None
+    assert off.ticket.placed is None
     # No GPUs for a waiting job: nothing to do.
     assert plan(rnd, pb.OptimizeResponse(decisions=[_decision("6")])) == []
 
@@ -183,6 +190,22 @@ def test_the_job_environment_carries_the_shape_sia_chose():
     exports = env_exports("4", SQUEUE)
     assert "export SIA_JOB_ID=1\n" in exports and "export SIA_GPU_TYPE=rtx\n" in exports
     assert env_exports("3", SQUEUE) == ""  # Slurm's own job
+
+
+def test_sia_slurm_env_imports_only_the_standard_library_and_the_ticket():
+    # It runs at the start of every copy of every job: the policy, numpy, scipy and
+    # gRPC (seconds to import) would be paid on every start and every move.
+    probe = ("import sys; sys.argv = ['sia-slurm', 'env']; import sia_grpc.slurm.cli as c; "
+             "rc = c.main(); heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'numpy', 'scipy', 'grpc', 'google', 'structlog', 'highspy', 'torch'}); "
+             "print(rc, heavy, sorted(m for m in sys.modules if m.startswith('sia_grpc')))")
+    # (a job id with no Slurm to ask: squeue fails, exit 1, after reading the commands)
+    env = {**os.environ, "SLURM_JOB_ID": "999999", "SLURM_CONF": "/nonexistent/slurm.conf"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split(" ", 2)
+    assert out[:2] == ["1", "[]"]
+    assert "sia_grpc.slurm.commands" in out[2]
+    assert "sia_grpc.slurm.translate" not in out[2] and "sia_grpc.slurm.bridge" not in out[2]
 
 
 def test_sia_slurm_submit_names_the_field_of_a_bad_spec(tmp_path, capsys):
@@ -263,3 +286,38 @@ def test_a_job_slurm_is_completing_is_not_planned_and_holds_its_gpus_until_gone(
     assert not rnd.request.jobs and not rnd.jobs and rnd.stale == ()
     assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 2
     assert plan(rnd, pb.OptimizeResponse(decisions=[_decision("80", "dgx-ext", 2)])) == []
+
+
+def _copies(old_state: str, new_state: str, placed: float | None) -> list:
+    """Job 80 moved by the bridge onto 4 rtx: its old copy (Slurm job 80) ending, its
+    copy (81, the same sia id, released with the shape) in `new_state`."""
+    shape = Shape("rtx", "rtx", 4, 1)
+    old, new = Ticket("80", SPEC, NOW - 7200), Ticket("80", SPEC, NOW - 7200, 1, shape,
+                                                      placed=placed)
+    held = {"gres_detail": ["gpu:rtx:4(IDX:0-3)"],
+            "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}
+    return read_jobs({"jobs": [
+        {"job_id": 80, "job_state": old_state, "priority": 5, "comment": old.comment(),
+         **held},
+        {"job_id": 81, "job_state": new_state, "priority": 5, "comment": new.comment(),
+         **(held if new_state == "RUNNING" else {})}]})
+
+
+def test_a_moved_jobs_ending_copy_leaves_its_gpus_to_the_copy_which_is_restoring():
+    # The old copy checkpointing (COMPLETING) holds 4 rtx that the move gave its copy:
+    # they are the copy's in the round, and the copy keeps them (restoring) until
+    # Slurm launches it, not offered to others and the job placed again from nothing.
+    rnd = build_round(read_nodes(SINFO)[0], _copies("COMPLETING", "PENDING", NOW - 600), NOW)
+    assert {n.name: n.num_gpus for n in rnd.request.nodes}["rtx-1"] == 4
+    (prev,) = rnd.request.previous
+    assert (prev.job_id, prev.allocation.gpu_type, prev.allocation.num_gpus) == ("80", "rtx", 4)
+    (job,) = rnd.request.jobs
+    assert job.restoring and rnd.stale == ()
+    # Launched: restoring until its first report (the bridge then clears `placed`),
+    # and, for a copy that never reports, no longer than its restart cost (50 s).
+    assert build_round(read_nodes(SINFO)[0], _copies("CANCELLED", "RUNNING", NOW - 20),
+                       NOW).request.jobs[0].restoring
+    for placed in (NOW - 60, None):
+        (job,) = build_round(read_nodes(SINFO)[0], _copies("CANCELLED", "RUNNING", placed),
+                             NOW).request.jobs
+        assert not job.restoring

@@ -1,0 +1,164 @@
+"""The modeled work of `sia bench slurm`, computed in the bench's own process and
+served to its workers (`sia_grpc.bench.slurm_worker`) over loopback HTTP.
+
+A modeled worker follows the emulation's ground truth (`Trajectory.plan` over
+`AppTruth`, what the simulator and the node agents' modeled workers run), which
+needs numpy, the profiles and the policy's models: a second or more of imports on
+this machine, paid on every start and every move, and held on the job's GPUs in
+real time, so 360 modeled seconds each at the bench's time scale: the emulation's
+cost, not the bridge's, and many times the application's restore delay. Here the
+bench's process, which has them loaded already, plans each copy's trajectory and
+sends its reports to the bridge (real gRPC, `sia_grpc.train`'s `AgentClient` to
+the job's `SIA_AGENT_ADDRESS` with its token); the worker itself imports only the
+standard library.
+
+    POST /plan      {"application", "progress", "shape": {...}}  -> {"plan", "restart_delay",
+                    "duration", "iteration_time", "max_progress", "gpu_type", "allocation"}
+    POST /progress  {"plan", "trained_s"}                         -> {"progress"}
+    POST /report    {"plan", "trained_s", "job_id", "generation", "address", "token"} -> {}
+
+A shape is the bridge's (`{"gpu_type", "num_nodes", "num_replicas",
+"atomic_batch_size", "accum_steps"}`, from `sia-slurm env`) or Slurm alone's
+(`{"batch_size", "gpus", "gres_type"}`: its node's type, the fixed batch split over
+the GPUs as the policies split one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sia_grpc.api import pb
+from sia_grpc.emulation import AppTruth, load_app
+from sia_grpc.models.goodput import split_local_batch
+from sia_grpc.nodeagent.gpus import gpu_type_for
+from sia_grpc.nodeagent.modeled import Trajectory
+from sia_grpc.train.telemetry import AgentClient
+
+__all__ = ["TruthServer"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    app: AppTruth
+    gpu_type: str
+    alloc: pb.Allocation
+    path: Trajectory
+
+
+def _allocation(app: AppTruth, shape: Mapping[str, Any]) -> tuple[str, pb.Allocation]:
+    """(profile GPU type, allocation) of a worker's shape (module docstring)."""
+    if "batch_size" not in shape:
+        return str(shape["gpu_type"]), pb.Allocation(
+            num_nodes=int(shape["num_nodes"]), num_replicas=int(shape["num_replicas"]),
+            atomic_batch_size=int(shape["atomic_batch_size"]),
+            accum_steps=int(shape.get("accum_steps", 0)))
+    gpu_type, gpus = gpu_type_for(str(shape["gres_type"])), int(shape["gpus"])
+    atomic, accum = split_local_batch(int(shape["batch_size"]) / gpus,
+                                      app.local_bsz_limits(gpu_type)[1])
+    return gpu_type, pb.Allocation(num_nodes=1, num_replicas=gpus,
+                                   atomic_batch_size=int(atomic), accum_steps=int(accum))
+
+
+class TruthServer:
+    """The service above on 127.0.0.1 (`address`); `stop()` ends it."""
+
+    def __init__(self) -> None:
+        self._plans: dict[int, _Plan] = {}
+        self._ids = itertools.count(1)
+        self._clients: dict[tuple[str, str], AgentClient] = {}
+        self._lock = threading.Lock()
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._http.daemon_threads = True
+        self.address = f"127.0.0.1:{self._http.server_address[1]}"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True,
+                                        name="slurm-truth")
+        self._thread.start()
+
+    def plan(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        app = load_app(str(req["application"]))
+        gpu_type, alloc = _allocation(app, req["shape"])
+        path = Trajectory.plan(app, gpu_type, alloc, float(req["progress"]))
+        with self._lock:
+            plan_id = next(self._ids)
+            self._plans[plan_id] = _Plan(app, gpu_type, alloc, path)
+        return {"plan": plan_id, "restart_delay": app.restart_delay,
+                "duration": path.duration, "iteration_time": path.iteration_time,
+                "max_progress": app.max_progress, "gpu_type": gpu_type,
+                "allocation": {"num_nodes": alloc.num_nodes, "num_replicas": alloc.num_replicas,
+                               "atomic_batch_size": alloc.atomic_batch_size,
+                               "accum_steps": alloc.accum_steps}}
+
+    def progress(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        return {"progress": self._plan(req).path.progress(float(req["trained_s"]))}
+
+    def report(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        """A `WorkerReport` as `sia_grpc.train`'s rank 0 sends it: the shape's step
+        times and the gradient statistics where the job has got to."""
+        p = self._plan(req)
+        trained = float(req["trained_s"])
+        progress = p.path.progress(trained)
+        batch = p.alloc.num_replicas * p.alloc.atomic_batch_size * (p.alloc.accum_steps + 1)
+        grad = p.app.grad_params(progress, batch)
+        t = pb.Telemetry(job_id=str(req["job_id"]), generation=int(req["generation"]),
+                         progress=progress / p.app.max_progress,
+                         grad=pb.GradientStats(sqr=grad.sqr, var=grad.var))
+        t.samples.append(pb.ThroughputSample(
+            gpu_type=p.gpu_type, num_nodes=p.alloc.num_nodes,
+            num_replicas=p.alloc.num_replicas, atomic_batch_size=p.alloc.atomic_batch_size,
+            accum_steps=p.alloc.accum_steps, step_time_s=p.path.step_time,
+            sync_time_s=p.path.sync_time,
+            count=max(int(trained / p.path.iteration_time), 1)))
+        self._client(str(req["address"]), str(req.get("token", ""))).report(
+            pb.WorkerReport(telemetry=t), force=True)
+        return {}
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+    def _plan(self, req: Mapping[str, Any]) -> _Plan:
+        with self._lock:
+            return self._plans[int(req["plan"])]
+
+    def _client(self, address: str, token: str) -> AgentClient:
+        with self._lock:
+            client = self._clients.get((address, token))
+            if client is None:
+                client = self._clients[(address, token)] = AgentClient(address=address,
+                                                                       token=token)
+            return client
+
+
+def _handler(server: TruthServer) -> type[BaseHTTPRequestHandler]:
+    routes = {"/plan": server.plan, "/progress": server.progress, "/report": server.report}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            route = routes.get(self.path)
+            try:
+                if route is None:
+                    raise KeyError(self.path)
+                body = route(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                data, code = json.dumps(body).encode(), 200
+            except (KeyError, ValueError, TypeError) as err:
+                data, code = json.dumps({"error": repr(err)}).encode(), 400
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_) -> None:  # (one line per request on stderr otherwise)
+            pass
+
+    return Handler
