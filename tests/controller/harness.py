@@ -78,6 +78,8 @@ class Harness:
             elif isinstance(a, Persist):
                 self.persisted.update(a.job_ids)
             elif isinstance(a, RoundDone):
+                # Every job a round counts as moved, it lists (Round.moves).
+                assert len(a.round.moves) == a.round.jobs_moved, a.round
                 self.round_done.append(a)
             elif isinstance(a, Solve):
                 self.solves.append(a)
