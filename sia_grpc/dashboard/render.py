@@ -344,6 +344,13 @@ def _bar(p: _Plot, x0: float, x1: float, low: float, high: float, fill: str, att
             f'</title></rect>')
 
 
+def _label_y(p: _Plot, value: float) -> float:
+    """Where a line's label goes: just above the line at `value`, or just below it
+    where there is no room above (a line at the top of the chart)."""
+    y = p.y(value)
+    return y - 3 if y - 3 > p.pad_t + 8 else y + 11
+
+
 def _ticks(top: float) -> list[tuple[float, str]]:
     """The value labels of a chart up to `top`: 0, the middle, `top`."""
     mid = top // 2 if float(top).is_integer() else top / 2
@@ -378,7 +385,7 @@ def use_chart(series: list[Use], end: float, colour: str, *, label: str, unit: s
             f'<polyline class="guarantee" data-guarantee="{now.guarantee:g}" '
             f'points="{_points(guarantee)}"><title>guarantee: {now.guarantee:g} {unit}'
             f'</title></polyline><text class="guarantee-label" x="{width - p.pad_r - 2}" '
-            f'y="{p.y(now.guarantee) - 3:.1f}" text-anchor="end">guarantee '
+            f'y="{_label_y(p, now.guarantee):.1f}" text-anchor="end">guarantee '
             f'{now.guarantee:g}</text>\n')
     return p.svg(body, label=label, ticks=_ticks(top))
 
