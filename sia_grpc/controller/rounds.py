@@ -34,6 +34,10 @@ from sia_grpc.policy.cluster import Cluster, Node
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
+# The moved jobs a round records (Round.moves; jobs_moved counts them all): enough to
+# read, and a bound on each round kept (1,000 of them, in memory, the store and a
+# ListRounds answer), whatever the number of jobs one round moves.
+ROUND_MOVES_KEPT = 20
 
 class Rounds:
     """A part of `ControllerState`: scheduling rounds (the module docstring)."""
@@ -158,7 +162,8 @@ class Rounds:
                                        for g in new.gpus):
                 continue
             moved += 1
-            rnd.moves.append(round_move(rec, rec.target if rec.moving else rec.alloc, new))
+            if len(rnd.moves) < ROUND_MOVES_KEPT:
+                rnd.moves.append(round_move(rec, rec.target if rec.moving else rec.alloc, new))
             rec.target = new
             self._set_moving(rec, True)
             rec.next_reason = reason

@@ -487,9 +487,10 @@ def round_row(r: pb.Round) -> str:
              f"{r.solve_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
              f"{r.total_ms:.1f}", r.note]
     row = "".join(f"<td>{escape(str(c))}</td>" for c in cells)
-    moves = "".join(_move_item(m) for m in r.moves[:MOVES_SHOWN])
-    if len(r.moves) > MOVES_SHOWN:
-        moves += f'<li class="more">and {len(r.moves) - MOVES_SHOWN} more</li>'
+    shown = r.moves[:MOVES_SHOWN]
+    moves = "".join(_move_item(m) for m in shown)
+    if (rest := max(r.jobs_moved, len(r.moves)) - len(shown)) > 0:  # (the round lists 20)
+        moves += f'<li class="more">and {rest} more</li>'
     more = (f'<tr class="moves"><td></td><td colspan="{len(cells) - 1}"><ul class="moves">'
             f'{moves}</ul></td></tr>' if moves else "")
     return (f'<tbody class="round" data-round="{r.round}"><tr class="round">{row}</tr>'

@@ -369,6 +369,21 @@ def test_a_round_lists_the_jobs_it_started_and_moved_from_what_to_what():
     assert h.round_done[-1].round.jobs_moved == 0 and not h.round_done[-1].round.moves
 
 
+def test_a_round_that_starts_many_jobs_lists_only_the_first_few_and_counts_them_all():
+    from sia_grpc.controller.rounds import ROUND_MOVES_KEPT
+
+    h = Harness({f"rtx-{k}": ("rtx", 8) for k in range(4)})
+    jobs = ROUND_MOVES_KEPT + 5
+    for k in range(jobs):
+        h.submit(f"j{k}", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=1, batch_size=128)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rnd = h.round_done[-1].round
+    assert rnd.jobs_moved == jobs and len(rnd.moves) == ROUND_MOVES_KEPT
+    assert {m.kind for m in rnd.moves} == {"start"}
+
+
 def test_a_round_move_says_start_move_resize_or_preempt():
     from sia_grpc.controller.rounds import round_move
 

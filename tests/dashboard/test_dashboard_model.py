@@ -316,4 +316,7 @@ def test_a_rounds_row_lists_the_jobs_it_moved_with_links_from_and_to():
     many = pb.Round(round=10, moves=[pb.RoundMove(job_id=f"j{i}", kind="start")
                                      for i in range(render.MOVES_SHOWN + 3)])
     assert "and 3 more" in render.round_row(many)
+    # The controller lists the first 20 of a round's moves; the rest are counted.
+    assert "and 5 more" in render.round_row(pb.Round(round=12, jobs_moved=7, moves=[
+        pb.RoundMove(job_id="j1", kind="start"), pb.RoundMove(job_id="j2", kind="start")]))
     assert "ul" not in render.round_row(pb.Round(round=11))  # no moves: no list
