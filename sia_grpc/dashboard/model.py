@@ -17,6 +17,9 @@ MAX_NOTES = 200  # reasons kept per job
 MAX_RATES = 500  # changes of goodput estimate or reported throughput kept per job
 MAX_RESTARTS = 100  # restarts kept per job
 MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
+# Changes kept of each queue's series: a queue has one per GPU type, so fewer each,
+# to keep the Queues page's charts (redrawn on each change) as light as the cluster's.
+MAX_QUEUE_SAMPLES = 500
 UNITS = "units"  # a queue's series of its type-flexible guarantee (QueueHistory.use)
 # The jobs counted over time, by what they are doing.
 ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
@@ -205,9 +208,10 @@ class Model:
             for key, use in now_use.items():
                 series = hist.use.setdefault(key, [])
                 if not series or replace(series[-1], at=now) != use:
-                    _append(series, use, MAX_SAMPLES)
+                    _append(series, use, MAX_QUEUE_SAMPLES)
                     changed.append(True)
-            changed.append(_change(hist.pending, Step(now, "pending", q.pending_jobs)))
+            changed.append(_change(hist.pending, Step(now, "pending", q.pending_jobs),
+                                   MAX_QUEUE_SAMPLES))
         return any(changed)
 
     # -- rounds --
@@ -253,9 +257,10 @@ def _append(items: list, item: object, limit: int) -> None:
     del items[:-limit]
 
 
-def _change(series: list[Step], step: Step) -> bool:
-    """Append `step` to `series` unless its value is the last one's; whether it was."""
+def _change(series: list[Step], step: Step, limit: int = MAX_SAMPLES) -> bool:
+    """Append `step` to `series` (of at most `limit`) unless its value is the last
+    one's; whether it was."""
     if series and series[-1].num_gpus == step.num_gpus:
         return False
-    _append(series, step, MAX_SAMPLES)
+    _append(series, step, limit)
     return True

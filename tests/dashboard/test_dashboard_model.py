@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sia_grpc.api import OTHER_TENANT, pb
 from sia_grpc.dashboard import render
 from sia_grpc.dashboard.feed import Hub
-from sia_grpc.dashboard.model import UNITS, Model, Rate, Restart, Step, Use
+from sia_grpc.dashboard.model import MAX_QUEUE_SAMPLES, UNITS, Model, Rate, Restart, Step, Use
 
 KIND = pb.JobEvent
 
@@ -265,6 +265,11 @@ def test_queue_use_over_time_follows_what_each_queue_holds_against_its_guarantee
     assert UNITS not in use.use  # no type-flexible guarantee: no units series
     m.queues = queues({"rtx": 1}, units=6.0, held_units=1.5)
     assert m.sample_queues(50.0) and use.use[UNITS] == [Use(50.0, 1.5, 6.0)]
+    for k in range(MAX_QUEUE_SAMPLES + 10):  # each series keeps its newest changes
+        m.queues = queues({"rtx": k % 2}, pending=k % 2)
+        m.sample_queues(60.0 + k)
+    assert len(use.use["rtx"]) == len(use.pending) == MAX_QUEUE_SAMPLES
+    assert use.pending[-1].at == 60.0 + MAX_QUEUE_SAMPLES + 9
 
 
 def test_a_queues_chart_draws_its_held_bars_borrowing_hatched_and_its_guarantee_line():
