@@ -7,7 +7,7 @@ types on loopback, 120x faster than real time), submits that demo's trace and a 
 longer jobs at once (four tenants in three queues), serves the dashboard on an
 ephemeral port, lets the rounds scale and move the jobs for a while, and has headless
 Chromium (Debian's chromium and chromedriver: `make browser`) take each page at
-1280x800, a laptop's screen (a job's page whole: its charts and restarts are below).
+1280x800, a laptop's screen (a job's page and the queues whole: their charts are below).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from sia_grpc.testing.browser import chrome
 from sia_grpc.testing.localcluster import LocalCluster
 
 SETTLE_S = 12.0  # real seconds of rounds before the pictures (24 cluster minutes)
-JOB_PAGE_HEIGHT = 1500  # the window's height for a job's page: all of it
+# The window's height for the pages that are longer than a laptop's screen (a job's
+# page, the queues with their charts over time): all of them.
+HEIGHTS = {"job": 1500, "queues": 1250}
 # Longer jobs beside the demo's trace, so that the pictures show a busy cluster.
 LONG = (("imagenet", "adaptive"), ("yolov3", "adaptive"), ("yolov3", "rigid"),
         ("imagenet", "adaptive"))
@@ -75,7 +77,7 @@ async def main(out: Path) -> None:
                                    ("job", f"jobs/{busiest}"), ("rounds", "rounds"),
                                    ("queues", "queues")):
                     await asyncio.to_thread(driver.set_window_size, 1280,
-                                            JOB_PAGE_HEIGHT if name == "job" else 800)
+                                            HEIGHTS.get(name, 800))
                     await asyncio.to_thread(driver.get, dash.url + path)
                     await asyncio.sleep(0.5)  # (the first events drawn)
                     await asyncio.to_thread(driver.save_screenshot,

@@ -8,6 +8,7 @@ import collections
 from dataclasses import dataclass
 
 from sia_grpc.api import node_state_name, pb, seconds, state_name
+from sia_grpc.api.convert import allocation_to_pb
 from sia_grpc.controller import queueing
 from sia_grpc.controller.events import (
     Action,
@@ -33,6 +34,10 @@ from sia_grpc.policy.cluster import Cluster, Node
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
+# The moved jobs a round records (Round.moves; jobs_moved counts them all): enough to
+# read, and a bound on each round kept (1,000 of them, in memory, the store and a
+# ListRounds answer), whatever the number of jobs one round moves.
+ROUND_MOVES_KEPT = 20
 
 class Rounds:
     """A part of `ControllerState`: scheduling rounds (the module docstring)."""
@@ -157,6 +162,8 @@ class Rounds:
                                        for g in new.gpus):
                 continue
             moved += 1
+            if len(rnd.moves) < ROUND_MOVES_KEPT:
+                rnd.moves.append(round_move(rec, rec.target if rec.moving else rec.alloc, new))
             rec.target = new
             self._set_moving(rec, True)
             rec.next_reason = reason
@@ -239,6 +246,28 @@ class _SolveInputs:
     jobs: tuple[PolicyJob, ...]
     previous: dict[str, JobAllocation]
     capacity: dict[str, int]
+
+
+def round_move(rec: JobRec, before: JobAllocation | None,
+               after: JobAllocation | None) -> pb.RoundMove:
+    """The round's record of one job whose GPUs it changed: what kind of change, from
+    what to what."""
+    if after is None:
+        kind = "preempt"
+    elif before is None:
+        kind = "start"
+    elif (before.config.gpu_type == after.config.gpu_type
+          and before.config.num_gpus != after.config.num_gpus):
+        kind = "resize"
+    else:  # other GPUs of its type, or another type (Sia's move)
+        kind = "move"
+    move = pb.RoundMove(job_id=rec.job_id, name=rec.job.spec.name, tenant=rec.job.spec.tenant,
+                        kind=kind)
+    if before is not None:
+        move.before.CopyFrom(allocation_to_pb(before))
+    if after is not None:
+        move.after.CopyFrom(allocation_to_pb(after))
+    return move
 
 
 def counts_text(c: collections.Counter[str]) -> str:

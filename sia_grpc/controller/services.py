@@ -21,6 +21,7 @@ from sia_grpc.api.errors import (
     unavailable,
 )
 from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.views import round_for
 from sia_grpc.security import auth
 
 if TYPE_CHECKING:
@@ -128,8 +129,7 @@ class ClusterService(api.ClusterServiceServicer):
 
     @rpc
     async def GetCluster(self, request, context):
-        caller = auth.current()
-        out = self.c.state.cluster_pb(None if caller.admin else caller.tenant)
+        out = self.c.state.cluster_pb(_tenant_view())
         out.policy = self.c.config.policy
         out.round_duration_s = self.c.config.round_duration
         return out
@@ -137,7 +137,9 @@ class ClusterService(api.ClusterServiceServicer):
     @rpc
     async def ListRounds(self, request, context):
         limit = request.limit or 20
-        return pb.ListRoundsResponse(rounds=list(self.c.rounds)[-limit:])
+        tenant = _tenant_view()
+        return pb.ListRoundsResponse(rounds=[round_for(r, tenant)
+                                             for r in list(self.c.rounds)[-limit:]])
 
     @rpc
     async def ListQueues(self, request, context):
@@ -162,11 +164,19 @@ class ClusterService(api.ClusterServiceServicer):
         return await self.c.forget_node(request.node)
 
     async def WatchRounds(self, request, context):
+        tenant = _tenant_view()
         try:
             async for rnd in self.c.watch_rounds():
-                yield rnd
+                yield round_for(rnd, tenant)
         except ApiError as err:  # the controller stepped down: NOT_LEADER
             await context.abort_with_status(err.to_status())
+
+
+def _tenant_view() -> str | None:
+    """The tenant whose view the caller gets (another's job ids hidden); None: an
+    admin's, everything."""
+    caller = auth.current()
+    return None if caller.admin else caller.tenant
 
 
 def _admin_only(what: str) -> None:

@@ -145,3 +145,16 @@ class Views:
                 s.allocated += len(n.holder)
         c.types.extend(types.values())
         return c
+
+
+def round_for(rnd: pb.Round, tenant: str | None) -> pb.Round:
+    """A round as a caller of `tenant` (None: an admin) may see it: another tenant's
+    moved jobs named only "(other tenant)", as GetCluster names their GPUs."""
+    if tenant is None or all(m.tenant == tenant for m in rnd.moves):
+        return rnd
+    out = pb.Round()
+    out.CopyFrom(rnd)
+    for m in out.moves:
+        if m.tenant != tenant:
+            m.job_id, m.name, m.tenant = OTHER_TENANT, "", ""
+    return out

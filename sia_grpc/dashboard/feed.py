@@ -160,9 +160,10 @@ class Feed:
                 self._drawn = cluster
                 self.hub.publish("cluster", {"html": render.cluster_section(self.model,
                                                                             self.clock())})
-            if queues != self.model.queues:
-                self.model.queues = queues
-                self.hub.publish("queues", {"html": render.queues_section(self.model)})
+            fresh, self.model.queues = queues != self.model.queues, queues
+            if self.model.sample_queues(self.clock()) or fresh:
+                self.hub.publish("queues", {"html": render.queues_section(self.model,
+                                                                          self.clock())})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), self.backstop)
             self._dirty.clear()

@@ -7,7 +7,7 @@ Pure: no I/O, times are passed in."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sia_grpc.api import pb, seconds, state_name
 
@@ -17,6 +17,10 @@ MAX_NOTES = 200  # reasons kept per job
 MAX_RATES = 500  # changes of goodput estimate or reported throughput kept per job
 MAX_RESTARTS = 100  # restarts kept per job
 MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per type, ...)
+# Changes kept of each queue's series: a queue has one per GPU type, so fewer each,
+# to keep the Queues page's charts (redrawn on each change) as light as the cluster's.
+MAX_QUEUE_SAMPLES = 500
+UNITS = "units"  # a queue's series of its type-flexible guarantee (QueueHistory.use)
 # The jobs counted over time, by what they are doing.
 ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
               "running": (pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING)}
@@ -63,6 +67,27 @@ class Restart:
     seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class Use:
+    """From `at` on, a queue held `held` GPUs of a type (or, for its type-flexible
+    guarantee, units) against its guarantee of them, `borrowed` of them beyond it (as
+    the controller counts borrowing)."""
+
+    at: float
+    held: float
+    guarantee: float
+    borrowed: float = 0.0
+
+
+@dataclass
+class QueueHistory:
+    """A queue over time, as this process saw it: per GPU type (and `UNITS`, for a
+    type-flexible guarantee) what it held against its guarantee, and its jobs pending."""
+
+    use: dict[str, list[Use]] = field(default_factory=dict)
+    pending: list[Step] = field(default_factory=list)
+
+
 @dataclass
 class JobRecord:
     job: pb.Job
@@ -101,6 +126,7 @@ class Model:
         # running (ACTIVITIES).
         self.allocated: dict[str, list[Step]] = {}
         self.jobs_by: dict[str, list[Step]] = {name: [] for name in ACTIVITIES}
+        self.queue_use: dict[str, QueueHistory] = {}  # by queue name
 
     # -- jobs --
 
@@ -166,6 +192,28 @@ class Model:
             changed.append(_change(self.jobs_by[name], Step(now, name, count)))
         return any(changed)
 
+    def sample_queues(self, now: float) -> bool:
+        """Note what each queue holds against its guarantee, per GPU type (and in
+        units, for a type-flexible guarantee), and its jobs pending, where it changed
+        (after each read of the queues); whether any did. A type it held before and
+        holds no more is noted at 0."""
+        changed = []
+        for q in self.queues.queues:
+            hist = self.queue_use.setdefault(q.spec.name, QueueHistory())
+            now_use = {t: Use(now, q.held.get(t, 0), q.spec.guarantee.get(t, 0),
+                              q.borrowed.get(t, 0))
+                       for t in {*q.spec.guarantee, *q.held, *hist.use} - {UNITS}}
+            if q.spec.guarantee_units or UNITS in hist.use:
+                now_use[UNITS] = Use(now, q.held_units, q.spec.guarantee_units)
+            for key, use in now_use.items():
+                series = hist.use.setdefault(key, [])
+                if not series or replace(series[-1], at=now) != use:
+                    _append(series, use, MAX_QUEUE_SAMPLES)
+                    changed.append(True)
+            changed.append(_change(hist.pending, Step(now, "pending", q.pending_jobs),
+                                   MAX_QUEUE_SAMPLES))
+        return any(changed)
+
     # -- rounds --
 
     def set_rounds(self, rounds: list[pb.Round]) -> None:
@@ -209,9 +257,10 @@ def _append(items: list, item: object, limit: int) -> None:
     del items[:-limit]
 
 
-def _change(series: list[Step], step: Step) -> bool:
-    """Append `step` to `series` unless its value is the last one's; whether it was."""
+def _change(series: list[Step], step: Step, limit: int = MAX_SAMPLES) -> bool:
+    """Append `step` to `series` (of at most `limit`) unless its value is the last
+    one's; whether it was."""
     if series and series[-1].num_gpus == step.num_gpus:
         return False
-    _append(series, step, MAX_SAMPLES)
+    _append(series, step, limit)
     return True

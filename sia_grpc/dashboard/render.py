@@ -14,7 +14,7 @@ from typing import Any
 
 from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, seconds, state_name
 from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
-from sia_grpc.dashboard.model import JobRecord, Model, Rate, Restart, Step
+from sia_grpc.dashboard.model import UNITS, JobRecord, Model, Rate, Restart, Step, Use
 
 # Okabe & Ito's palette (less black): told apart with each common colour-vision
 # deficiency. Each colour comes with the text colour that reads on it.
@@ -25,6 +25,7 @@ PALETTE = [("#E69F00", "#000"), ("#56B4E9", "#000"), ("#009E73", "#fff"),
 # blue and vermilion, a dash pattern), so they stay apart without colour too.
 RATE_LINES = [("goodput", "goodput (scheduler's estimate)", "#0072B2", ""),
               ("throughput", "throughput (reported)", "#D55E00", "6 3")]
+MOVES_SHOWN = 20  # the jobs listed under a round (then "and N more")
 PAGES = [("/", "Cluster"), ("/jobs", "Jobs"), ("/rounds", "Rounds"), ("/queues", "Queues")]
 
 
@@ -324,17 +325,69 @@ def step_chart(steps: list[Step], end: float, colours: dict[str, str], *, label:
     p = _Plot.over([s.at for s in steps], end, top, width, height)
     segments = p.steps([(s.at, s.num_gpus) for s in steps])
     shapes = [
-        f'<rect class="alloc-step" data-type="{escape(s.gpu_type)}" '
-        f'data-gpus="{s.num_gpus}" x="{x0:.1f}" y="{y:.1f}" '
-        f'width="{max(x1 - x0, 0.5):.1f}" height="{p.y(0) - y:.1f}" '
-        f'fill="{colours.get(s.gpu_type, "#999")}"><title>{s.num_gpus} '
-        f'{escape(s.gpu_type)} from {utc(s.at)}</title></rect>'
-        for s, (x0, x1, y) in zip(steps, segments, strict=True) if s.num_gpus]
+        _bar(p, x0, x1, 0, s.num_gpus, colours.get(s.gpu_type, "#999"),
+             f'class="alloc-step" data-type="{escape(s.gpu_type)}" data-gpus="{s.num_gpus}"',
+             f"{s.num_gpus} {s.gpu_type} from {utc(s.at)}")
+        for s, (x0, x1, _) in zip(steps, segments, strict=True) if s.num_gpus]
     cap = (f'<line class="capacity" x1="{p.pad_l}" y1="{p.y(capacity):.1f}" '
            f'x2="{width - p.pad_r}" y2="{p.y(capacity):.1f}"><title>capacity {capacity}'
            f'</title></line>' if capacity else "")
     body = f'{"".join(shapes)}<polyline class="step" points="{_points(segments)}"/>{cap}\n'
-    return p.svg(body, label=label, ticks=[(n, str(n)) for n in sorted({0, top // 2, top})])
+    return p.svg(body, label=label, ticks=_ticks(top))
+
+
+def _bar(p: _Plot, x0: float, x1: float, low: float, high: float, fill: str, attrs: str,
+         title: str) -> str:
+    """One step's bar, from value `low` up to `high`, between `x0` and `x1`."""
+    return (f'<rect {attrs} x="{x0:.1f}" y="{p.y(high):.1f}" width="{max(x1 - x0, 0.5):.1f}" '
+            f'height="{p.y(low) - p.y(high):.1f}" fill="{fill}"><title>{escape(title)}'
+            f'</title></rect>')
+
+
+def _label_y(p: _Plot, value: float) -> float:
+    """Where a line's label goes: just above the line at `value`, or just below it
+    where there is no room above (a line at the top of the chart)."""
+    y = p.y(value)
+    return y - 3 if y - 3 > p.pad_t + 8 else y + 11
+
+
+def _ticks(top: float) -> list[tuple[float, str]]:
+    """The value labels of a chart up to `top`: 0, the middle, `top`."""
+    mid = top // 2 if float(top).is_integer() else top / 2
+    return [(v, f"{v:g}") for v in sorted({0, mid, top})]
+
+
+def use_chart(series: list[Use], end: float, colour: str, *, label: str, unit: str,
+              width: int = 300, height: int = 120) -> str:
+    """What a queue held over time against its guarantee (SVG): the held bars in
+    `colour`, the part it borrowed (beyond its guarantee) hatched, and the guarantee
+    as a dashed line, labelled, so the three read apart without colour."""
+    top = max([max(u.held, u.guarantee) for u in series] + [1])
+    p = _Plot.over([u.at for u in series], end, top, width, height)
+    held = p.steps([(u.at, u.held) for u in series])
+    hatch = f"borrowed-{zlib.crc32(label.encode()):x}"  # (one pattern per chart: ids unique)
+    shapes = []
+    for u, (x0, x1, _) in zip(series, held, strict=True):
+        title = f"{u.held:g} {unit} held from {utc(u.at)}, guarantee {u.guarantee:g}"
+        if u.held - u.borrowed > 0:
+            shapes.append(_bar(p, x0, x1, 0, u.held - u.borrowed, colour,
+                               f'class="held" data-held="{u.held:g}"', title))
+        if u.borrowed:
+            shapes.append(_bar(p, x0, x1, u.held - u.borrowed, u.held, f"url(#{hatch})",
+                               f'class="borrowed" data-borrowed="{u.borrowed:g}"',
+                               f"{u.borrowed:g} {unit} borrowed from {utc(u.at)}"))
+    guarantee = p.steps([(u.at, u.guarantee) for u in series])
+    now = series[-1] if series else Use(end, 0, 0)
+    body = (f'<defs><pattern id="{hatch}" width="6" height="6" patternUnits="userSpaceOnUse" '
+            f'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/>'
+            f'<rect width="3" height="6" fill="{colour}"/></pattern></defs>'
+            f'{"".join(shapes)}<polyline class="step held-line" points="{_points(held)}"/>'
+            f'<polyline class="guarantee" data-guarantee="{now.guarantee:g}" '
+            f'points="{_points(guarantee)}"><title>guarantee: {now.guarantee:g} {unit}'
+            f'</title></polyline><text class="guarantee-label" x="{width - p.pad_r - 2}" '
+            f'y="{_label_y(p, now.guarantee):.1f}" text-anchor="end">guarantee '
+            f'{now.guarantee:g}</text>\n')
+    return p.svg(body, label=label, ticks=_ticks(top))
 
 
 def rate_chart(rates: list[Rate], end: float, *, width: int = 560, height: int = 180) -> str:
@@ -401,9 +454,14 @@ def over_time(model: Model, now: float) -> str:
             model.jobs_by[name], now, {name: colour}, label=f"jobs {name} over time",
             width=380, height=130)))
     return ('<h2>Over time</h2><p class="hint">As this dashboard saw it since it started.'
-            '</p><div class="panels">' + "".join(
-                f'<figure class="panel"><figcaption>{escape(title)}</figcaption>{chart}'
-                f'</figure>' for title, chart in panels) + "</div>")
+            '</p>' + _panels(panels))
+
+
+def _panels(panels: list[tuple[str, str]]) -> str:
+    """Charts side by side, each under its caption."""
+    return '<div class="panels">' + "".join(
+        f'<figure class="panel"><figcaption>{escape(title)}</figcaption>{chart}</figure>'
+        for title, chart in panels) + "</div>"
 
 
 # -- rounds ------------------------------------------------------------------------------
@@ -416,29 +474,63 @@ def rounds_page(model: Model) -> str:
     rows = "".join(round_row(r) for r in reversed(model.rounds))
     head = "".join(f"<th>{h}</th>" for h in _ROUND_HEAD)
     return f"""<h1>Rounds</h1><p class="hint">The last {len(model.rounds)} scheduling rounds,
-newest first, with the time each phase took.</p>
-<table id="rounds" class="rounds"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+newest first, with the time each phase took, and under each the jobs it started, moved,
+resized or preempted, from the GPUs they held to those it gave them.</p>
+<table id="rounds" class="rounds"><thead><tr>{head}</tr></thead>{rows}</table>
 <p class="empty" id="no-rounds"{" hidden" if model.rounds else ""}>no rounds yet</p>"""
 
 
 def round_row(r: pb.Round) -> str:
+    """A round's rows (one `tbody`): its numbers, then the jobs whose GPUs it changed."""
     cells = [r.round or "-", utc(seconds(r.start_time)), r.trigger or "-", r.jobs,
              r.gpus_allocated, r.jobs_moved, r.reclaims, f"{r.estimate_ms:.1f}",
              f"{r.solve_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
              f"{r.total_ms:.1f}", r.note]
-    return (f'<tr data-round="{r.round}">'
-            + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+    row = "".join(f"<td>{escape(str(c))}</td>" for c in cells)
+    shown = r.moves[:MOVES_SHOWN]
+    moves = "".join(_move_item(m) for m in shown)
+    if (rest := max(r.jobs_moved, len(r.moves)) - len(shown)) > 0:  # (the round lists 20)
+        moves += f'<li class="more">and {rest} more</li>'
+    more = (f'<tr class="moves"><td></td><td colspan="{len(cells) - 1}"><ul class="moves">'
+            f'{moves}</ul></td></tr>' if moves else "")
+    return (f'<tbody class="round" data-round="{r.round}"><tr class="round">{row}</tr>'
+            f'{more}</tbody>')
+
+
+def _move_item(m: pb.RoundMove) -> str:
+    """One job a round changed: what it did, the job (a link to its page), from what
+    to what."""
+    if m.job_id == OTHER_TENANT:
+        job = '<span class="other">another tenant\'s job</span>'
+    else:
+        job = (f'<a href="/jobs/{escape(m.job_id)}" title="{escape(m.job_id)}">'
+               f'{escape(m.name or m.job_id)}</a>')
+    before = allocation_text(m.before) if m.HasField("before") else "-"
+    after = allocation_text(m.after) if m.HasField("after") else "queued"
+    return (f'<li class="move" data-job="{escape(m.job_id)}" data-kind="{escape(m.kind)}">'
+            f'<b class="kind {escape(m.kind)}">{escape(m.kind or "-")}</b> {job} '
+            f'<span class="from">{escape(before)}</span> → '
+            f'<span class="to">{escape(after)}</span></li>')
+
+
+def allocation_text(a: pb.Allocation) -> str:
+    """"2 rtx on rtx-0", "4 aws on aws-0,aws-1"; "-" for none."""
+    if not a.num_gpus:
+        return "-"
+    nodes = ",".join(sorted({g.node for g in a.gpus}))
+    return f"{a.num_gpus} {a.gpu_type}" + (f" on {nodes}" if nodes else "")
 
 
 # -- queues ------------------------------------------------------------------------------
 
 
-def queues_page(model: Model) -> str:
+def queues_page(model: Model, now: float) -> str:
     return ('<h1>Queues</h1><p class="hint">What each queue holds against its guarantee '
-            '(the bar: held; the mark: guaranteed), by GPU type.</p>' + queues_section(model))
+            '(the bar: held; the mark: guaranteed), by GPU type.</p>'
+            + queues_section(model, now))
 
 
-def queues_section(model: Model) -> str:
+def queues_section(model: Model, now: float) -> str:
     if not model.queues.queues:
         return '<section id="queues"><p class="empty">no queues</p></section>'
     rows = []
@@ -455,7 +547,38 @@ def queues_section(model: Model) -> str:
     return (f'<section id="queues"><table class="queues"><thead><tr><th>QUEUE</th>'
             f'<th>TENANTS</th><th>GUARANTEE</th><th>HELD</th><th>BORROWED</th><th>PENDING</th>'
             f'<th>RUNNING</th><th>USE</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            f'</section>')
+            f'{queues_over_time(model, now)}</section>')
+
+
+def queues_over_time(model: Model, now: float) -> str:
+    """Per queue, under its name: per GPU type (and in units, for a type-flexible
+    guarantee) what it held against its guarantee, and its jobs pending."""
+    colours = type_colours(t.gpu_type for t in model.cluster.types)
+    parts = []
+    for q in model.queues.queues:
+        name = q.spec.name
+        hist = model.queue_use.get(name)
+        if hist is None:
+            continue
+        panels = []
+        for key in sorted(hist.use, key=lambda k: (k == UNITS, k)):
+            series, unit = hist.use[key], "units" if key == UNITS else "GPUs"
+            last = series[-1]
+            what = "units (type-flexible guarantee)" if key == UNITS else f"{key} GPUs"
+            panels.append((f"{what}: {last.held:g} held of {last.guarantee:g} guaranteed"
+                           + (f", {last.borrowed:g} borrowed" if last.borrowed else ""),
+                           use_chart(series, now, colours.get(key, "#009E73"), unit=unit,
+                                     label=f"queue {name}: {what} held over time")))
+        panels.append((f"jobs pending: {q.pending_jobs}", step_chart(
+            hist.pending, now, {"pending": "#CC79A7"}, label=f"queue {name}: jobs pending "
+            "over time", width=300, height=120)))
+        parts.append(f'<div class="queue-use" data-queue="{escape(name)}"><h3>queue '
+                     f'{escape(name)}</h3>{_panels(panels)}</div>')
+    if not parts:
+        return ""
+    return ('<h2>Over time</h2><p class="hint">As this dashboard saw it since it started: '
+            'the bars what each queue held (hatched: borrowed, beyond its guarantee), the '
+            'dashed line its guarantee.</p>' + "".join(parts))
 
 
 def _use_bar(gpu_type: str, held: int, guarantee: int) -> str:

@@ -124,7 +124,7 @@ class Dashboard:
         return self._page("Rounds", render.rounds_page(self.model), "/rounds")
 
     async def _queues(self, request: web.Request) -> web.Response:
-        return self._page("Queues", render.queues_page(self.model), "/queues")
+        return self._page("Queues", render.queues_page(self.model, self.clock()), "/queues")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"upstream": self.model.upstream,
@@ -136,9 +136,11 @@ class Dashboard:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
-        await resp.prepare(request)
+        # Subscribed before the page's stream opens: a page (or a test) that saw it
+        # open misses no event published after.
         q = self.hub.subscribe()
         try:
+            await resp.prepare(request)
             await resp.write(encode("hello", {"upstream": self.model.upstream,
                                               "revision": self.model.revision}))
             while True:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sia_grpc.api import pb
 from sia_grpc.controller.records import JobRec
+from sia_grpc.controller.rounds import ROUND_MOVES_KEPT
 from sia_grpc.controller.state import (
     Action,
     AgentMessage,
@@ -78,6 +79,8 @@ class Harness:
             elif isinstance(a, Persist):
                 self.persisted.update(a.job_ids)
             elif isinstance(a, RoundDone):
+                # The jobs a round counts as moved, it lists (Round.moves), up to its bound.
+                assert len(a.round.moves) == min(a.round.jobs_moved, ROUND_MOVES_KEPT), a.round
                 self.round_done.append(a)
             elif isinstance(a, Solve):
                 self.solves.append(a)

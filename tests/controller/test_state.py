@@ -343,6 +343,80 @@ def test_an_exit_from_a_node_the_job_does_not_run_on_is_ignored():
     assert h.state_of("j1") == pb.JOB_STATE_SUCCEEDED
 
 
+def test_a_round_lists_the_jobs_it_started_and_moved_from_what_to_what():
+    h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2, batch_size=256, tenant="t")
+    h.deliver()
+    h.tick()
+    h.deliver()
+    (start,) = h.round_done[-1].round.moves
+    assert (start.job_id, start.name, start.tenant, start.kind) == ("j1", "j1", "t", "start")
+    assert not start.HasField("before")
+    (node,) = h.state.jobs["j1"].held
+    assert (start.after.gpu_type, start.after.num_gpus) == ("rtx", 2)
+    assert {g.node for g in start.after.gpus} == {node}
+    h.feed(NodeDrainChanged(h.now, node, "replace GPU 3"))
+    h.deliver()
+    h.tick(1.0, trigger="drain")
+    h.deliver()
+    (move,) = h.round_done[-1].round.moves
+    assert move.kind == "move" and move.before == start.after
+    (other,) = h.state.jobs["j1"].held
+    assert {g.node for g in move.after.gpus} == {other} != {node}
+    # A round that changes no job's GPUs lists none.
+    h.tick()
+    h.deliver()
+    assert h.round_done[-1].round.jobs_moved == 0 and not h.round_done[-1].round.moves
+
+
+def test_a_round_that_starts_many_jobs_lists_only_the_first_few_and_counts_them_all():
+    from sia_grpc.controller.rounds import ROUND_MOVES_KEPT
+
+    h = Harness({f"rtx-{k}": ("rtx", 8) for k in range(4)})
+    jobs = ROUND_MOVES_KEPT + 5
+    for k in range(jobs):
+        h.submit(f"j{k}", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=1, batch_size=128)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    rnd = h.round_done[-1].round
+    assert rnd.jobs_moved == jobs and len(rnd.moves) == ROUND_MOVES_KEPT
+    assert {m.kind for m in rnd.moves} == {"start"}
+
+
+def test_a_round_move_says_start_move_resize_or_preempt():
+    from sia_grpc.controller.rounds import round_move
+
+    def alloc(gpu_type: str, n: int) -> JobAllocation:
+        return JobAllocation(Config(gpu_type, 1, n), tuple(GpuId("n0", i) for i in range(n)))
+
+    h = Harness(NODES)
+    h.submit("j1")
+    rec = h.state.jobs["j1"]
+    kinds = [round_move(rec, a, b).kind for a, b in [
+        (None, alloc("rtx", 2)), (alloc("rtx", 2), alloc("rtx", 4)),
+        (alloc("rtx", 2), alloc("aws", 2)), (alloc("rtx", 2), alloc("aws", 4)),
+        (alloc("rtx", 2), None)]]
+    assert kinds == ["start", "resize", "move", "move", "preempt"]
+    resize = round_move(rec, alloc("rtx", 2), alloc("rtx", 4))
+    assert (resize.before.num_gpus, resize.after.num_gpus) == (2, 4)
+    assert not round_move(rec, alloc("rtx", 2), None).HasField("after")
+
+
+def test_a_tenant_sees_another_tenants_moved_jobs_unnamed():
+    from sia_grpc.api import OTHER_TENANT
+    from sia_grpc.controller.views import round_for
+
+    rnd = pb.Round(round=3, moves=[pb.RoundMove(job_id="a1", name="mine", tenant="a"),
+                                   pb.RoundMove(job_id="b1", name="theirs", tenant="b",
+                                                kind="start")])
+    assert round_for(rnd, None) is rnd  # an admin: everything
+    seen = round_for(rnd, "a")
+    assert [(m.job_id, m.name, m.tenant, m.kind) for m in seen.moves] == [
+        ("a1", "mine", "a", ""), (OTHER_TENANT, "", "", "start")]
+    assert rnd.moves[1].job_id == "b1"  # the controller's own record is untouched
+
+
 def test_a_drained_node_loses_its_jobs_to_other_nodes_and_gets_no_new_work():
     h = Harness({"rtx-0": ("rtx", 4), "rtx-1": ("rtx", 4)})
     h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2, batch_size=256)

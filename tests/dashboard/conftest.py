@@ -80,11 +80,16 @@ class Site:
 
 
 @pytest.fixture
-async def site(tmp_path) -> AsyncIterator[Site]:
+async def site(tmp_path, request) -> AsyncIterator[Site]:
+    """The controller and its agents; with `@pytest.mark.parametrize("site", [TOML],
+    indirect=True)`, with that queues configuration."""
     tokens_file = tmp_path / "tokens.toml"
     tokens = {"a": add_token(tokens_file, "team-a"), "b": add_token(tokens_file, "team-b"),
               "admin": add_token(tokens_file, "ops", admin=True)}
     config = replace(CONFIG, tokens_file=str(tokens_file), db_path=str(tmp_path / "sia.db"))
+    if queues := getattr(request, "param", None):
+        (tmp_path / "queues.toml").write_text(queues)
+        config = replace(config, queues_file=str(tmp_path / "queues.toml"))
     async with contextlib.AsyncExitStack() as stack:
         lc = await stack.enter_async_context(
             LocalCluster(NODES, rate=RATE, config=config, telemetry_interval=0.05))

@@ -126,6 +126,69 @@ async def test_a_tenants_dashboard_does_not_show_another_tenants_jobs(site, brow
         '#jobs tbody tr')).map((tr) => tr.dataset.job);""") == [ours]
 
 
+RESEARCH = """
+[[queue]]
+name = "research"
+tenants = ["team-a"]
+guarantee = {rtx = 4}
+"""
+
+
+@pytest.mark.parametrize("site", [RESEARCH], indirect=True)
+async def test_a_queues_chart_shows_its_guarantee_line_and_what_it_held_after_a_round(
+        site, browser):
+    dash = await site.dashboard("admin")
+    a = await site.client("a")
+    await browser.get(dash.url + "queues")
+    await browser.until("opened", "the page's event stream")
+    chart = ('.queue-use[data-queue="research"] '
+             'svg[aria-label="queue research: rtx GPUs held over time"]')
+    guarantee = f"document.querySelector('{chart} polyline.guarantee')"
+    await browser.until(guarantee, "the research queue's rtx chart")
+    assert await browser.js(f"return {guarantee}.dataset.guarantee") == "4"
+    assert await browser.js(f"return {guarantee}.getBBox().width") > 0
+    job = (await a.submit(rigid("held", 2, "rtx", queue="research"))).job_id
+    await running(a, job, 2)
+    # Not reloaded: the chart grows a bar of the 2 GPUs the round gave the queue.
+    held = f"document.querySelector('{chart} rect.held[data-held=\"2\"]')"
+    await browser.until(held, "the queue's 2 rtx GPUs in its chart")
+    assert await browser.js(f"return {held}.getBBox().height") > 0
+    assert await browser.js(f"return document.querySelector('{chart} polyline.held-line')"
+                            ".getBBox().height") > 0
+    caption = await browser.js(f"return document.querySelector('{chart}')"
+                               ".closest('figure').querySelector('figcaption').textContent")
+    assert caption == "rtx GPUs: 2 held of 4 guaranteed"
+
+
+async def test_a_round_lists_the_job_it_moved_and_its_link_opens_the_job_page(site, browser):
+    dash = await site.dashboard("admin")
+    admin = await site.client("admin")
+    job = (await admin.submit(rigid("mover", 2, "rtx"))).job_id
+    await running(admin, job, 2)
+    await until(lambda: any(m.job_id == job for r in dash.model.rounds for m in r.moves),
+                "the round that started it on the dashboard")  # (then drawn with the page)
+    await browser.get(dash.url + "rounds")
+    await browser.until("opened", "the page's event stream")
+    started = f'#rounds li.move[data-job="{job}"][data-kind="start"]'
+    await browser.until(f"document.querySelector('{started}')", "the round that started it")
+    (node,) = {g.node for g in (await admin.get(job)).status.allocation.gpus}
+    await admin.drain(node, "move it")
+    # The drain's round arrives over the event stream: the page is not reloaded.
+    moved = f'#rounds li.move[data-job="{job}"][data-kind="move"]'
+    await browser.until(f"document.querySelector('{moved}')", "the round that moved it")
+    number, trigger, before, after = await browser.js(f"""
+        const li = document.querySelector('{moved}'), row = li.closest('tbody');
+        return [row.dataset.round, row.querySelector('tr.round').cells[2].textContent,
+                li.querySelector('.from').textContent, li.querySelector('.to').textContent];""")
+    (rnd,) = [r for r in await admin.rounds(limit=50) if r.round == int(number)]
+    assert trigger == rnd.trigger and before == f"2 rtx on {node}"
+    assert after.startswith("2 rtx on ") and node not in after
+    await browser.js(f"document.querySelector('{moved} a').click();")
+    await browser.until(f"location.pathname === '/jobs/{job}'", "the job's page")
+    await browser.until("document.readyState === 'complete'", "the job's page to load")
+    assert job in await browser.js("return document.querySelector('h1').textContent")
+
+
 async def test_the_dashboard_benchmark_runs_end_to_end_at_a_tiny_size():
     from sia_grpc.bench.dashboard import measure
     from sia_grpc.testing.browser import unavailable

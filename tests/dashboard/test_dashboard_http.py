@@ -82,7 +82,7 @@ async def test_events_carry_each_job_change_and_the_pages_show_them(site):
         assert re.findall(r'class="gputype" data-type="(\w+)" data-gpus="(\d+)"', body) == [
             ("aws", "2"), ("rtx", "8")]
         status, body = await text(http, dash.url + "rounds")
-        assert status == 200 and re.search(r'<tr data-round="[1-9]', body)
+        assert status == 200 and re.search(r'<tbody class="round" data-round="[1-9]', body)
         status, body = await text(http, dash.url + "queues")
         assert status == 200 and 'data-queue="default"' in body
         for asset in ("dashboard.js", "dashboard.css"):
@@ -110,6 +110,14 @@ async def test_a_tenants_dashboard_shows_only_its_jobs(site):
         assert re.findall(r'<tr data-job="([^"]+)"', body) == [ours]
         status, _ = await text(http, dash.url + f"jobs/{theirs}")
         assert status == 404
+        # The round that started team-b's job lists it, unnamed, to team-a.
+        moved = [m for r in await a.rounds(limit=50) for m in r.moves]
+        assert moved and theirs not in {m.job_id for m in moved}
+        assert OTHER_TENANT in {m.job_id for m in moved}
+        assert theirs in {m.job_id for r in await b.rounds(limit=50) for m in r.moves}
+        _, body = await text(http, dash.url + "rounds")
+        assert theirs not in body
+        assert f'data-job="{OTHER_TENANT}" data-kind="start"' in body
     assert set(dash.model.jobs) == {ours}
 
 

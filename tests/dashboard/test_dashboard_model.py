@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sia_grpc.api import OTHER_TENANT, pb
 from sia_grpc.dashboard import render
 from sia_grpc.dashboard.feed import Hub
-from sia_grpc.dashboard.model import Model, Rate, Restart, Step
+from sia_grpc.dashboard.model import MAX_QUEUE_SAMPLES, UNITS, Model, Rate, Restart, Step, Use
 
 KIND = pb.JobEvent
 
@@ -238,3 +239,89 @@ def test_the_rate_chart_draws_the_estimate_and_the_throughput_apart_with_a_legen
     (points,) = re.findall(r'data-series="throughput".*? points="([^"]+)"', svg)
     assert len(points.split()) == 6
     assert "no goodput estimate" in render.rate_chart([], 40.0)
+
+
+def queues(held: dict[str, int], borrowed: dict[str, int] | None = None, *, pending: int = 0,
+           units: float = 0.0, held_units: float = 0.0) -> pb.ListQueuesResponse:
+    spec = pb.QueueSpec(name="research", guarantee={"rtx": 4}, guarantee_units=units)
+    return pb.ListQueuesResponse(queues=[pb.QueueStatus(
+        spec=spec, held=held, borrowed=borrowed or {}, held_units=held_units,
+        pending_jobs=pending)])
+
+
+def test_queue_use_over_time_follows_what_each_queue_holds_against_its_guarantee():
+    m = Model()
+    m.queues = queues({})
+    assert m.sample_queues(10.0) and not m.sample_queues(20.0)  # nothing changed then
+    m.queues = queues({"rtx": 6, "aws": 2}, {"rtx": 2, "aws": 2}, pending=3)
+    assert m.sample_queues(30.0)
+    m.queues = queues({"rtx": 1})  # aws no longer held: noted at 0
+    assert m.sample_queues(40.0)
+    use = m.queue_use["research"]
+    assert use.use["rtx"] == [Use(10.0, 0, 4), Use(30.0, 6, 4, 2), Use(40.0, 1, 4)]
+    assert use.use["aws"] == [Use(30.0, 2, 0, 2), Use(40.0, 0, 0)]
+    assert use.pending == [Step(10.0, "pending", 0), Step(30.0, "pending", 3),
+                           Step(40.0, "pending", 0)]
+    assert UNITS not in use.use  # no type-flexible guarantee: no units series
+    m.queues = queues({"rtx": 1}, units=6.0, held_units=1.5)
+    assert m.sample_queues(50.0) and use.use[UNITS] == [Use(50.0, 1.5, 6.0)]
+    for k in range(MAX_QUEUE_SAMPLES + 10):  # each series keeps its newest changes
+        m.queues = queues({"rtx": k % 2}, pending=k % 2)
+        m.sample_queues(60.0 + k)
+    assert len(use.use["rtx"]) == len(use.pending) == MAX_QUEUE_SAMPLES
+    assert use.pending[-1].at == 60.0 + MAX_QUEUE_SAMPLES + 9
+
+
+def test_a_queues_chart_draws_its_held_bars_borrowing_hatched_and_its_guarantee_line():
+    m = Model()
+    m.cluster = cluster()
+    m.queues = queues({"rtx": 2})
+    m.sample_queues(10.0)
+    m.queues = queues({"rtx": 6}, {"rtx": 2}, pending=1, units=6.0, held_units=6.0)
+    m.sample_queues(20.0)
+    html = render.queues_section(m, now=30.0)
+    (group,) = re.findall(r'<div class="queue-use" data-queue="(\w+)"><h3>queue research</h3>',
+                          html)
+    assert group == "research"  # labelled by its name, not told apart by colour
+    assert "rtx GPUs: 6 held of 4 guaranteed, 2 borrowed" in html
+    assert "units (type-flexible guarantee): 6 held of 6 guaranteed" in html
+    assert "jobs pending: 1" in html
+    units = html.index("units (type-flexible guarantee) held over time")
+    rtx = html[html.index("rtx GPUs held over time"):units]
+    assert re.findall(r'class="held" data-held="(\d+)"', rtx) == ["2", "6"]
+    assert re.findall(r'class="borrowed" data-borrowed="(\d+)"', rtx) == ["2"]
+    assert 'class="guarantee" data-guarantee="4"' in rtx and ">guarantee 4</text>" in rtx
+    # The guarantee's line is at 4 on the chart's scale (0 to 6).
+    (points,) = re.findall(r'class="guarantee" data-guarantee="4" points="([^"]+)"', rtx)
+    (y,) = {float(p.split(",")[1]) for p in points.split()}
+    (y0,) = re.findall(r'y1="([\d.]+)" x2="\d+" y2="[\d.]+" class="axis"', rtx)
+    assert y == pytest.approx(8 + (float(y0) - 8) * (1 - 4 / 6), abs=0.1)  # (pad_t 8)
+
+
+def test_a_rounds_row_lists_the_jobs_it_moved_with_links_from_and_to():
+    def alloc(gpu_type: str, n: int, node: str) -> pb.Allocation:
+        return pb.Allocation(gpu_type=gpu_type, num_gpus=n,
+                             gpus=[pb.GpuRef(node=node, index=i) for i in range(n)])
+
+    rnd = pb.Round(round=9, trigger="drain", jobs_moved=3, total_ms=12.5, moves=[
+        pb.RoundMove(job_id="j1", name="bert", kind="move", before=alloc("rtx", 2, "r0"),
+                     after=alloc("aws", 4, "a1")),
+        pb.RoundMove(job_id="j2", name="", kind="preempt", before=alloc("rtx", 1, "r1")),
+        pb.RoundMove(job_id=OTHER_TENANT, kind="start", after=alloc("rtx", 1, "r1"))])
+    html = render.round_row(rnd)
+    assert html.startswith('<tbody class="round" data-round="9">')
+    items = re.findall(r'<li class="move" data-job="([^"]+)" data-kind="(\w+)">(.*?)</li>', html)
+    assert [(j, k) for j, k, _ in items] == [("j1", "move"), ("j2", "preempt"),
+                                             (OTHER_TENANT, "start")]
+    texts = [re.sub(r"<[^>]+>", "", t) for _, _, t in items]
+    assert texts == ["move bert 2 rtx on r0 → 4 aws on a1", "preempt j2 1 rtx on r1 → queued",
+                     "start another tenant's job - → 1 rtx on r1"]
+    assert '<a href="/jobs/j1" title="j1">bert</a>' in html
+    assert "/jobs/(other" not in html  # another tenant's job: no link
+    many = pb.Round(round=10, moves=[pb.RoundMove(job_id=f"j{i}", kind="start")
+                                     for i in range(render.MOVES_SHOWN + 3)])
+    assert "and 3 more" in render.round_row(many)
+    # The controller lists the first 20 of a round's moves; the rest are counted.
+    assert "and 5 more" in render.round_row(pb.Round(round=12, jobs_moved=7, moves=[
+        pb.RoundMove(job_id="j1", kind="start"), pb.RoundMove(job_id="j2", kind="start")]))
+    assert "ul" not in render.round_row(pb.Round(round=11))  # no moves: no list

@@ -155,18 +155,20 @@ const handlers = {
     const el = document.getElementById("queues");
     if (el && page === "/queues") el.replaceWith(fromHtml(d.html, "div"));
   },
+  // Each round is a tbody of its own: its row, then the jobs it moved.
   round(d) {
-    const tbody = document.querySelector("#rounds tbody");
-    if (!tbody) return;
-    tbody.prepend(fromHtml(d.row, "tbody"));
-    while (tbody.rows.length > 50) tbody.lastElementChild.remove();
+    const table = document.getElementById("rounds");
+    if (!table) return;
+    table.tHead.after(fromHtml(d.row, "table"));
+    while (table.tBodies.length > 50) table.tBodies[table.tBodies.length - 1].remove();
     document.getElementById("no-rounds").hidden = true;
   },
   rounds(d) {
-    const tbody = document.querySelector("#rounds tbody");
-    if (!tbody) return;
-    tbody.innerHTML = d.rows;
-    document.getElementById("no-rounds").hidden = tbody.rows.length > 0;
+    const table = document.getElementById("rounds");
+    if (!table) return;
+    Array.from(table.tBodies).forEach((tb) => tb.remove());
+    table.insertAdjacentHTML("beforeend", d.rows);
+    document.getElementById("no-rounds").hidden = table.tBodies.length > 0;
   },
 };
 
