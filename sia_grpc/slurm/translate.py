@@ -197,12 +197,14 @@ def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
 
 
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
-               slurm_queue: str = "", *, launched: bool = True) -> pb.PolicyJob:
+               slurm_queue: str = "", *, launched: bool = True,
+               seen_cost: float = 0.0) -> pb.PolicyJob:
     """The policy's view of an opted-in job. Its goodput information: its
     application's shipped 1-GPU profiles, what Sia bootstraps from, and the step
     times and gradient statistics its workers reported to the bridge (in the
     ticket), else the application's initial statistics; its restart cost as the
-    bridge measured it (`Bridge._measure_restart`), else the spec's. Its queue: the spec's,
+    bridge measured it (`Bridge._measure_restart`), else the spec's or, if more,
+    `seen_cost` (what moves have cost other jobs: `build_round`). Its queue: the spec's,
     else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
     `queues` has it (else `default`). Restoring (Sia keeps its GPUs) from when the
     bridge gives it a shape until its copy's first report, while Slurm has not
@@ -227,7 +229,8 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         g = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
         sqr, var = g.sqr, g.var
     queue, priority, _ = scheduled_in(queues or QueueSet(), spec)
-    restart_cost = res.restart_cost if ticket.restart_s is None else ticket.restart_s
+    restart_cost = (max(res.restart_cost, seen_cost) if ticket.restart_s is None
+                    else ticket.restart_s)
     restoring = ticket.shape is not None and ticket.placed is not None and (
         not launched or now - ticket.placed < restart_cost)
     return pb.PolicyJob(
@@ -332,13 +335,19 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     policy_jobs = []
+    measured = sorted(j.ticket.restart_s for j in carriers.values()
+                      if j.ticket.restart_s is not None)
+    # A job not yet moved is priced at what a move has cost the others here (the
+    # median), where that is more than its own guess: most of it is Slurm's and the
+    # bridge's latency, which every job pays alike, not the job's restore.
+    seen_cost = measured[len(measured) // 2] if measured else 0.0
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
         try:
             slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
             policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue,
-                                          launched=j.holding))
+                                          launched=j.holding, seen_cost=seen_cost))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
             for n, c in j.gpus.items():  # left where it runs, its GPUs taken

@@ -321,3 +321,22 @@ def test_a_moved_jobs_ending_copy_leaves_its_gpus_to_the_copy_which_is_restoring
         (job,) = build_round(read_nodes(SINFO)[0], _copies("CANCELLED", "RUNNING", placed),
                              NOW).request.jobs
         assert not job.restoring
+
+
+def test_a_job_not_yet_moved_is_priced_at_what_moves_cost_the_others():
+    # Most of a move's cost through Slurm is the launch and the bridge's latency, the
+    # same for every job: until a job has its own measurement, the median of the
+    # others' (here 400 s) stands in for its spec's guess (cifar10's 50 s), if larger.
+    shape = Shape("rtx", "rtx", 1, 1)
+    tickets = [Ticket("1", SPEC, NOW, 1, shape, restart_s=300.0),
+               Ticket("2", SPEC, NOW, 2, shape, restart_s=400.0),
+               Ticket("3", SPEC, NOW, 1, shape, restart_s=900.0), Ticket("4", SPEC, NOW)]
+    jobs = read_jobs({"jobs": [  # (released with their shapes; the last held, waiting)
+        {"job_id": 10 + i, "job_state": "PENDING", "comment": t.comment(),
+         **({"priority": 5} if t.shape else {"priority": 0, "state_reason": "JobHeldUser"})}
+        for i, t in enumerate(tickets)]})
+    costs = {j.job_id: j.restart_cost_s
+             for j in build_round(read_nodes(SINFO)[0], jobs, NOW).request.jobs}
+    assert costs == {"1": 300.0, "2": 400.0, "3": 900.0, "4": 400.0}
+    alone = build_round(read_nodes(SINFO)[0], jobs[3:], NOW).request.jobs
+    assert alone[0].restart_cost_s == 50.0  # nothing measured yet: the spec's
