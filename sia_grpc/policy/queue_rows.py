@@ -55,7 +55,9 @@ class SideRows:
 
 def job_weights(jobs: list[PolicyJob] | tuple[PolicyJob, ...], queues: QueueSet) -> np.ndarray:
     """Each job's priority-class weight (the factor on its term in the objective)."""
-    return np.array([queues.weight(j.priority) for j in jobs], dtype=float)
+    names = [j.priority for j in jobs]
+    weight = {n: queues.weight(n) for n in dict.fromkeys(names)}  # (a lookup per class)
+    return np.array([weight[n] for n in names], dtype=float)
 
 
 def min_runtime_holds(jobs, current: np.ndarray, queues: QueueSet) -> np.ndarray:
