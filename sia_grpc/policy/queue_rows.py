@@ -55,28 +55,37 @@ class SideRows:
 
 def job_weights(jobs: list[PolicyJob] | tuple[PolicyJob, ...], queues: QueueSet) -> np.ndarray:
     """Each job's priority-class weight (the factor on its term in the objective)."""
-    return np.array([queues.weight(j.priority) for j in jobs], dtype=float)
+    names = [j.priority for j in jobs]
+    weight = {n: queues.weight(n) for n in dict.fromkeys(names)}  # (a lookup per class)
+    return np.array([weight[n] for n in names], dtype=float)
 
 
 def min_runtime_holds(jobs, current: np.ndarray, queues: QueueSet) -> np.ndarray:
     """Running jobs younger on their allocation than their queue's minimum runtime:
     they keep it this round (bounded preemption)."""
-    return np.array([current[i] >= 0 and j.stint < queues.min_runtime(j.queue)
-                     for i, j in enumerate(jobs)], dtype=bool)
+    # (Per job an index lookup, not `QueueSet.min_runtime`, which finds the queue
+    # again: this runs over every job each round.)
+    least = [queues.min_runtime(q.name) for q in queues.queues]
+    need = np.array([least[queues.index(j.queue)] for j in jobs], dtype=float)
+    stint = np.array([j.stint for j in jobs], dtype=float)
+    return (np.asarray(current) >= 0) & (stint < need)
 
 
 def queue_usage(table: CandidateTable, jobs, chosen: dict[str, int],
                 queues: QueueSet) -> dict[str, dict[str, int]]:
     """GPUs each queue holds per type in a round's choice (job id -> table row)."""
     types = table.cluster.gpu_types
-    out = {q.name: dict.fromkeys(types, 0) for q in queues.queues}
     index = {j.job_id: j for j in jobs}
-    gpus, typ = table.gpus(), table.types()
-    for job_id, row in chosen.items():
-        job = index.get(job_id)
-        if job is not None:
-            out[queues.queue(job.queue).name][types[typ[row]]] += int(gpus[row])
-    return out
+    picked = [(queues.index(job.queue), row) for job_id, row in chosen.items()
+              if (job := index.get(job_id)) is not None]
+    rows = np.array([r for _, r in picked], dtype=np.int64)
+    q = np.array([k for k, _ in picked], dtype=np.int64)
+    T = len(types)
+    # (One pass over the chosen rows: a numpy scalar per job and field cost ms a round.)
+    held = np.bincount(q * T + table.types()[rows], weights=table.gpus()[rows],
+                       minlength=len(queues.queues) * T).astype(np.int64)
+    return {qu.name: dict(zip(types, held[k * T:(k + 1) * T].tolist(), strict=True))
+            for k, qu in enumerate(queues.queues)}
 
 
 def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.ndarray,

@@ -144,7 +144,8 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     if queues is not None:
         w = job_weights(jobs, queues)
         vals, none = vals * w[table.job], none * w
-        hold = hold | min_runtime_holds(jobs, current, queues)
+        young = min_runtime_holds(jobs, current, queues)
+        hold = hold | young
     worth = none.copy()  # (before holds: what sizes the queues' penalties)
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
@@ -167,7 +168,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
     # (The queues' minimum-runtime holds only: the paper's placer stays the paper's.)
     pinned = frozenset() if queues is None else frozenset(
-        jobs[i].job_id for i in np.flatnonzero(min_runtime_holds(jobs, current, queues)))
+        jobs[i].job_id for i in np.flatnonzero(young))
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats, pinned=pinned)
     if queues is None:
@@ -239,13 +240,22 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
     where = np.flatnonzero(mine)  # problem job -> job
     prices = sol.prices if len(sol.prices) == len(lam) else np.zeros(len(lam))
     left = {}
+    on = chosen >= 0
+    # GPUs per (block, type) in one pass; each silo's choices as Python ints at once.
+    held = np.bincount(job_block[on] * T + typ[chosen[on]], weights=gpus[chosen[on]],
+                       minlength=len(silos) * T).astype(np.int64).reshape(len(silos), T)
+    picked = np.flatnonzero(on)
+    picked_block = job_block[picked].tolist()
+    picked_id = [ids[i] for i in where[picked].tolist()]
+    picked_config = table.config[chosen[picked]].tolist()
+    choices: list[dict[str, int]] = [{} for _ in silos]
+    for b, job_id, config in zip(picked_block, picked_id, picked_config, strict=True):
+        choices[b][job_id] = config
     for b, k in enumerate(silos):
         name = queues.queues[k].name
-        on = np.flatnonzero((job_block == b) & (chosen >= 0))
-        for r in chosen[on]:
-            out[name][types[typ[r]]] += int(gpus[r])
-        left[name] = SiloHint(prices=tuple(float(x) for x in prices[b * T:(b + 1) * T]),
-                              choice={ids[where[i]]: int(table.config[chosen[i]]) for i in on})
+        out[name] = dict(zip(types, held[b].tolist(), strict=True))
+        left[name] = SiloHint(prices=tuple(prices[b * T:(b + 1) * T].tolist()),
+                              choice=choices[b])
     return out, left, {"silo_solves": float(len(silos)),
                        "silo_alone": float(sol.stats.get("blocks_alone", len(silos)))}
 

@@ -34,21 +34,31 @@ def _repair(c: _Cols, choice: np.ndarray) -> np.ndarray:
         cand_freed = _cat(freed, c.gpus[choice[jobs_t]]).astype(np.float64)
         cand_loss = _cat(c.val[cur] - c.val[cols], c.val[choice[jobs_t]] - c.none[jobs_t])
         order = np.argsort(cand_loss / cand_freed, kind="stable")
-        moved = np.zeros(c.n, dtype=bool)
-        for k in order.tolist():
-            j, col = int(cand_job[k]), int(cand_col[k])
-            if moved[j]:
+        # The moves one at a time, in Python ints (as in `_fill`): a repair from every
+        # job's best option can move thousands of jobs, and numpy's per-element cost
+        # dominated it. A job moves at most once, so its old GPUs are known up front.
+        to = cand_col[order]
+        moves = zip(cand_job[order].tolist(), to.tolist(),
+                    np.where(to >= 0, c.typ[np.maximum(to, 0)], -1).tolist(),
+                    np.where(to >= 0, c.gpus[np.maximum(to, 0)], 0).tolist(),
+                    c.gpus[choice[cand_job[order]]].tolist(), strict=True)
+        free = slack.tolist()
+        moved: dict[int, int] = {}
+        for j, col, col_t, col_g, old_g in moves:
+            if j in moved:
                 continue
-            old = int(choice[j])
-            if col >= 0 and c.typ[col] != t and c.gpus[col] > slack[c.typ[col]]:
+            if col >= 0 and col_t != t and col_g > free[col_t]:
                 continue
-            slack[t] += c.gpus[old]
+            free[t] += old_g
             if col >= 0:
-                slack[c.typ[col]] -= c.gpus[col]
-            choice[j], moved[j] = col, True
-            if slack[t] >= 0:
+                free[col_t] -= col_g
+            moved[j] = col
+            if free[t] >= 0:
                 break
-        if not moved.any():  # cannot happen with positive GPUs; never loop forever
+        slack = np.array(free, dtype=np.int64)
+        if moved:
+            choice[list(moved)] = list(moved.values())
+        else:  # cannot happen with positive GPUs; never loop forever
             choice[jobs_t] = -1
             slack = c.cap - c.usage(choice)
             if slack[t] < 0:
@@ -149,19 +159,20 @@ def _shift(c: _Cols, choice: np.ndarray, allowed: np.ndarray, none_ok: np.ndarra
             jobs, starts, counts = jobs[keep], starts[keep], counts[keep]
         # Net change u in [-reach, slack + reach] at index u + reach.
         width = slack + 2 * reach + 1
-        f = np.full(width, -np.inf)
+        # f is a view into a buffer with `reach` (>= every |opt_dg|) entries of -inf on
+        # either side: a move out of range reads -inf, with no clip and mask per job.
+        padded = np.full(width + 2 * reach, -np.inf)
+        f = padded[reach:reach + width]
         f[reach] = 0.0
-        pos = np.arange(width)
+        at = np.arange(width) + reach
         args = []
         for s0, k in zip(starts.tolist(), counts.tolist(), strict=True):
-            src = pos[None, :] - opt_dg[s0:s0 + k, None]
-            valid = (src >= 0) & (src < width)
-            cand = np.where(valid, f[np.clip(src, 0, width - 1)], -np.inf)
+            cand = padded[at[None, :] - opt_dg[s0:s0 + k, None]]
             cand += opt_gain[s0:s0 + k, None]
             top = cand.max(axis=0)
             better = top > f + 1e-12
             args.append(np.where(better, cand.argmax(axis=0) + 1, 0))
-            f = np.where(better, top, f)
+            np.copyto(f, top, where=better)
         u = int(np.argmax(f[:reach + slack + 1]))
         if f[u] <= 1e-12:
             continue
