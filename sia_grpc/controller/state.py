@@ -73,7 +73,7 @@ from sia_grpc.controller.profiling import PROFILE_SLOT, Profiling
 from sia_grpc.controller.records import (
     JobRec,
     NodeRec,
-    dump_extra,
+    encode_extra,
     load_extra,
     timestamp,
 )
@@ -191,7 +191,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
 
     def extra(self, job_id: str) -> bytes:
         """The controller-private part of a job, persisted beside it."""
-        return json.dumps(dump_extra(self.jobs[job_id]), separators=(",", ":")).encode()
+        return encode_extra(self.jobs[job_id])
 
     # ------------------------------------------------------------ dispatch
 
