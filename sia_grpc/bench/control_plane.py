@@ -86,7 +86,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         async with asyncio.timeout(600):  # every job profiled
             while c.state.jobs_by_state().get("PROFILING", 0):
                 await asyncio.sleep(0.2)
-        totals, solves = [], []
+        totals, solves, phases = [], [], []
         for _ in range(rounds + 1):  # the first round places everyone: reported apart
             before = len(c.rounds)
             c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
@@ -96,6 +96,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
             rnd = c.rounds[-1]
             totals.append(rnd.total_ms)
             solves.append(rnd.total_ms - rnd.dispatch_ms)
+            phases.append((rnd.estimate_ms, rnd.solve_ms, rnd.place_ms))
             await asyncio.sleep(1.0)  # telemetry flows between rounds, as in a 60 s round
         gpus = sum(n * g for n, g in per_type.values())
         t, s = np.array(totals[1:]), np.array(solves[1:])
@@ -107,7 +108,13 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                 "solve_p50_ms": float(np.median(s)), "solve_p95_ms": float(np.percentile(s, 95)),
                 "rest_p50_ms": float(np.median(rest)),
                 "rest_p95_ms": float(np.percentile(rest, 95)),
-                "jobs_moved_last": int(c.rounds[-1].jobs_moved)}
+                # the solver process's phases (medians): estimate, build + solve, place
+                **dict(zip(("estimate_p50_ms", "ilp_p50_ms", "place_p50_ms"),
+                           np.median(np.array(phases[1:]), axis=0).tolist(), strict=True)),
+                "jobs_moved_last": int(c.rounds[-1].jobs_moved),
+                # (this process: the controller and the submitting client; the agents
+                # and the solver run in their own)
+                "controller_peak_rss_mib": _peak_rss_mib()}
 
 
 def _submit_load(target: str, creates: int, clients: int) -> tuple[int, float]:
@@ -161,6 +168,10 @@ async def create_throughput(creates: int, clients: int, store: str = "") -> dict
     return {"store": describe(store) if store else "sqlite", "creates": creates,
             "clients": clients, "accepted": warm + accepted,
             "durable": durable, "create_per_s": accepted / wall, "wall_s": wall}
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _cpu_s() -> float:
@@ -219,7 +230,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
             "jobs": jobs, "accepted": accepted, "durable": durable,
             "create_per_s": accepted / wall, "states": states, "round_ms": round_ms,
             "rounds": round_parts, "controller_cpu_s": cpu, "elapsed_s": elapsed,
-            "controller_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "controller_peak_rss_mib": _peak_rss_mib()}
 
 
 def run_load(*, agents: int, gpus_per_agent: int, jobs: int, clients: int,
@@ -278,6 +289,9 @@ def _report(r: dict, agents_in_process: bool) -> None:
     print(f"  tick → last ack  p50 {rl['round_p50_ms']:8.1f} ms   p95 {rl['round_p95_ms']:8.1f} ms")
     print(f"  solve            p50 {rl['solve_p50_ms']:8.1f} ms   p95 {rl['solve_p95_ms']:8.1f} ms")
     print(f"  rest (dispatch)  p50 {rl['rest_p50_ms']:8.1f} ms   p95 {rl['rest_p95_ms']:8.1f} ms")
+    print(f"  in the solve: estimate p50 {rl['estimate_p50_ms']:.1f} ms, build + solve "
+          f"{rl['ilp_p50_ms']:.1f} ms, place {rl['place_p50_ms']:.1f} ms")
+    print(f"  controller process peak RSS {rl['controller_peak_rss_mib']:.0f} MiB")
     print(f"CreateJob: {ct['clients']} clients, {ct['creates']} timed in {ct['wall_s']:.1f} s"
           f" = {ct['create_per_s']:,.0f}/s (after an untimed warm-up); durable after "
           f"shutdown: {ct['durable']} of {ct['accepted']} accepted")

@@ -47,7 +47,7 @@ class Agents:
         # booked on the missing ones is gone; a pass there is run again, a job requeued.
         for g in sorted(g for g in node.holder if g >= node.num_gpus):
             rec = self.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
-            self._capacity_changed(node.gpu_type)
+            self._capacity_changed(node)
             if rec is None:
                 continue
             for t, (name, gpu) in list(rec.profiling.items()):
@@ -60,7 +60,7 @@ class Agents:
                 if not stopping:
                     self._interrupt(rec, ev.at, f"requeued: {node.name} lost GPU {g}", out)
         node.state, node.last_seen = self._up_state(node.name), ev.at
-        self._capacity_changed(node.gpu_type)
+        self._capacity_changed(node)
         # Its drain state, where the agent's differs: one that restarted forgot a
         # drain, one whose stream broke may have missed its end.
         if ev.draining != (node.name in self.drained):
@@ -154,7 +154,7 @@ class Agents:
             g = t.profile_gpu if t.profile and t.HasField("profile_gpu") else -1
             if g in node.holder and node.holder[g] == t.job_id:
                 del node.holder[g]
-                self._capacity_changed(node.gpu_type)
+                self._capacity_changed(node)
             return
         if t.profile:
             self._profiled(rec, node, t, out)

@@ -7,11 +7,13 @@ The books: `NodeRec.holder` (GPU index → the job physically on it), and per jo
 GPU); `_stops_due` indexes the STOPs in flight. A GPU is freed only by the event
 that proves it: a STOP's ack (`_stopped`), a pass's result, an agent lost.
 The capacity epoch and the freed types let the scans that look for work (moves to
-start, passes to begin) run only when something they depend on changed."""
+start, passes to begin) run only when something they depend on changed; the woken
+jobs and nodes say which moves such a scan looks at (`Moves._dispatch_pending`)."""
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 
 from sia_grpc.api import pb
 from sia_grpc.controller.records import (
@@ -29,12 +31,13 @@ class GpuLedger:
         rec.held_gen.pop(node_name, None)
         rec.stopping.discard(node_name)
         self._released.add(rec.job_id)
+        self._wake_jobs.add(rec.job_id)  # (all released: its move may start)
         node = self.nodes.get(node_name)
         if node is not None:
             for g in gpus:
                 if node.holder.get(g) == rec.job_id:
                     del node.holder[g]
-                    self._capacity_changed(node.gpu_type)
+                    self._capacity_changed(node)
 
     def _stopped(self, rec: JobRec | None, node: NodeRec, job_id: str, generation: int,
                  stop_id: int) -> None:
@@ -52,7 +55,7 @@ class GpuLedger:
         for g in [g for g, j in node.holder.items() if j == job_id and not self._explained(
                 rec, node.name, g)]:
             del node.holder[g]
-            self._capacity_changed(node.gpu_type)
+            self._capacity_changed(node)
 
     def _stop_pending(self, job_id: str, node: str) -> bool:
         return self._stops_due[job_id, node] > 0
@@ -76,7 +79,7 @@ class GpuLedger:
                 self._want_profiles((rec.job_id,))
             if node is not None and node.holder.get(gpu) == rec.job_id:
                 del node.holder[gpu]
-                self._capacity_changed(node.gpu_type)
+                self._capacity_changed(node)
 
     def _reserved_gpus(self) -> set[tuple[str, int]]:
         """GPUs a pending RUN will take (those held already are in node.holder)."""
@@ -101,18 +104,53 @@ class GpuLedger:
     def _set_moving(self, rec: JobRec, moving: bool, *, started: bool = False) -> None:
         rec.moving = moving
         if moving:
-            self._moving[rec.job_id] = None
+            # (a job moved again keeps its place in line: dispatch order is first come)
+            if rec.job_id not in self._moving:
+                self._moving_seq += 1
+                self._moving[rec.job_id] = self._moving_seq
+            self._wake_jobs.add(rec.job_id)
         else:
-            self._moving.pop(rec.job_id, None)
+            self._forget_move(rec.job_id)
         if not started:  # a move wanted, or its reserved GPUs given up
             self._capacity_changed()
 
-    def _capacity_changed(self, gpu_type: str = "") -> None:
-        """GPUs of `gpu_type` (or "": of any type) may have become idle."""
+    def _forget_move(self, job_id: str) -> None:
+        self._moving.pop(job_id, None)
+        self._wait_on(job_id, ())
+
+    def _wait_on(self, job_id: str, nodes: Iterable[str]) -> None:
+        """Index a move that cannot start yet by the nodes its target needs: a GPU
+        freed there (or the node leaving) wakes it; others leave it alone."""
+        for name in self._waits.pop(job_id, ()):
+            waiting = self._waiting_on[name]
+            waiting.discard(job_id)
+            if not waiting:
+                del self._waiting_on[name]
+        nodes = tuple(nodes)
+        if nodes:
+            self._waits[job_id] = nodes
+            for name in nodes:
+                self._waiting_on.setdefault(name, set()).add(job_id)
+
+    def _woken_moves(self) -> list[str]:
+        """The moves to look at, in dispatch order: those whose own record changed,
+        and those waiting on a node whose GPUs or state changed, since the last look.
+        Any other cannot start now: nothing it waits on has changed."""
+        woken = self._wake_jobs
+        for name in self._wake_nodes:
+            woken.update(self._waiting_on.get(name, ()))
+        self._wake_jobs, self._wake_nodes = set(), set()
+        return sorted((j for j in woken if j in self._moving), key=self._moving.__getitem__)
+
+    def _capacity_changed(self, node: NodeRec | None = None) -> None:
+        """GPUs of `node` (or None: of any type) may have become idle, or the node
+        changed state: the moves waiting on it are looked at again."""
         self._capacity_epoch += 1
-        if gpu_type:
-            self._freed_types.add(gpu_type)
-        else:
+        if node is not None:
+            self._wake_nodes.add(node.name)
+        if node is not None and node.gpu_type:
+            self._freed_types.add(node.gpu_type)
+        else:  # (a restored node whose type its agent has not said yet: any type)
             self._freed_all = True
 
     def _idle_gpu(self, gpu_type: str, busy: set) -> tuple[str, int] | None:

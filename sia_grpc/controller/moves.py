@@ -27,17 +27,21 @@ class Moves:
     """A part of `ControllerState`: moving GPUs (the module docstring)."""
 
     def _dispatch_pending(self, at: float, out: list[Action]) -> None:
-        """Start every job whose target's GPUs are all released."""
+        """Start every job whose target's GPUs are all released.
+
+        Only the moves something changed for are looked at (`_woken_moves`): a freed
+        GPU wakes the moves waiting on its node, not every move in the cluster, so a
+        round that moves hundreds of jobs costs acks, not moves x acks."""
         if self._dispatch_scanned == self._capacity_epoch:
             return  # nothing freed, no move wanted or dropped: none can start now
         self._dispatch_scanned = self._capacity_epoch
-        for job_id in list(self._moving):
+        for job_id in self._woken_moves():
             rec = self.jobs.get(job_id)
             if rec is None or not rec.moving or rec.state in TERMINAL:
-                self._moving.pop(job_id, None)
+                self._forget_move(job_id)
                 continue
             if rec.held:
-                continue
+                continue  # woken again when it has released them all (`_release`)
             target = rec.target
             gone = target and sorted({g.node for g in target.gpus if g.node not in self.nodes
                                       or self.nodes[g.node].state != pb.NODE_STATE_READY})
@@ -58,6 +62,7 @@ class Moves:
             # (`NodeRec.bookable`): a restored node's agent may report a pass there.
             if any(self.nodes[g.node].holder.get(g.index) is not None
                    or not self.nodes[g.node].bookable for g in target.gpus):
+                self._wait_on(job_id, {g.node for g in target.gpus})
                 continue
             self._run(rec, target, at, out)
 
@@ -212,4 +217,4 @@ class Moves:
                         if rec.alloc is not None and not rec.moving:
                             self._interrupt(rec, at, f"requeued: node {node.name} lost", out)
                 node.holder.clear()
-                self._capacity_changed(node.gpu_type)
+                self._capacity_changed(node)

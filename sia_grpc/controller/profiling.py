@@ -42,7 +42,7 @@ class Profiling:
             g = t.profile_gpu
             if node.holder.get(g) == rec.job_id and not self._explained(rec, node.name, g):
                 del node.holder[g]
-                self._capacity_changed(node.gpu_type)
+                self._capacity_changed(node)
             return
         if where is None or where[0] != node.name:
             return
@@ -54,13 +54,14 @@ class Profiling:
             # capacity: the same GPU would be offered, and refused, at once.
             if node.holder.get(where[1]) == rec.job_id:
                 del node.holder[where[1]]
+                self._wake_nodes.add(node.name)  # (a move waiting on it: at the next look)
             if rec.state == pb.JOB_STATE_PROFILING:
                 rec.job.status.reason = f"waiting: profiling on {node.gpu_type} ({t.profile_error})"
             self._to_profile[rec.job_id] = None
             return
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
-            self._capacity_changed(node.gpu_type)
+            self._capacity_changed(node)
         rec.profiled.add(node.gpu_type)
         if t.profile_error:
             rec.profile_errors[node.gpu_type] = t.profile_error[:1000]  # what an agent sends

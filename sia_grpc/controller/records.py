@@ -9,6 +9,7 @@ controller can read an older blob or refuse one from the future.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,10 @@ class JobRec:
     # The round's reason for a move, shown once the move lands (RUNNING, or QUEUED if
     # preempted); until then the job says it is checkpointing or starting.
     next_reason: str = ""
+    # The samples' JSON as last persisted, with the estimator's (uid, version) it was
+    # encoded at: most writes of a record change its status, not its samples.
+    samples_json: tuple[tuple[int, int] | None, str] = field(
+        default=(None, ""), repr=False, compare=False)
 
     def restart_s(self) -> float:
         """S_i of Sia's restart factor: measured when known, else the spec's hint."""
@@ -186,17 +191,27 @@ def samples_per_second(s: pb.ThroughputSample) -> float:
 EXTRA_VERSION = 2
 
 
-def dump_extra(rec: JobRec) -> dict:
-    return {
-        "v": EXTRA_VERSION,
-        "samples": [[*k, *v] for k, v in rec.samples.items()],
+def encode_extra(rec: JobRec) -> bytes:
+    """The extra blob (compact JSON). Its bulk, the samples, is encoded again only
+    when they changed: every change to them is new data for the job's estimator,
+    which bumps its version (`_telemetry`, `_profiled`, `load_extra`)."""
+    key = (rec.estimator.uid, rec.estimator.version)
+    if rec.samples_json[0] != key:
+        rows = [[*k, *v] for k, v in rec.samples.items()]
+        rec.samples_json = (key, json.dumps(rows, separators=_COMPACT))
+    rest = json.dumps({
         "grad": [rec.grad.sqr, rec.grad.var] if rec.grad else None,
         "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
         "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
         "generation": rec.generation, "checkpoint": rec.checkpoint,
         "attained": rec.attained, "restart_cost": rec.restart_cost,
         "restart_began": rec.restart_began,
-    }
+    }, separators=_COMPACT)
+    # (spliced: the same bytes as one json.dumps of the whole, samples second)
+    return f'{{"v":{EXTRA_VERSION},"samples":{rec.samples_json[1]},{rest[1:]}'.encode()
+
+
+_COMPACT = (",", ":")
 
 
 def load_extra(rec: JobRec, d: Mapping) -> None:

@@ -73,7 +73,7 @@ from sia_grpc.controller.profiling import PROFILE_SLOT, Profiling
 from sia_grpc.controller.records import (
     JobRec,
     NodeRec,
-    dump_extra,
+    encode_extra,
     load_extra,
     timestamp,
 )
@@ -115,8 +115,16 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
         # STOPs sent and not yet acknowledged, per (job, node): an index of _pending_acks.
         self._stops_due: collections.Counter[tuple[str, str]] = collections.Counter()
-        # Jobs waiting for stops or GPUs to start again (an ordered set: no sort per scan).
-        self._moving: dict[str, None] = {}
+        # Jobs waiting for stops or GPUs to start again -> their place in line.
+        self._moving: dict[str, int] = {}
+        self._moving_seq = 0
+        # Which of them a dispatch looks at (`GpuLedger._woken_moves`): jobs whose
+        # record changed, nodes whose GPUs or state changed since the last look, and
+        # the moves that could not start, by the nodes their targets need.
+        self._wake_jobs: set[str] = set()
+        self._wake_nodes: set[str] = set()
+        self._waiting_on: dict[str, set[str]] = {}
+        self._waits: dict[str, tuple[str, ...]] = {}
         # Jobs that may still need a profiling pass, oldest first (a dict as an
         # ordered set: the first to come is the first profiled).
         self._to_profile: dict[str, None] = {}
@@ -183,7 +191,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
 
     def extra(self, job_id: str) -> bytes:
         """The controller-private part of a job, persisted beside it."""
-        return json.dumps(dump_extra(self.jobs[job_id]), separators=(",", ":")).encode()
+        return encode_extra(self.jobs[job_id])
 
     # ------------------------------------------------------------ dispatch
 
@@ -196,6 +204,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                 self._cancel(event, out)
             case JobDeleted():
                 rec = self.jobs.pop(event.job_id, None)
+                self._forget_move(event.job_id)
                 if rec is not None and rec.state not in TERMINAL:
                     self.active_by_tenant[rec.job.spec.tenant] -= 1
             case AgentRegistered():
@@ -282,7 +291,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         if ev.reason is None:
             self._type_arriving(node.gpu_type)
         node.state = self._up_state(node.name)
-        self._capacity_changed(node.gpu_type)
+        self._capacity_changed(node)
         out.append(self._drain_message(node.name))
         # Draining: an early round moves its jobs to idle GPUs (or queues them) and
         # leaves every other job where it is. Undrained: its GPUs are idle ones.
@@ -297,7 +306,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         assert not node.holder, f"LOST node {node.name} holds GPUs"
         del self.nodes[node.name]
         self.drained.pop(node.name, None)
-        self._capacity_changed(node.gpu_type)  # moves headed there are looked at again
+        self._capacity_changed(node)  # moves headed there are looked at again
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""

@@ -155,6 +155,23 @@ class Agent:
         return pass_result(self.gpu_type, self.passes.pop(gpu))
 
 
+def startable_moves(st) -> list[str]:
+    """Moves a look at every one would start (or requeue) now: a dispatch that looks
+    only at the moves something changed for (`GpuLedger._woken_moves`) must leave
+    none behind."""
+    out = []
+    for job_id in st._moving:
+        rec = st.jobs.get(job_id)
+        if rec is None or not rec.moving or rec.state in TERMINAL_STATES or rec.held:
+            continue
+        nodes = [st.nodes.get(g.node) for g in rec.target.gpus] if rec.target else []
+        if rec.target is None or any(n is None or n.state != pb.NODE_STATE_READY for n in nodes) \
+                or all(n.holder.get(g.index) is None and n.bookable
+                       for n, g in zip(nodes, rec.target.gpus, strict=True)):
+            out.append(job_id)
+    return out
+
+
 class Chaos:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -179,7 +196,11 @@ class Chaos:
 
     def feed(self, event: Event) -> None:
         solves = []
-        for a in self.state.handle(event):
+        scanned = self.state._dispatch_scanned
+        actions = self.state.handle(event)
+        if self.state._dispatch_scanned != scanned:  # it looked for moves to start
+            assert not startable_moves(self.state), (event, startable_moves(self.state))
+        for a in actions:
             if isinstance(a, Send):
                 agent = self.agents[a.node_id]
                 if agent.connected:  # else dropped; re-sent when it registers

@@ -408,6 +408,7 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
     assert rl["gpus"] == agents * gpus_per_agent
     assert rl["round_p50_ms"] >= rl["solve_p50_ms"] > 0
     assert rl["round_p95_ms"] >= rl["round_p50_ms"]
+    assert rl["controller_peak_rss_mib"] > 0
     ct = await create_throughput(creates=creates, clients=2)
     # `creates` warm-up creates, then the `creates` timed: every accepted one is durable.
     assert ct["accepted"] == ct["durable"] == 2 * creates and ct["create_per_s"] > 0

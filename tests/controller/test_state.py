@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.api import TERMINAL_STATES, pb
+from sia_grpc.controller.records import JobRec, load_extra
 from sia_grpc.controller.state import (
     AgentMessage,
     ControllerState,
@@ -976,3 +977,71 @@ def test_telemetry_sets_the_jobs_throughput_and_a_restart_its_measured_cost():
     assert status.throughput == pytest.approx(2 * 32 * 2 / (0.5 + 0.4))
     assert status.restart_seconds == pytest.approx(7.0)
     assert json.loads(h.state.extra("j1"))["restart_began"] is None
+
+
+class _CountingJobs(dict):
+    """The state's jobs, counting lookups (how many records an event looks at)."""
+
+    looked = 0
+
+    def get(self, key, default=None):
+        self.looked += 1
+        return super().get(key, default)
+
+
+def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
+    """Regression (issue 17, profiled at 1,000 agents): every freed GPU made the next
+    event re-examine every moving job, so a round moving hundreds of jobs cost moves x
+    acks. Now a STOP's ack looks at the moves waiting on that node alone; all still
+    start, each on the GPU the round gave it."""
+    n = 30
+    h = Harness({f"n{k:02}": ("rtx", 1) for k in range(n)})
+    for k in range(n):
+        h.submit(f"j{k:02}", max_gpus=1)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    recs = [h.state.jobs[f"j{k:02}"] for k in range(n)]
+    assert all(r.state == pb.JOB_STATE_RUNNING for r in recs)
+    h.state.handle(Tick(h.now, "timer"))  # a round the test answers: every job moves on
+    nodes = [r.alloc.gpus[0].node for r in recs]
+    moves = {r.job_id: dataclasses.replace(r.alloc, gpus=(GpuId(nodes[(k + 1) % n], 0),))
+             for k, r in enumerate(recs)}
+    h.feed(SolveFinished(h.now, h.state.solving, RoundResult(
+        allocations=moves, restarted=frozenset(moves), objective=0.0, timings={},
+        reasons=dict.fromkeys(moves, "running"))))
+    assert all(r.moving and r.held for r in recs)  # each waits for a STOP's ack
+    h.state.jobs = jobs = _CountingJobs(h.state.jobs)
+    h.check = lambda: None  # (the invariant check looks at every record: once, below)
+    h.deliver()  # n acks, each freeing one node
+    h.state.check_invariants()
+    assert all(r.state == pb.JOB_STATE_RUNNING for r in recs)
+    assert {r.job_id: r.alloc.gpus for r in recs} == {j: a.gpus for j, a in moves.items()}
+    assert jobs.looked < 8 * n, jobs.looked  # a scan of every move per ack: ~n * n
+
+
+def test_a_records_samples_are_encoded_again_only_when_they_change():
+    """Issue 17: JSON-encoding every record's samples on every write was 15 s of a
+    79 s profile of five rounds at 1,000 agents, mostly for writes that changed only
+    the status. The samples are kept encoded until the estimator has new data."""
+    h = Harness(NODES)
+    rec = h.run("j1")
+    node = next(g.node for g in rec.alloc.gpus)
+    first = h.state.extra("j1")
+    encoded = rec.samples_json[1]
+    rec.job.status.progress = 0.5  # a status change: the samples are not encoded again
+    h.state.extra("j1")
+    assert rec.samples_json[1] is encoded
+    t = pb.Telemetry(job_id="j1", generation=rec.generation, progress=0.2)
+    t.samples.add(gpu_type="rtx", num_nodes=1, num_replicas=3, atomic_batch_size=48,
+                  step_time_s=0.7, sync_time_s=0.1)
+    h.feed(AgentMessage(h.now, node, pb.AgentMessage(telemetry=t)))  # a new shape
+    extra = h.state.extra("j1")
+    assert ["rtx", 1, 3, 48, 0, 0.7, 0.1] in json.loads(extra)["samples"]
+    assert json.loads(extra)["samples"][:-1] == json.loads(first)["samples"]
+    # The same bytes as encoding the whole at once; read back, the same record.
+    assert extra == json.dumps(json.loads(extra), separators=(",", ":")).encode()
+    back = JobRec(job=rec.job, res=rec.res)
+    load_extra(back, json.loads(extra))
+    assert back.samples == rec.samples and back.held == rec.held
+    assert back.estimator.version == len(rec.samples)
