@@ -21,7 +21,7 @@ import structlog
 
 from sia_grpc.api import pb
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.slurm.commands import Slurm, SlurmError
+from sia_grpc.slurm.commands import JobEnded, Slurm, SlurmError
 from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.slurm.ticket import Ticket
 from sia_grpc.slurm.translate import Action, SlurmJob, build_round, plan, read_jobs, read_nodes
@@ -59,10 +59,12 @@ def grpc_optimizer(target: str, *, token: str | None = None, ca: str | None = No
 
 @dataclass
 class RoundReport:
-    """What one round did: the actions taken, and those that failed (with why)."""
+    """What one round did: the actions taken, those that failed (with why), and the
+    moves left undone because the job had ended since the round read it."""
 
     actions: list[Action] = field(default_factory=list)
     failed: list[tuple[Action, str]] = field(default_factory=list)
+    skipped: list[Action] = field(default_factory=list)  # moves of jobs that had ended
     moved: dict[int, int] = field(default_factory=dict)  # old Slurm id -> new
     left_out: dict[str, str] = field(default_factory=dict)  # node -> why
     invalid: dict[str, str] = field(default_factory=dict)  # sia id -> why
@@ -105,6 +107,10 @@ class Bridge:
         for action in plan(rnd, response):
             try:
                 new = self.slurm.apply(action, raw.get(action.job_id))
+            except JobEnded as err:  # finished since the round read it: nothing to do
+                self.log.info("slurm.move_skipped", job=action.job_id, reason=str(err))
+                report.skipped.append(action)
+                continue
             except SlurmError as err:
                 self.log.warning("slurm.action_failed", kind=action.kind, job=action.job_id,
                                  error=str(err))

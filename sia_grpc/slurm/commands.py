@@ -9,6 +9,7 @@ is the bridge's, or the one given.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,11 +19,21 @@ from sia_grpc.slurm.ticket import Shape, Ticket
 if TYPE_CHECKING:  # (the bridge's: `sia-slurm env` imports this module, not the policy)
     from sia_grpc.slurm.translate import Action
 
-__all__ = ["Slurm", "SlurmError"]
+__all__ = ["JobEnded", "Slurm", "SlurmError"]
 
 
 class SlurmError(RuntimeError):
     """A Slurm command failed: the command and its output."""
+
+
+class JobEnded(SlurmError):
+    """The job to move has ended by itself since the round read it: not moved (a copy
+    would start from its final checkpoint and end at once, holding GPUs meanwhile)."""
+
+
+# Job states in which a job is still Sia's to move (`scontrol show job`'s JobState).
+_MOVABLE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUED",
+                      "RESIZING"})
 
 
 def _gpus_request(shape: Shape) -> list[str]:
@@ -59,6 +70,15 @@ class Slurm:
         # (22.05's squeue --json ignores -j and -t: the caller filters)
         return json.loads(self.run("squeue", "--json"))
 
+    def state(self, job_id: int) -> str | None:
+        """The job's state now (`scontrol show job`, one line), None once it is gone."""
+        try:
+            out = self.run("scontrol", "show", "job", "-o", str(job_id))
+        except SlurmError:
+            return None
+        m = re.search(r"\bJobState=(\S+)", out)
+        return m.group(1) if m else None
+
     # -- writes --------------------------------------------------------------------------
 
     def apply(self, action: Action, raw: Mapping[str, Any] | None = None) -> int | None:
@@ -70,6 +90,9 @@ class Slurm:
         elif action.kind == "release":
             self.run("scontrol", "release", str(action.job_id))
         elif action.kind == "move":
+            # (The round read the job a moment ago; one that has ended since is done.)
+            if (state := self.state(action.job_id)) not in _MOVABLE:
+                raise JobEnded(f"job {action.job_id} is {state or 'gone'}: not moved")
             new = self.resubmit(action.job_id, action.ticket, raw or {})
             self.cancel(action.job_id)
             return new

@@ -5,6 +5,7 @@ cannot run (`make venv` installs Debian's slurm-wlm as root)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -14,9 +15,9 @@ import pytest
 
 from sia_grpc.cli import main as sia
 from sia_grpc.slurm.bridge import Bridge, in_process_optimizer
-from sia_grpc.slurm.commands import Slurm
+from sia_grpc.slurm.commands import JobEnded, Slurm
 from sia_grpc.slurm.reports import ReportServer
-from sia_grpc.slurm.translate import SlurmJob, build_round, read_jobs, read_nodes
+from sia_grpc.slurm.translate import Action, SlurmJob, build_round, read_jobs, read_nodes
 from sia_grpc.testing import slurm as testing_slurm
 
 pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(120)]
@@ -243,3 +244,24 @@ def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm,
     assert report.actions == [] and report.failed == []
     jobs = _jobs(slurm)
     assert jobs[by_hand].state == "RUNNING" and jobs[held].admin_held
+
+
+def test_a_job_that_ended_since_the_round_read_it_is_not_moved(cluster, slurm, capsys,
+                                                                tmp_path):
+    # A round reads the queue, decides, then acts: a job that finishes in between was
+    # copied, and the copy started from its final checkpoint and ended at once,
+    # holding GPUs meanwhile. A move now looks at the job first.
+    spec = tmp_path / "quick.yaml"
+    spec.write_text(f"name: quick\n{SPEC}")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", str(spec), "--", "true"]) == 0
+    job_id = int(capsys.readouterr().out.strip())
+    (start,) = _bridge(slurm).round().actions
+    deadline = time.monotonic() + WAIT_S
+    while slurm.state(job_id) not in ("COMPLETED", None):
+        assert time.monotonic() < deadline, f"job {job_id} did not finish"
+        time.sleep(0.2)
+    move = Action("move", job_id, dataclasses.replace(start.ticket, shape=None, moves=1))
+    with pytest.raises(JobEnded, match="not moved"):
+        slurm.apply(move, {})
+    assert max(int(j["job_id"]) for j in slurm.jobs_json()["jobs"]) == job_id  # no copy
