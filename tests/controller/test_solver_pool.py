@@ -104,3 +104,28 @@ async def test_the_solver_process_keeps_its_estimates_across_rounds():
     assert second.solver_stats["estimates_made"] == 0
     assert third.solver_stats["estimates_made"] == 1
     assert dict(second.allocations) == dict(first.allocations)
+
+
+async def test_a_round_ships_the_estimators_the_solver_process_holds_by_reference():
+    """Each job's estimator (most of its bytes) goes by (uid, version) where the worker
+    has it from the last round; the answers are the same, a changed estimator goes in
+    full, and a new worker (the old one killed) gets the round again in full."""
+    pool = SolverPool(PolicySpec("sia", ()))
+    try:
+        first = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+        full = pool.shipped_bytes
+        second = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+        by_reference = pool.shipped_bytes
+        changed = job("j0", "cifar10")
+        third = await pool.solve(CLUSTER, [changed, *JOBS[1:]], {}, timeout=120.0)
+        one_new = pool.shipped_bytes
+        pool._pool.shutdown(wait=True)  # (a worker gone without the pool knowing:
+        pool._pool = None               # the next one holds nothing)
+        fourth = await pool.solve(CLUSTER, JOBS, {}, timeout=120.0)
+    finally:
+        pool.close()
+    assert by_reference < full / 3 and by_reference < one_new < full
+    assert dict(second.allocations) == dict(first.allocations)
+    assert third.solver_stats["estimates_made"] == 1  # (the others found, as before)
+    assert dict(fourth.allocations) == dict(first.allocations)
+    assert pool.shipped_bytes == full  # asked for again in full
