@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,7 @@ from sia_grpc.models.goodput import (
 )
 from sia_grpc.models.throughput import PerfParams, compute_time, fit_perf_params, step_time
 
-__all__ = ["ThroughputEstimator", "JobGoodputModel", "evaluate_many"]
+__all__ = ["ThroughputEstimator", "JobGoodputModel", "evaluate_jobs", "evaluate_many"]
 
 _Key = tuple[int, int, int]  # (num_nodes, num_replicas, atomic_bsz)
 
@@ -285,6 +285,13 @@ class JobGoodputModel:
             self.init_batch_size, self.max_batch_size, self.accumulation,
             tuple(sorted(limits.items()))))
 
+    def __getstate__(self) -> dict:
+        # The last estimate (`evaluate_many`'s memo) stays in this process: a pickled
+        # copy finds it in the receiving process's cache, by content, or makes it.
+        state = self.__dict__.copy()
+        state.pop("_memo", None)
+        return state
+
     def with_grad(self, grad: GradParams) -> JobGoodputModel:
         return dataclasses.replace(self, grad=grad)
 
@@ -378,34 +385,68 @@ class JobGoodputModel:
         return entry.value
 
 
+Rows = tuple[tuple[str, ...], np.ndarray, np.ndarray]  # GPU type, nodes, replicas per row
+
+
 def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray, np.ndarray]],
                   ) -> GoodputEstimate:
     """Best batch choice and goodput for many jobs' configurations at once.
 
     Each item is (model, GPU type per configuration, nodes, replicas); the result
     is the concatenation, in item order, of what `model.evaluate` gives for each
-    configuration (all fields as floats; the integer ones are exact). The
-    scheduler scores thousands of jobs a round, most of them unchanged since the
-    last: an item whose grid and gradient statistics are those of a cached
-    estimate takes it; the rest are scored in one numpy pass over their stacked
-    batch grids, each row with its own job's gradient statistics. Estimates are
-    cached packed, one (5, rows) array per item, so that putting a round together
-    is one concatenation.
+    configuration (all fields as floats; the integer ones are exact). See
+    `evaluate_jobs`, which this is without row keys.
+    """
+    return evaluate_jobs([m for m, *_ in items], None, lambda k: items[k][1:])
+
+
+def evaluate_jobs(models: list[JobGoodputModel], row_keys: list[Hashable] | None,
+                  rows_of: Callable[[int], Rows]) -> GoodputEstimate:
+    """`evaluate_many` of job k's rows `rows_of(k)`, asked for only where needed.
+
+    The scheduler scores thousands of jobs a round, most of them unchanged since the
+    last: a job whose grid and gradient statistics are those of a cached estimate
+    takes it; the rest are scored in one numpy pass over their stacked batch grids,
+    each row with its own job's gradient statistics. Estimates are cached packed,
+    one (5, rows) array per job, so that putting a round together is one
+    concatenation.
+
+    `row_keys[k]`, where given, is a compact value equal between two calls exactly
+    when job k's rows are (the policy's candidate rows as one bytes object). The
+    model object then keeps its last estimate with it (`_memo`), and a job whose
+    rows, estimator version and gradient statistics match takes it without its
+    rows or the cache's key being built: at 20,000 jobs, building, hashing and
+    comparing those nested keys, scattered in memory, was most of a steady round's
+    estimate. (A model pickled to another process leaves its memo behind; there the
+    cache, keyed by content, serves it.)
     """
     CACHE.new_round()
-    if not items:
+    if not models:
         return GoodputEstimate(*np.zeros((len(_EST_FIELDS), 0)))
-    keys = [model._rows_key(types, nodes, reps) for model, types, nodes, reps in items]
-    est_keys = [(key, float(m.grad.sqr), float(m.grad.var))
-                for key, (m, *_) in zip(keys, items, strict=True)]
-    packed = [None if e is None else e.value for e in CACHE.get_many(est_keys)]
-    stale = [k for k, est in enumerate(packed) if est is None]
-    CACHE.found += len(items) - len(stale)
+    packed: list[np.ndarray | None] = [None] * len(models)
+    asked: list[int] = []  # jobs their model's memo did not serve
+    for k, m in enumerate(models):
+        memo = m.__dict__.get("_memo") if row_keys is not None else None
+        if memo is not None:
+            est = m.estimator  # (its attributes, not its properties: 20,000 calls a round)
+            if (memo[0] == row_keys[k] and memo[1] == est._uid and memo[2] == est._version
+                    and (memo[3] is m.grad or memo[3] == m.grad)):
+                packed[k] = memo[4]
+                continue
+        asked.append(k)
+    items = {k: (models[k], *rows_of(k)) for k in asked}
+    keys = {k: m._rows_key(*rows) for k, (m, *rows) in items.items()}
+    est_keys = {k: (keys[k], float(models[k].grad.sqr), float(models[k].grad.var))
+                for k in asked}
+    for k, e in zip(asked, CACHE.get_many(list(est_keys.values())), strict=True):
+        packed[k] = None if e is None else e.value
+    stale = [k for k in asked if packed[k] is None]
+    CACHE.found += len(models) - len(stale)
     CACHE.made += len(stale)
     if stale:
         grids = _grids_for([items[k] for k in stale], [keys[k] for k in stale])
         sizes = [g.total.shape[0] for g in grids]
-        per_job = np.array([est_keys[k][1:] + (float(items[k][0].init_batch_size),)
+        per_job = np.array([est_keys[k][1:] + (float(models[k].init_batch_size),)
                             for k in stale])
         rows = np.repeat(per_job, sizes, axis=0)
         est = best_on_grid(BatchGrid.stack(grids),
@@ -414,10 +455,22 @@ def evaluate_many(items: list[tuple[JobGoodputModel, tuple[str, ...], np.ndarray
         fresh.setflags(write=False)
         for k, (a, b) in zip(stale, _spans(sizes), strict=True):
             packed[k] = CACHE.put(est_keys[k], Entry(fresh[:, a:b])).value
+    if row_keys is not None:
+        for k in asked:
+            m = models[k]
+            # A copy, not a view: a view would keep the whole round's array alive.
+            object.__setattr__(m, "_memo", (row_keys[k], m.estimator.uid,
+                                            m.estimator.version, m.grad, _frozen_copy(packed[k])))
     return GoodputEstimate(*np.concatenate(packed, axis=1))
 
 
 _EST_FIELDS = tuple(f.name for f in dataclasses.fields(GoodputEstimate))
+
+
+def _frozen_copy(a: np.ndarray) -> np.ndarray:
+    out = np.array(a)
+    out.setflags(write=False)
+    return out
 
 
 def _grids_for(items, keys=None) -> list[BatchGrid]:

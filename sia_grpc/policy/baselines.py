@@ -93,11 +93,16 @@ class PolluxPolicy(SiaPolicy):
                                   grow_into_idle=False)  # (the baseline as it was measured)
     name: str = "pollux"
 
-    def type_map(self, cluster: Cluster, job: PolicyJob,
-                 current: JobAllocation | None) -> Mapping[str, str]:
-        ref = current.config.gpu_type if current else max(
-            cluster.gpu_types, key=lambda t: (cluster.capacity[t], t))
-        return {t: ref for t in cluster.gpu_types}
+    def type_maps(self, cluster: Cluster, jobs: Sequence[PolicyJob],
+                  previous: Mapping[str, JobAllocation]) -> list[Mapping[str, str]]:
+        """Every type seen as the job's current one (a new job: the largest type's)."""
+        largest = max(cluster.gpu_types, key=lambda t: (cluster.capacity[t], t))
+        out = []
+        for job in jobs:
+            current = previous.get(job.job_id)
+            ref = current.config.gpu_type if current else largest
+            out.append({t: ref for t in cluster.gpu_types})
+        return out
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sia_grpc.models.bootstrap import evaluate_many
+from sia_grpc.models.bootstrap import evaluate_jobs
 from sia_grpc.policy.cluster import Cluster, Config
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob
 
@@ -79,28 +79,38 @@ class CandidateTable:
         return out
 
 
-def count_bounds(cluster: Cluster, job: PolicyJob, current: Config | None, *,
-                 max_scale_up: float = 2.0, scale_rules: bool = True,
-                 start_scale: float = 1.0) -> tuple[int, int, int]:
-    """(lo, hi, limit): the job may take the counts in [lo, hi] on a type; a type
-    with no count there offers instead its first count ≥ lo, if that is ≤ limit.
+def count_bounds(cluster: Cluster, jobs: Sequence[PolicyJob],
+                 current: Sequence[Config | None], *, max_scale_up: float = 2.0,
+                 scale_rules: bool = True, start_scale: float = 1.0) -> np.ndarray:
+    """Per job (lo, hi, limit), shape (jobs, 3): the job may take the counts in
+    [lo, hi] on a type; a type with no count there offers instead its first
+    count ≥ lo, if that is ≤ limit.
 
     A rigid job takes its own count (on a type without that count, the next one
     up: it still runs its own replicas there). With `scale_rules`, a job not yet
     running starts at its minimum (at most `start_scale` times it) and a running
     one may at most multiply its count by `max_scale_up`; `limit` is its `max_gpus`.
+    Vectorised: one pass reads the jobs' fields, numpy does the rest (the same
+    integer arithmetic as per job: `int(x)` of a positive float is its floor).
     """
     unbounded = cluster.total_gpus
-    if job.adaptivity is Adaptivity.RIGID:
-        n = max(job.num_gpus, job.pipeline_gpus)
-        return n, n, unbounded
-    lo = max(job.min_gpus, job.pipeline_gpus)
-    limit = job.max_gpus if job.max_gpus is not None else unbounded
+    rigid_ = Adaptivity.RIGID
+    cols = np.array([(j.adaptivity is rigid_, j.num_gpus or 0, j.pipeline_gpus, j.min_gpus,
+                      unbounded if j.max_gpus is None else j.max_gpus,
+                      -1 if c is None else c.num_gpus)
+                     for j, c in zip(jobs, current, strict=True)],
+                    dtype=np.int64).reshape(-1, 6)
+    rigid, num, pipeline, min_gpus, limit, cur = cols.T
+    lo = np.maximum(min_gpus, pipeline)
     hi = limit
     if scale_rules:
-        hi = min(hi, max(int(lo * start_scale), lo) if current is None
-                 else max(int(current.num_gpus * max_scale_up), lo))
-    return lo, hi, limit
+        start = np.maximum((lo * start_scale).astype(np.int64), lo)
+        grow = np.maximum((cur * max_scale_up).astype(np.int64), lo)
+        hi = np.minimum(hi, np.where(cur < 0, start, grow))
+    own = np.maximum(num, pipeline)
+    rigid = rigid.astype(bool)
+    return np.stack([np.where(rigid, own, lo), np.where(rigid, own, hi),
+                     np.where(rigid, unbounded, limit)], axis=1)
 
 
 def candidate_configs(cluster: Cluster, job: PolicyJob, current: Config | None, *,
@@ -121,10 +131,8 @@ def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
     Vectorised over jobs: within a type the configuration set is sorted by GPU
     count, so each job's candidates of a type are one contiguous range.
     """
-    bounds = np.array([count_bounds(cluster, j, c, max_scale_up=max_scale_up,
-                                    scale_rules=scale_rules, start_scale=start_scale)
-                       for j, c in zip(jobs, current, strict=True)],
-                      dtype=np.int64).reshape(-1, 3)
+    bounds = count_bounds(cluster, jobs, current, max_scale_up=max_scale_up,
+                          scale_rules=scale_rules, start_scale=start_scale)
     gpus = cluster.config_arrays[0]
     num_types = len(cluster.gpu_types)
     starts = np.zeros((len(jobs), num_types), dtype=np.int64)
@@ -179,7 +187,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     (indices into cluster.configs).
 
     Adaptive jobs whose model offers batch grids (`JobGoodputModel`) are scored
-    in one batched pass (`models.evaluate_many`), others by one `evaluate` call
+    in one batched pass (`models.evaluate_jobs`), others by one `evaluate` call
     per GPU type.
     """
     gpus_of, types_of, nodes_of = cluster.config_arrays
@@ -196,27 +204,43 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     nodes = nodes_of[config]
     out = {f: np.zeros(n) for f in _FIELDS}
     # Plain Python lists and slices below: this loop runs once per job, 20,000 a round.
-    type_names = [cluster.gpu_types[t] for t in types_of[config].tolist()]
+    type_codes = types_of[config]
+    type_names = [cluster.gpu_types[t] for t in type_codes.tolist()]
+    # Each row's (type, nodes, replicas) as bytes: a slice names a job's candidate
+    # rows in one small object (`evaluate_jobs`'s row keys).
+    width = 3 * 8
+    row_bytes = np.stack([type_codes, nodes, replicas], axis=1).astype(np.int64).tobytes()
     bounds = offsets.tolist()
-    batched, batched_jobs = [], np.zeros(len(jobs), dtype=bool)
+    models, spans, row_keys = [], [], []
+    batched_jobs = np.zeros(len(jobs), dtype=bool)
+    adaptive = Adaptivity.ADAPTIVE
     for i, job in enumerate(jobs):
         a, b = bounds[i], bounds[i + 1]
         if a == b:
             continue
         tmap = type_maps[i] if type_maps else None
-        names = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else tuple(
-            type_names[a:b])
-        if job.adaptivity is Adaptivity.ADAPTIVE and hasattr(job.model, "grid_rows"):
-            batched.append((job.model, names, nodes[a:b], replicas[a:b]))
+        model = job.model
+        if job.adaptivity is adaptive and hasattr(model, "grid_rows"):
+            names = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else None
+            models.append(model)
+            spans.append((a, b, names))
+            row_keys.append((names or cluster.gpu_types, row_bytes[a * width:b * width]))
             batched_jobs[i] = True
             continue
-        fixed = job.batch_size if job.adaptivity is not Adaptivity.ADAPTIVE else None
+        names = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else tuple(
+            type_names[a:b])
+        fixed = job.batch_size if job.adaptivity is not adaptive else None
         for t in dict.fromkeys(names):  # one call per type, in order of appearance
             ix = a + np.flatnonzero(np.array(names) == t)
-            est = job.model.evaluate(t, nodes[ix], replicas[ix], fixed_batch_size=fixed)
+            est = model.evaluate(t, nodes[ix], replicas[ix], fixed_batch_size=fixed)
             for f, arr in out.items():
                 arr[ix] = getattr(est, f)
-    est = evaluate_many(batched)
+
+    def rows_of(k: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        a, b, names = spans[k]
+        return names or tuple(type_names[a:b]), nodes[a:b], replicas[a:b]
+
+    est = evaluate_jobs(models, row_keys, rows_of)
     batched_rows = np.repeat(batched_jobs, counts)
     for f, arr in out.items():
         arr[batched_rows] = getattr(est, f)

@@ -376,11 +376,9 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
     columns = zip(names, table.replicas[rows].tolist(), table.batch_size[rows].tolist(),
                   table.atomic_bsz[rows].tolist(), table.accum_steps[rows].tolist(),
                   table.goodput[rows].tolist(), strict=True)
-    allocations = {
-        j: JobAllocation(config=configs[j], gpus=gpus[j], num_replicas=reps, batch_size=bsz,
-                         atomic_bsz=atomic, accum_steps=accum, goodput=goodput)
-        for j, reps, bsz, atomic, accum, goodput in columns
-    }
+    make = JobAllocation.of
+    allocations = {j: make(configs[j], gpus[j], reps, bsz, atomic, accum, goodput)
+                   for j, reps, bsz, atomic, accum, goodput in columns}
     # An active job restarts when it held GPUs and now holds different ones (or
     # none); `previous` may still list jobs that have finished since.
     restarted = frozenset(
@@ -420,7 +418,7 @@ def explain(table: CandidateTable, jobs: Sequence[PolicyJob],
         if prev is None:
             reasons[job.job_id] = f"started on {n} {t}, {batch}"
             continue
-        if sorted(prev.gpus) == sorted(now.gpus):
+        if prev.gpus == now.gpus or sorted(prev.gpus) == sorted(now.gpus):
             if prev.batch_size != now.batch_size:
                 batch = f"batch {prev.batch_size}→{now.batch_size}"
             reasons[job.job_id] = f"kept {n} {t}, {batch}"

@@ -163,7 +163,7 @@ class SiaPolicy(RoundFromConfig):
         table = build_candidates(
             cluster, jobs, previous, max_scale_up=cfg.max_scale_up,
             start_scale=self.start_scale(),
-            type_maps=[self.type_map(cluster, j, previous.get(j.job_id)) for j in jobs])
+            type_maps=self.type_maps(cluster, jobs, previous))
         timings["estimate"] = time.perf_counter() - t0
         # What the estimate found in the process's cache (models.estimate_cache):
         # the controller's solver process should find nearly every job there. (A count
@@ -198,9 +198,10 @@ class SiaPolicy(RoundFromConfig):
         """Each job's weight in the objective; Sia weighs every job alike."""
         return np.ones(len(jobs))
 
-    def type_map(self, cluster: Cluster, job: PolicyJob,
-                 current: JobAllocation | None) -> Mapping[str, str] | None:
-        """How the job's model is asked about each type; Sia asks about each as itself."""
+    def type_maps(self, cluster: Cluster, jobs: Sequence[PolicyJob],
+                  previous: Mapping[str, JobAllocation]) -> list[Mapping[str, str]] | None:
+        """Per job, how its model is asked about each type (None: each as itself,
+        for every job, as Sia asks)."""
         return None
 
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.models import bootstrap as bootstrap_module
-from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator, evaluate_many
+from sia_grpc.models.bootstrap import (
+    JobGoodputModel,
+    ThroughputEstimator,
+    evaluate_jobs,
+    evaluate_many,
+)
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.models.estimate_cache import CACHE, Entry, EstimateCache
 from sia_grpc.models.goodput import GoodputEstimate
@@ -345,3 +350,52 @@ def test_entries_unused_for_some_rounds_go():
         assert cache.get_many(["running"])[0] is not None
     assert cache.get("done") is None and len(cache) == 1
     assert cache.nbytes == Entry(GoodputEstimate.zeros(1)).nbytes
+
+
+# -- the model's memo of its last estimate (evaluate_jobs with row keys) -----------------
+
+
+def _keyed(job, key=b"rows", types=None):
+    types = tuple(types or ("fast",) * len(NODES))
+    return evaluate_jobs([job], [key], lambda k: (types, NODES, REPS))
+
+
+def test_the_memo_serves_an_unchanged_job_without_the_cache():
+    job = _job()
+    want = _fresh(job)
+    _keyed(job)
+    CACHE.clear()  # only the memo can answer now
+    found = CACHE.found
+    got = _keyed(job)
+    assert CACHE.found == found + 1 and len(CACHE) == 0
+    np.testing.assert_array_equal(got.goodput, want.goodput)
+
+
+@pytest.mark.parametrize("change", ["rows", "observation", "statistics"])
+def test_the_memo_is_not_used_once_its_job_changed(change):
+    """Whatever the estimate depends on, changed, gives the estimate from scratch:
+    other rows, new data for the estimator, new gradient statistics."""
+    job = _job()
+    _keyed(job, types=("fast",) * len(NODES))
+    types = ("fast",) * len(NODES)
+    key = b"rows"
+    if change == "rows":
+        types, key = ("slow",) * len(NODES), b"other rows"
+    elif change == "observation":
+        _observe(job.estimator, "fast", FAST, [(2, 8)])
+    else:  # (a new model object: given the old one's memo, to show the check)
+        memo = job.__dict__["_memo"]
+        job = job.with_grad(GradParams(sqr=1.0, var=500.0))
+        object.__setattr__(job, "_memo", memo)
+    got = _keyed(job, key, types)
+    CACHE.clear()
+    want = evaluate_many([(job, types, NODES, REPS)])
+    np.testing.assert_array_equal(got.goodput, want.goodput)
+    np.testing.assert_array_equal(got.batch_size, want.batch_size)
+
+
+def test_a_pickled_model_leaves_its_memo_behind():
+    job = _job()
+    _keyed(job)
+    assert "_memo" in job.__dict__
+    assert "_memo" not in pickle.loads(pickle.dumps(job)).__dict__

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sia_grpc.policy import (
     Adaptivity,
@@ -365,3 +367,51 @@ def test_finished_jobs_release_gpus_and_do_not_count_as_restarts():
     second = SiaPolicy().optimize(cl, [b], dict(first.allocations))
     assert "a" not in second.restarted and "a" not in second.allocations
     assert second.allocations["b"].config.num_gpus == 2  # b doubles into a's GPUs
+
+
+def _bounds_of_one(cluster, j, cur, max_scale_up, start_scale):
+    """The scaling rules for one job, as docs/architecture.md states them."""
+    if j.adaptivity is Adaptivity.RIGID:
+        n = max(j.num_gpus, j.pipeline_gpus)
+        return n, n, cluster.total_gpus
+    lo = max(j.min_gpus, j.pipeline_gpus)
+    limit = j.max_gpus if j.max_gpus is not None else cluster.total_gpus
+    grown = (max(int(lo * start_scale), lo) if cur is None
+             else max(int(cur.num_gpus * max_scale_up), lo))
+    return lo, min(limit, grown), limit
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(Adaptivity)), st.integers(1, 16),
+                          st.sampled_from([1, 2, 4]), st.integers(1, 8),
+                          st.one_of(st.none(), st.integers(1, 64)),
+                          st.one_of(st.none(), st.sampled_from([1, 2, 4, 8, 16]))),
+                min_size=1, max_size=20),
+       st.sampled_from([1.0, 1.5, 2.0, 4.0]), st.sampled_from([1.0, 2.5, 4.0]))
+@settings(max_examples=60, deadline=None)
+def test_count_bounds_of_many_jobs_are_each_jobs_own(specs, max_scale_up, start_scale):
+    """The vectorised bounds equal the rule applied job by job."""
+    from sia_grpc.policy.candidates import count_bounds
+    cl = paper_hetero_cluster()
+    jobs, current = [], []
+    for k, (ad, num, pipe, lo, hi, cur) in enumerate(specs):
+        kw = dict(min_gpus=lo, max_gpus=None if hi is None else max(hi, lo))
+        if ad is not Adaptivity.ADAPTIVE:
+            kw["batch_size"] = 64
+        if ad is Adaptivity.RIGID:
+            kw = dict(num_gpus=-(-num // pipe) * pipe, batch_size=64)
+        jobs.append(job(f"j{k}", {"rtx": 1}, adaptivity=ad, pipeline_gpus=pipe, **kw))
+        current.append(None if cur is None else Config("rtx", 1, cur))
+    got = count_bounds(cl, jobs, current, max_scale_up=max_scale_up, start_scale=start_scale)
+    want = [_bounds_of_one(cl, j, c, max_scale_up, start_scale)
+            for j, c in zip(jobs, current, strict=True)]
+    assert got.tolist() == [list(w) for w in want]
+
+
+def test_an_allocation_made_fast_is_the_constructors():
+    from sia_grpc.policy.cluster import GpuId
+    args = (Config("rtx", 1, 2), (GpuId("n0", 0), GpuId("n0", 1)), 2, 256, 64, 1, 12.5)
+    fast, slow = JobAllocation.of(*args), JobAllocation(*args)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.batch_size = 1  # type: ignore[misc]
