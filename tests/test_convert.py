@@ -253,6 +253,16 @@ def test_policy_job_explicit_fields():
     assert j.model.grad.sqr == 0.0 and j.model.grad.var == 0.0  # set, even if all zero
 
 
+def test_policy_job_progress_and_run_time_give_its_remaining_run():
+    """What sia-plus gates restarts by reaches the core: R = 3600 · (1 − 0.9) / 0.9."""
+    j = policy_job_from_pb(job_pb(progress=0.9, run_time_s=3600.0), "jobs[0]")
+    assert (j.progress, j.run_time) == (0.9, 3600.0)
+    assert j.remaining_run_time() == pytest.approx(400.0)
+    assert not j.attained  # Gavel's per-type time stays unknown: it sees the job as new
+    unknown = policy_job_from_pb(job_pb(), "jobs[0]")
+    assert (unknown.progress, unknown.run_time, unknown.remaining_run_time()) == (0.0, 0.0, None)
+
+
 BAD_JOBS = {
     "adaptivity unset": (dict(adaptivity=pb.ADAPTIVITY_UNSPECIFIED), "adaptivity"),
     "adaptivity unknown": (dict(adaptivity=9), "adaptivity"),
@@ -264,6 +274,11 @@ BAD_JOBS = {
     "count outside bounds": (dict(num_gpus=8, max_gpus=4), "num_gpus"),
     "age nan": (dict(age_s=math.nan), "age_s"),
     "negative restart cost": (dict(restart_cost_s=-1.0), "restart_cost_s"),
+    "progress above one": (dict(progress=1.5), "progress"),
+    "progress negative": (dict(progress=-0.1), "progress"),
+    "progress nan": (dict(progress=math.nan), "progress"),
+    "run time negative": (dict(run_time_s=-1.0), "run_time_s"),
+    "run time inf": (dict(run_time_s=math.inf), "run_time_s"),
     "no batch at all": (dict(init_batch_size=0, batch_size=0), "init_batch_size"),
     "max batch below init": (dict(max_batch_size=32), "max_batch_size"),
     "batch above max": (dict(batch_size=2048), "batch_size"),

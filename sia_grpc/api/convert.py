@@ -72,7 +72,7 @@ _JOB_FIELDS = {
     "job_id": "job_id", "pipeline_gpus": "pipeline_gpus", "min_gpus": "min_gpus",
     "max_gpus": "max_gpus", "batch_size": "batch_size", "num_gpus": "num_gpus",
     "allowed_types": "allowed_gpu_types", "age": "age_s", "num_restarts": "restarts",
-    "restart_cost": "restart_cost_s", "stint": "stint_s",
+    "restart_cost": "restart_cost_s", "stint": "stint_s", "total_run_time": "run_time_s",
 }
 _NODE_FIELDS = {"node.name": "name", "node.gpu_type": "gpu_type", "node.num_gpus": "num_gpus"}
 
@@ -88,6 +88,12 @@ def _from_core(path: str, err: ValueError, fields: Mapping[str, str]) -> ApiErro
 def _finite_nonneg(value: float, path: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise invalid(path, f"must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def _fraction(value: float, path: str) -> float:
+    if not 0 <= value <= 1:  # (NaN fails too)
+        raise invalid(path, f"must be a fraction in [0, 1], got {value!r}")
     return float(value)
 
 
@@ -279,9 +285,11 @@ def policy_job_from_pb(j: pb.PolicyJob, path: str) -> PolicyJob:
     max_batch_size = the larger of init_batch_size and batch_size (the batch never
     grows); restart_cost_s = `DEFAULT_RESTART_COST_S`; min_gpus = 1; max_gpus,
     num_gpus, batch_size = none; pipeline_gpus = 1; allowed_gpu_types empty = any.
-    The request has no submission time or attained service: FIFO orders by age
-    (`submit_time = -age_s`) and Gavel sees every job as new. Local batch limits:
-    see `local_limits_from_pb`.
+    The request has no submission time or attained service per type: FIFO orders
+    by age (`submit_time = -age_s`) and Gavel sees every job as new. `progress` and
+    `run_time_s` (0: unknown) are the core's `progress` and `total_run_time`, what
+    its remaining run is estimated from (`PolicyJob.remaining_run_time`). Local
+    batch limits: see `local_limits_from_pb`.
     """
     adaptivity = adaptivity_from_pb(j.adaptivity, f"{path}.adaptivity")
     age = _finite_nonneg(j.age_s, f"{path}.age_s")
@@ -307,7 +315,9 @@ def policy_job_from_pb(j: pb.PolicyJob, path: str) -> PolicyJob:
             num_gpus=j.num_gpus or None, age=age, num_restarts=j.restarts,
             restart_cost=restart_cost or DEFAULT_RESTART_COST_S, submit_time=-age,
             queue=j.queue or DEFAULT_QUEUE, priority=j.priority,
-            stint=_finite_nonneg(j.stint_s, f"{path}.stint_s"), restoring=j.restoring)
+            stint=_finite_nonneg(j.stint_s, f"{path}.stint_s"), restoring=j.restoring,
+            progress=_fraction(j.progress, f"{path}.progress"),
+            total_run_time=_finite_nonneg(j.run_time_s, f"{path}.run_time_s"))
     except ValueError as e:
         raise _from_core(path, e, _JOB_FIELDS) from None
 

@@ -51,6 +51,9 @@ class PolicyJob:
     them into its expected remaining run time (Sia's lifetime restart horizon).
     `attained` is the time (seconds) the job has held GPUs of each type, for
     time-sharing policies (Gavel); the caller keeps it, so policies stay stateless.
+    `run_time` is its sum, unless `total_run_time` is given: a caller that knows
+    only the total (PolicyService's `run_time_s`) gives that, and Gavel, which
+    reads `attained` per type, sees the job as new rather than on a made-up type.
     `restoring` is set while the job is still paying its checkpoint-restore delay
     after its GPUs last changed; Sia then keeps its allocation as it is (see
     `SiaConfig.hold_restoring`). `pinned` keeps its allocation whatever the
@@ -73,6 +76,7 @@ class PolicyJob:
     submit_time: float = 0.0  # for FIFO ordering
     attained: Mapping[str, float] = field(default_factory=dict)
     progress: float = 0.0
+    total_run_time: float | None = None  # seconds held in all; None: sum of `attained`
     restoring: bool = False
     # Queues (`sia_grpc.policy.queues`): the job's queue and priority class ("": the
     # default), and the seconds it has run on its current allocation (for the
@@ -85,6 +89,8 @@ class PolicyJob:
 
     @property
     def run_time(self) -> float:
+        if self.total_run_time is not None:
+            return self.total_run_time
         return sum(self.attained.values())
 
     def remaining_run_time(self) -> float | None:
@@ -116,6 +122,8 @@ class PolicyJob:
             raise FieldError("num_gpus", f"{self.num_gpus} is outside [min_gpus, max_gpus]")
         if self.restart_cost < 0 or self.age < 0 or self.num_restarts < 0:
             raise FieldError("restart_cost/age/num_restarts", "must be non-negative")
+        if self.total_run_time is not None and not self.total_run_time >= 0:
+            raise FieldError("total_run_time", f"must be non-negative, got {self.total_run_time}")
         if any(v < 0 for v in self.attained.values()):
             raise FieldError("attained", "time on a GPU type must be non-negative")
 

@@ -11,9 +11,11 @@ move (the rest of the bridge, with the policy and scipy, takes seconds to import
 stays when the bridge moves the job to a new Slurm job), `spec` the job spec
 (`sia_grpc.client.spec` mapping, without the command: that is the batch script),
 `t0` the submission time, `moves` how many times the bridge has moved it, `shape`
-the allocation the bridge gave it (absent: waiting for Sia, held), `obs` and
-`grad` what its workers reported, `at` when it was given its shape (until its
-first report) and `rc` its measured restart cost.
+the allocation the bridge gave it (absent: waiting for Sia, held), `obs`, `grad`
+and `p` (progress, the fraction of its target done) what its workers reported,
+`at` when it was given its shape (until its first report), `rc` its measured
+restart cost, `run` when its copy first reported (it has run since) and `ran` the
+seconds its earlier copies ran.
 """
 
 from __future__ import annotations
@@ -73,6 +75,17 @@ class Ticket:
     # copy's checkpoint, Slurm's launch, the restore), the policy's restart cost.
     placed: float | None = None
     restart_s: float | None = None
+    progress: float = 0.0  # the workers' latest fraction of the target done
+    # How long it has run (the bridge's clock, as `placed`): its earlier copies'
+    # seconds from their first report to their move, and when the current copy first
+    # reported (None: it has not yet). What its progress was made in.
+    ran: float = 0.0
+    running_since: float | None = None
+
+    def run_time(self, now: float, *, launched: bool = True) -> float:
+        """Seconds it has run, its current copy's too while Slurm runs it."""
+        current = now - self.running_since if launched and self.running_since is not None else 0
+        return self.ran + max(current, 0.0)
 
     def comment(self) -> str:
         data: dict[str, Any] = {"id": self.id, "spec": dict(self.spec), "t0": self.submitted,
@@ -87,6 +100,12 @@ class Ticket:
             data["at"] = self.placed
         if self.restart_s is not None:
             data["rc"] = self.restart_s
+        if self.progress:
+            data["p"] = self.progress
+        if self.ran:
+            data["ran"] = self.ran
+        if self.running_since is not None:
+            data["run"] = self.running_since
         return COMMENT_TAG + json.dumps(data, separators=(",", ":"), sort_keys=True)
 
     def observe(self, t: pb.Telemetry) -> Ticket:
@@ -100,7 +119,10 @@ class Ticket:
             merged[key] = (*key, m + n, (step * m + s.step_time_s * n) / (m + n),
                            (sync * m + s.sync_time_s * n) / (m + n))
         grad = (t.grad.sqr, t.grad.var) if t.HasField("grad") else self.grad
-        return replace(self, obs=tuple(sorted(merged.values())), grad=grad)
+        # (a copy restored from an older checkpoint reports less for a while: the
+        # furthest the job got stands, as the controller keeps it)
+        progress = max(self.progress, min(t.progress, 1.0))
+        return replace(self, obs=tuple(sorted(merged.values())), grad=grad, progress=progress)
 
     @classmethod
     def parse(cls, comment: str, job_id: int) -> Ticket | None:
@@ -111,7 +133,7 @@ class Ticket:
         try:
             data = json.loads(comment[len(COMMENT_TAG):])
             shape, grad = data.get("shape"), data.get("grad")
-            placed, cost = data.get("at"), data.get("rc")
+            placed, cost, since = data.get("at"), data.get("rc"), data.get("run")
             obs = tuple((str(t), int(n), int(r), int(b), int(a), int(c), float(st), float(sy))
                         for t, n, r, b, a, c, st, sy in data.get("obs", ()))
             return cls(id=str(data.get("id") or job_id), spec=dict(data["spec"]),
@@ -119,7 +141,9 @@ class Ticket:
                        shape=Shape(**shape) if shape else None, obs=obs,
                        grad=(float(grad[0]), float(grad[1])) if grad else None,
                        placed=None if placed is None else float(placed),
-                       restart_s=None if cost is None else float(cost))
+                       restart_s=None if cost is None else float(cost),
+                       progress=float(data.get("p", 0.0)), ran=float(data.get("ran", 0.0)),
+                       running_since=None if since is None else float(since))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None  # not ours after all: left alone, as Slurm's own
 

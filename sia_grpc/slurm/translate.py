@@ -209,8 +209,9 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
     `queues` has it (else `default`). Restoring (Sia keeps its GPUs) from when the
     bridge gives it a shape until its copy's first report, while Slurm has not
     `launched` the copy yet, and at most its restart cost after that (a copy that
-    does not report). SpecError (a ValueError) for a spec that
-    cannot be scheduled, naming the field."""
+    does not report). Its progress as its workers last reported it, and the time
+    it has run (`Ticket.run_time`; its current copy's while Slurm runs it). SpecError
+    (a ValueError) for a spec that cannot be scheduled, naming the field."""
     spec = spec_from_mapping(ticket.spec, source="spec")
     if not spec.queue:
         spec.queue = slurm_queue
@@ -245,7 +246,8 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         samples=[*_seed_samples(app.name), *_observed_samples(ticket)],
         grad=pb.GradientStats(sqr=sqr, var=var),
         age_s=max(now - ticket.submitted, 0.0), restarts=ticket.moves,
-        restart_cost_s=restart_cost, queue=queue, priority=priority, restoring=restoring)
+        restart_cost_s=restart_cost, queue=queue, priority=priority, restoring=restoring,
+        progress=ticket.progress, run_time_s=ticket.run_time(now, launched=launched))
 
 
 class _Capacity:
@@ -427,9 +429,11 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
         elif new is not None and new.same_place(ticket.shape):
             if j.held:
                 actions.append(Action("release", j.job_id, ticket, d.reason))
-        else:
+        else:  # (the old copy's run ends with the move: its time is the job's so far)
             actions.append(Action("move", j.job_id, replace(
-                ticket, shape=new, moves=ticket.moves + 1, placed=placed), d.reason))
+                ticket, shape=new, moves=ticket.moves + 1, placed=placed,
+                ran=ticket.run_time(rnd.now, launched=j.holding), running_since=None),
+                d.reason))
     return actions
 
 

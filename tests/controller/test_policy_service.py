@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from sia_grpc.policy import (
     RoundResult,
     SiaConfig,
     SiaPolicy,
+    make_policy,
     paper_hetero_cluster,
 )
 
@@ -88,6 +90,8 @@ class Spec:
     allowed: tuple[str, ...] = ()
     observe: tuple[tuple[int, int], ...] = ()  # multi-GPU aws runs: (nodes, replicas)
     age_s: float = 0.0
+    progress: float = 0.0
+    run_time_s: float = 0.0  # on aws, as the simulator's `attained` would have it
 
     def observations(self):
         app = load_app(self.app)
@@ -116,7 +120,8 @@ class Spec:
                                                   max_local_batch_size=hi)
                                for t in app.gpu_types for lo, hi in [app.local_bsz_limits(t)]],
             samples=samples, grad=pb.GradientStats(sqr=grad.sqr, var=grad.var),
-            age_s=self.age_s, restart_cost_s=app.restart_delay)
+            age_s=self.age_s, restart_cost_s=app.restart_delay, progress=self.progress,
+            run_time_s=self.run_time_s)
 
     @property
     def max_batch(self) -> int:
@@ -139,7 +144,9 @@ class Spec:
                          min_gpus=self.min_gpus or 1, max_gpus=self.max_gpus or None,
                          allowed_types=frozenset(self.allowed) or None,
                          batch_size=self.batch_size or None, num_gpus=self.num_gpus or None,
-                         age=self.age_s, restart_cost=app.restart_delay, submit_time=-self.age_s)
+                         age=self.age_s, restart_cost=app.restart_delay, submit_time=-self.age_s,
+                         progress=self.progress,
+                         attained={"aws": self.run_time_s} if self.run_time_s else {})
 
 
 SPECS = [
@@ -207,6 +214,65 @@ async def test_paper_cluster_decision_equals_the_policy_called_directly(stub):
         assert not got.restart
     assert response.objective == pytest.approx(want.objective)
     assert {"estimate", "solve", "place", "convert"} <= set(response.timings_ms)
+
+
+async def test_sia_plus_over_the_wire_is_the_simulators_answer(stub):
+    """Progress and run time reach sia-plus's remaining-work weights as the
+    simulator's (per-type `attained`) do: the same decision and objective, which is
+    not the one it reaches knowing nothing of how far the jobs have got (every
+    weight 1)."""
+    far_along = [dataclasses.replace(s, progress=p, run_time_s=r) for s, (p, r) in zip(
+        SPECS, [(0.9, 36000.0), (0.1, 600.0), (0.5, 600.0), (0.2, 7200.0), (0.95, 900.0),
+                (0.05, 300.0)], strict=True)]
+    params = {"srpt": 1.0}
+    request = pb.OptimizeRequest(nodes=nodes_pb(), jobs=[s.to_pb() for s in far_along],
+                                 policy="sia-plus", params={k: str(v) for k, v in params.items()})
+    response = await stub.Optimize(request)
+    check_valid(response, request)
+    want = make_policy("sia-plus", params).optimize(CLUSTER, [s.direct() for s in far_along], {})
+    got = {d.job_id: as_tuple(d.allocation) for d in response.decisions
+           if d.HasField("allocation")}
+    assert got == {job_id: (a.config.gpu_type, a.config.num_gpus, a.config.num_nodes,
+                            [(g.node, g.index) for g in a.gpus], a.batch_size, a.num_replicas,
+                            a.atomic_bsz, a.accum_steps)
+                   for job_id, a in want.allocations.items()}
+    assert response.objective == pytest.approx(want.objective)
+    for j in request.jobs:
+        j.ClearField("progress")
+    unknown = await stub.Optimize(request)
+    assert unknown.objective != pytest.approx(response.objective)
+
+
+TWO = [pb.NodeSpec(name="fast-0", gpu_type="fast", num_gpus=1),
+       pb.NodeSpec(name="slow-0", gpu_type="slow", num_gpus=1)]
+
+
+def on_slow_pb(progress: float) -> pb.OptimizeRequest:
+    """tests/policy/test_policy_sia_plus.py's hand-derived job over the wire: an hour
+    into its run on the slow GPU, 20% faster on the fast one (every step 1.2 times
+    quicker), old enough that Sia's restart factor lets it move, restart 100 s."""
+    samples = [pb.ThroughputSample(gpu_type=t, num_nodes=1, num_replicas=1,
+                                   atomic_batch_size=b, step_time_s=(0.02 + 0.001 * b) / speed,
+                                   count=1)
+               for t, speed in (("fast", 1.2), ("slow", 1.0)) for b in (16, 64, 256)]
+    job = pb.PolicyJob(job_id="a", adaptivity=pb.ADAPTIVITY_ADAPTIVE, min_gpus=1, max_gpus=1,
+                       init_batch_size=128, max_batch_size=1024, samples=samples,
+                       age_s=100 * 3600.0, restart_cost_s=100.0, progress=progress,
+                       run_time_s=3600.0)
+    prev = pb.Allocation(gpu_type="slow", num_gpus=1, num_nodes=1, gpus=gpus("slow-0", 0))
+    return pb.OptimizeRequest(nodes=TWO, jobs=[job], policy="sia-plus",
+                              previous=[pb.PreviousAllocation(job_id="a", allocation=prev)])
+
+
+async def test_sia_plus_keeps_a_job_near_its_end_and_moves_one_far_from_it(stub):
+    # Near its end: R = 3600 · 0.01 / 0.99 = 36 s; the move would save 36 · (1 − 1/1.2)
+    # = 6 s, less than its 100 s restart. Far: R = 32,400 s saves 5,400 s.
+    for progress, where, restart in ((0.99, "slow", False), (0.1, "fast", True)):
+        d = (await stub.Optimize(on_slow_pb(progress))).decisions[0]
+        assert (d.allocation.gpu_type, d.restart) == (where, restart), (progress, d.reason)
+    plain = on_slow_pb(0.99)
+    plain.policy = "sia"  # Sia's age-based factor alone moves it
+    assert (await stub.Optimize(plain)).decisions[0].allocation.gpu_type == "fast"
 
 
 def rtx_job(job_id: str, **kw) -> pb.PolicyJob:
@@ -307,6 +373,9 @@ MALFORMED = {
                                           setattr(r.jobs[1], "priority", "urgent")),
                                "jobs[1].priority"),
     "negative stint": (lambda r: setattr(r.jobs[0], "stint_s", -1.0), "jobs[0].stint_s"),
+    "progress above one": (lambda r: setattr(r.jobs[1], "progress", 1.5), "jobs[1].progress"),
+    "NaN run time": (lambda r: setattr(r.jobs[0], "run_time_s", float("nan")),
+                     "jobs[0].run_time_s"),
 }
 
 

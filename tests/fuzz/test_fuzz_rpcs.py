@@ -259,7 +259,7 @@ def test_drain_undrain_and_forget_answer_ok_or_a_typed_error(channel, node, reas
 @st.composite
 def optimize_requests(draw) -> pb.OptimizeRequest:
     req = pb.OptimizeRequest(policy=draw(st.one_of(
-        st.sampled_from(["", "sia", "pollux", "gavel", "fifo"]), texts)))
+        st.sampled_from(["", "sia", "sia-plus", "pollux", "gavel", "fifo"]), texts)))
     types = ["rtx", "aws", draw(names)]
     for i in range(draw(st.integers(0, 3))):
         req.nodes.add(name=draw(st.one_of(st.just(f"n{i}"), names)),
@@ -275,7 +275,8 @@ def optimize_requests(draw) -> pb.OptimizeRequest:
             init_batch_size=draw(st.one_of(st.integers(0, 512), u32)),
             max_batch_size=draw(st.one_of(st.integers(0, 4096), u32)),
             pipeline_gpus=draw(st.integers(0, 4)), age_s=draw(doubles),
-            restarts=draw(u32), restart_cost_s=draw(doubles))
+            restarts=draw(u32), restart_cost_s=draw(doubles), progress=draw(doubles),
+            run_time_s=draw(doubles))
         j.allowed_gpu_types.extend(draw(st.lists(st.sampled_from(types), max_size=2)))
         for _ in range(draw(st.integers(0, 2))):
             j.type_batch_limits.add(gpu_type=draw(st.sampled_from(types)),

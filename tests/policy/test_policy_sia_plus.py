@@ -46,6 +46,19 @@ def test_a_job_far_from_its_end_still_moves():
     assert gpu_type(make_policy("sia-plus", {"payback": 55}), far) == "slow"
 
 
+def test_a_total_run_time_stands_for_the_time_per_type():
+    """A caller that knows only the total time held (PolicyService's run_time_s)
+    gets the same gate; the total wins over `attained`, which Gavel keeps per type."""
+    for progress, where in ((0.99, "slow"), (0.1, "fast")):
+        total = dataclasses.replace(on_slow(progress), attained={}, total_run_time=3600.0)
+        assert total.remaining_run_time() == on_slow(progress).remaining_run_time()
+        assert gpu_type(SiaPlusPolicy(), total) == where
+    both = dataclasses.replace(on_slow(0.5), total_run_time=60.0)
+    assert (both.run_time, both.remaining_run_time()) == (60.0, 60.0)
+    with pytest.raises(ValueError, match="^total_run_time: must be non-negative"):
+        dataclasses.replace(on_slow(0.5), total_run_time=-1.0)
+
+
 def test_a_job_settles_for_min_stint_restart_costs_before_it_moves():
     # S = 100 s, min_stint = 2: a job 150 s into its allocation stays; at 250 s it moves.
     settle = make_policy("sia-plus", {"min_stint": 2})

@@ -59,12 +59,17 @@ def test_reports_in_the_ticket_feed_the_policy_and_survive_the_comment():
     t = t.observe(_report("7", 0.2, 10).telemetry).observe(_report("7", 0.4, 30).telemetry)
     assert t.obs == (("rtx", 1, 2, 64, 0, 40, pytest.approx(0.35), pytest.approx(0.01)),)
     assert t.grad == (2.0, 3.0)
+    assert t.progress == 0.1
+    behind = _report("7", 0.2, 10).telemetry
+    behind.progress = 0.05  # (a copy restored from an older checkpoint)
+    assert t.observe(behind).progress == 0.1  # the furthest it got stands
     again = Ticket.parse(t.comment(), 7)
     assert again == t
     job = policy_job(again, 10.0)
     assert [(s.num_replicas, s.atomic_batch_size, s.count) for s in job.samples
             if s.num_replicas == 2] == [(2, 64, 40)]
     assert (job.grad.sqr, job.grad.var) == (2.0, 3.0)
+    assert (job.progress, job.run_time_s) == (0.1, 0.0)  # it has not run yet, as far as known
 
 
 def test_a_moves_cost_is_measured_from_the_placement_to_the_copys_first_report():
@@ -94,6 +99,9 @@ def test_a_moves_cost_is_measured_from_the_placement_to_the_copys_first_report()
         assert (measured.restart_s, measured.placed) == (42.5, None)
         assert Ticket.parse(measured.comment(), 7) == measured
         assert policy_job(measured, 300.0).restart_cost_s == 42.5
+        # The copy has run since its first report: what its progress is made in.
+        assert measured.running_since == 212.5
+        assert policy_job(measured, 300.0).run_time_s == 87.5
         assert policy_job(moved, 300.0).restart_cost_s == 50.0  # unmeasured: cifar10's
         # A first start restores nothing: its start-up is not a restart cost.
         fresh = _report("8", 0.2, 10)

@@ -164,6 +164,32 @@ def test_decisions_become_starts_moves_and_nothing_for_jobs_that_keep_their_plac
     assert plan(rnd, pb.OptimizeResponse(decisions=[_decision("6")])) == []
 
 
+def test_a_jobs_progress_and_run_time_go_to_the_policy_and_survive_its_moves():
+    """The workers' progress and the time the job has run (its earlier copies', and
+    its current copy's since its first report while Slurm runs it) reach the
+    policy, so sia-plus can tell a job near its end from one far from it."""
+    shape = Shape("rtx", "rtx", 1, 1)
+    ticket = Ticket("50", SPEC, NOW - 7200, 1, shape, progress=0.4, ran=1000.0,
+                    running_since=NOW - 500)
+    assert Ticket.parse(ticket.comment(), 50) == ticket
+    running = {"job_id": 50, "job_state": "RUNNING", "priority": 5, "comment": ticket.comment(),
+               "gres_detail": ["gpu:rtx:1(IDX:0)"],
+               "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}
+    rnd = build_round(read_nodes(SINFO)[0], read_jobs({"jobs": [running]}), NOW)
+    (job,) = rnd.request.jobs
+    assert (job.progress, job.run_time_s) == (0.4, 1500.0)
+    # Requeued by Slurm (not running): its current copy's clock stops.
+    pending = {**running, "job_state": "PENDING", "gres_detail": [], "job_resources": {}}
+    (job,) = build_round(read_nodes(SINFO)[0], read_jobs({"jobs": [pending]}), NOW).request.jobs
+    assert job.run_time_s == 1000.0
+    # Moved: the copy's run is added to the job's; the next copy's starts at its report.
+    (move,) = plan(rnd, pb.OptimizeResponse(decisions=[_decision("50", "rtx", 2)]))
+    assert move.kind == "move"
+    assert (move.ticket.ran, move.ticket.running_since, move.ticket.progress) == (
+        1500.0, None, 0.4)
+    assert move.ticket.run_time(NOW + 600) == 1500.0
+
+
 def test_a_held_job_that_has_its_shape_is_released_and_older_copies_are_cancelled():
     shape = Shape("rtx", "rtx", 2, 1)
     t = Ticket("40", SPEC, NOW, 1, shape)

@@ -27,7 +27,7 @@ from sia_grpc._proto.sia.v1 import job_pb2 as sia_dot_v1_dot_job__pb2
 from sia_grpc._proto.sia.v1 import queue_pb2 as sia_dot_v1_dot_queue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsia/v1/policy_service.proto\x12\x06sia.v1\x1a\x14sia/v1/goodput.proto\x1a\x10sia/v1/job.proto\x1a\x12sia/v1/queue.proto\"<\n\x08NodeSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08gpu_type\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\"\xf2\x03\n\tPolicyJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nadaptivity\x18\x02 \x01(\x0e\x32\x12.sia.v1.Adaptivity\x12\x10\n\x08min_gpus\x18\x03 \x01(\r\x12\x10\n\x08max_gpus\x18\x04 \x01(\r\x12\x10\n\x08num_gpus\x18\x05 \x01(\r\x12\x19\n\x11\x61llowed_gpu_types\x18\x06 \x03(\t\x12\x15\n\rpipeline_gpus\x18\x07 \x01(\r\x12\x12\n\nbatch_size\x18\x08 \x01(\r\x12\x17\n\x0finit_batch_size\x18\t \x01(\r\x12\x16\n\x0emax_batch_size\x18\n \x01(\r\x12\x32\n\x11type_batch_limits\x18\x0b \x03(\x0b\x32\x17.sia.v1.TypeBatchLimits\x12)\n\x07samples\x18\x0c \x03(\x0b\x32\x18.sia.v1.ThroughputSample\x12#\n\x04grad\x18\r \x01(\x0b\x32\x15.sia.v1.GradientStats\x12\r\n\x05\x61ge_s\x18\x0e \x01(\x01\x12\x10\n\x08restarts\x18\x0f \x01(\r\x12\x16\n\x0erestart_cost_s\x18\x10 \x01(\x01\x12\r\n\x05queue\x18\x11 \x01(\t\x12\x10\n\x08priority\x18\x12 \x01(\t\x12\x0f\n\x07stint_s\x18\x13 \x01(\x01\x12\x11\n\trestoring\x18\x14 \x01(\x08\"L\n\x12PreviousAllocation\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nallocation\x18\x02 \x01(\x0b\x32\x12.sia.v1.Allocation\"\xb4\x02\n\x0fOptimizeRequest\x12\x1f\n\x05nodes\x18\x01 \x03(\x0b\x32\x10.sia.v1.NodeSpec\x12\x1f\n\x04jobs\x18\x02 \x03(\x0b\x32\x11.sia.v1.PolicyJob\x12,\n\x08previous\x18\x03 \x03(\x0b\x32\x1a.sia.v1.PreviousAllocation\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x33\n\x06params\x18\x05 \x03(\x0b\x32#.sia.v1.OptimizeRequest.ParamsEntry\x12\x18\n\x10round_duration_s\x18\x06 \x01(\x01\x12#\n\x06queues\x18\x07 \x01(\x0b\x32\x13.sia.v1.QueueConfig\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"f\n\x0bJobDecision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nallocation\x18\x02 \x01(\x0b\x32\x12.sia.v1.Allocation\x12\x0f\n\x07restart\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xff\x01\n\x10OptimizeResponse\x12&\n\tdecisions\x18\x01 \x03(\x0b\x32\x13.sia.v1.JobDecision\x12\x11\n\tobjective\x18\x02 \x01(\x01\x12;\n\ntimings_ms\x18\x03 \x03(\x0b\x32\'.sia.v1.OptimizeResponse.TimingsMsEntry\x12\"\n\x06queues\x18\x04 \x03(\x0b\x32\x12.sia.v1.QueueUsage\x12\x1d\n\x04rows\x18\x05 \x03(\x0b\x32\x0f.sia.v1.SideRow\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32N\n\rPolicyService\x12=\n\x08Optimize\x12\x17.sia.v1.OptimizeRequest\x1a\x18.sia.v1.OptimizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsia/v1/policy_service.proto\x12\x06sia.v1\x1a\x14sia/v1/goodput.proto\x1a\x10sia/v1/job.proto\x1a\x12sia/v1/queue.proto\"<\n\x08NodeSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08gpu_type\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\"\x98\x04\n\tPolicyJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nadaptivity\x18\x02 \x01(\x0e\x32\x12.sia.v1.Adaptivity\x12\x10\n\x08min_gpus\x18\x03 \x01(\r\x12\x10\n\x08max_gpus\x18\x04 \x01(\r\x12\x10\n\x08num_gpus\x18\x05 \x01(\r\x12\x19\n\x11\x61llowed_gpu_types\x18\x06 \x03(\t\x12\x15\n\rpipeline_gpus\x18\x07 \x01(\r\x12\x12\n\nbatch_size\x18\x08 \x01(\r\x12\x17\n\x0finit_batch_size\x18\t \x01(\r\x12\x16\n\x0emax_batch_size\x18\n \x01(\r\x12\x32\n\x11type_batch_limits\x18\x0b \x03(\x0b\x32\x17.sia.v1.TypeBatchLimits\x12)\n\x07samples\x18\x0c \x03(\x0b\x32\x18.sia.v1.ThroughputSample\x12#\n\x04grad\x18\r \x01(\x0b\x32\x15.sia.v1.GradientStats\x12\r\n\x05\x61ge_s\x18\x0e \x01(\x01\x12\x10\n\x08restarts\x18\x0f \x01(\r\x12\x16\n\x0erestart_cost_s\x18\x10 \x01(\x01\x12\r\n\x05queue\x18\x11 \x01(\t\x12\x10\n\x08priority\x18\x12 \x01(\t\x12\x0f\n\x07stint_s\x18\x13 \x01(\x01\x12\x11\n\trestoring\x18\x14 \x01(\x08\x12\x10\n\x08progress\x18\x15 \x01(\x01\x12\x12\n\nrun_time_s\x18\x16 \x01(\x01\"L\n\x12PreviousAllocation\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nallocation\x18\x02 \x01(\x0b\x32\x12.sia.v1.Allocation\"\xb4\x02\n\x0fOptimizeRequest\x12\x1f\n\x05nodes\x18\x01 \x03(\x0b\x32\x10.sia.v1.NodeSpec\x12\x1f\n\x04jobs\x18\x02 \x03(\x0b\x32\x11.sia.v1.PolicyJob\x12,\n\x08previous\x18\x03 \x03(\x0b\x32\x1a.sia.v1.PreviousAllocation\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x33\n\x06params\x18\x05 \x03(\x0b\x32#.sia.v1.OptimizeRequest.ParamsEntry\x12\x18\n\x10round_duration_s\x18\x06 \x01(\x01\x12#\n\x06queues\x18\x07 \x01(\x0b\x32\x13.sia.v1.QueueConfig\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"f\n\x0bJobDecision\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\nallocation\x18\x02 \x01(\x0b\x32\x12.sia.v1.Allocation\x12\x0f\n\x07restart\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xff\x01\n\x10OptimizeResponse\x12&\n\tdecisions\x18\x01 \x03(\x0b\x32\x13.sia.v1.JobDecision\x12\x11\n\tobjective\x18\x02 \x01(\x01\x12;\n\ntimings_ms\x18\x03 \x03(\x0b\x32\'.sia.v1.OptimizeResponse.TimingsMsEntry\x12\"\n\x06queues\x18\x04 \x03(\x0b\x32\x12.sia.v1.QueueUsage\x12\x1d\n\x04rows\x18\x05 \x03(\x0b\x32\x0f.sia.v1.SideRow\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32N\n\rPolicyService\x12=\n\x08Optimize\x12\x17.sia.v1.OptimizeRequest\x1a\x18.sia.v1.OptimizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,19 +41,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESPEC']._serialized_start=99
   _globals['_NODESPEC']._serialized_end=159
   _globals['_POLICYJOB']._serialized_start=162
-  _globals['_POLICYJOB']._serialized_end=660
-  _globals['_PREVIOUSALLOCATION']._serialized_start=662
-  _globals['_PREVIOUSALLOCATION']._serialized_end=738
-  _globals['_OPTIMIZEREQUEST']._serialized_start=741
-  _globals['_OPTIMIZEREQUEST']._serialized_end=1049
-  _globals['_OPTIMIZEREQUEST_PARAMSENTRY']._serialized_start=1004
-  _globals['_OPTIMIZEREQUEST_PARAMSENTRY']._serialized_end=1049
-  _globals['_JOBDECISION']._serialized_start=1051
-  _globals['_JOBDECISION']._serialized_end=1153
-  _globals['_OPTIMIZERESPONSE']._serialized_start=1156
-  _globals['_OPTIMIZERESPONSE']._serialized_end=1411
-  _globals['_OPTIMIZERESPONSE_TIMINGSMSENTRY']._serialized_start=1363
-  _globals['_OPTIMIZERESPONSE_TIMINGSMSENTRY']._serialized_end=1411
-  _globals['_POLICYSERVICE']._serialized_start=1413
-  _globals['_POLICYSERVICE']._serialized_end=1491
+  _globals['_POLICYJOB']._serialized_end=698
+  _globals['_PREVIOUSALLOCATION']._serialized_start=700
+  _globals['_PREVIOUSALLOCATION']._serialized_end=776
+  _globals['_OPTIMIZEREQUEST']._serialized_start=779
+  _globals['_OPTIMIZEREQUEST']._serialized_end=1087
+  _globals['_OPTIMIZEREQUEST_PARAMSENTRY']._serialized_start=1042
+  _globals['_OPTIMIZEREQUEST_PARAMSENTRY']._serialized_end=1087
+  _globals['_JOBDECISION']._serialized_start=1089
+  _globals['_JOBDECISION']._serialized_end=1191
+  _globals['_OPTIMIZERESPONSE']._serialized_start=1194
+  _globals['_OPTIMIZERESPONSE']._serialized_end=1449
+  _globals['_OPTIMIZERESPONSE_TIMINGSMSENTRY']._serialized_start=1401
+  _globals['_OPTIMIZERESPONSE_TIMINGSMSENTRY']._serialized_end=1449
+  _globals['_POLICYSERVICE']._serialized_start=1451
+  _globals['_POLICYSERVICE']._serialized_end=1529
 # @@protoc_insertion_point(module_scope)

@@ -20,7 +20,7 @@ class NodeSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ...) -> None: ...
 
 class PolicyJob(_message.Message):
-    __slots__ = ("job_id", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "pipeline_gpus", "batch_size", "init_batch_size", "max_batch_size", "type_batch_limits", "samples", "grad", "age_s", "restarts", "restart_cost_s", "queue", "priority", "stint_s", "restoring")
+    __slots__ = ("job_id", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "pipeline_gpus", "batch_size", "init_batch_size", "max_batch_size", "type_batch_limits", "samples", "grad", "age_s", "restarts", "restart_cost_s", "queue", "priority", "stint_s", "restoring", "progress", "run_time_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVITY_FIELD_NUMBER: _ClassVar[int]
     MIN_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,8 @@ class PolicyJob(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     STINT_S_FIELD_NUMBER: _ClassVar[int]
     RESTORING_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RUN_TIME_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     adaptivity: _job_pb2.Adaptivity
     min_gpus: int
@@ -61,7 +63,9 @@ class PolicyJob(_message.Message):
     priority: str
     stint_s: float
     restoring: bool
-    def __init__(self, job_id: _Optional[str] = ..., adaptivity: _Optional[_Union[_job_pb2.Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., pipeline_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., age_s: _Optional[float] = ..., restarts: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ..., stint_s: _Optional[float] = ..., restoring: _Optional[bool] = ...) -> None: ...
+    progress: float
+    run_time_s: float
+    def __init__(self, job_id: _Optional[str] = ..., adaptivity: _Optional[_Union[_job_pb2.Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., pipeline_gpus: _Optional[int] = ..., batch_size: _Optional[int] = ..., init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., age_s: _Optional[float] = ..., restarts: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ..., stint_s: _Optional[float] = ..., restoring: _Optional[bool] = ..., progress: _Optional[float] = ..., run_time_s: _Optional[float] = ...) -> None: ...
 
 class PreviousAllocation(_message.Message):
     __slots__ = ("job_id", "allocation")
