@@ -213,9 +213,16 @@ class SiaPolicy(RoundFromConfig):
         restart = (current[job] >= 0) & (table.config != current[job])
         r = np.array([restart_factor(restart_life(j, horizon or cfg.restart_horizon),
                                      j.num_restarts, j.restart_cost) for j in jobs])
-        val = objective_values(g, restart, r[job], cfg)
+        val = objective_values(g, restart, self.row_restart_factors(table, jobs, current, r),
+                               cfg)
         # For p < 0 an entry at or below the no-allocation value never helps.
         return np.where(np.isfinite(val) & (val > -cfg.lambda_), val, np.nan)
+
+    def row_restart_factors(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+                            current: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Each candidate's restart factor from its job's `r` (used only on rows that
+        restart the job); Sia: the job's own, on every row."""
+        return r[table.job]
 
     def growth_values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                       current: np.ndarray, chosen: np.ndarray,

@@ -59,12 +59,16 @@ class SiaPlusConfig(SiaConfig):
     min_stint: float = setting(0.0, "keep a running job's GPUs until it has run this many "
                                     "restart costs on them (0: off; Sia keeps them while it "
                                     "restores, hold_restoring)")
+    give_way: float = setting(0.0, "charge a running job pushed to a shape no faster than "
+                                   "its own (a shrink, a move to a slower type) this many "
+                                   "restores over the others' median expected remaining "
+                                   "run (0: off, Sia's restart factor alone)")
     start_scale: float = setting(4.0, "a job not yet running may start on up to this "
                                       "many times its minimum GPUs (1: Sia's rule)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("payback", "srpt", "min_stint"):
+        for name in ("payback", "srpt", "min_stint", "give_way"):
             if not getattr(self, name) >= 0:
                 raise SettingError(name, f"must be at least 0, got {getattr(self, name):g}")
         if not self.start_scale >= 1:
@@ -99,12 +103,53 @@ class SiaPlusPolicy(SiaPolicy):
         w = np.where(known, left, np.median(left[known])) ** -cfg.srpt
         return w / np.max(w)  # (only ratios matter; ≤ 1 keeps the ILP's scale)
 
+    def row_restart_factors(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+                            current: np.ndarray, r: np.ndarray) -> np.ndarray:
+        rows = super().row_restart_factors(table, jobs, current, r)
+        if self.config.give_way == 0:
+            return rows
+        return np.minimum(rows, give_way_factors(table, jobs, current, self.config.give_way))
+
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                current: np.ndarray, horizon: str | None = None) -> np.ndarray:
         val = super().values(table, jobs, current, horizon)
         if self.config.payback == 0:
             return val
         return np.where(restart_pays(table, jobs, current, self.config.payback), val, np.nan)
+
+
+def current_goodput(table: CandidateTable, current: np.ndarray) -> np.ndarray:
+    """Per job: the estimated goodput of its current configuration (NaN where it
+    is not running or its configuration is not among its candidates)."""
+    job = table.job
+    now = np.full(table.num_jobs, np.nan)
+    here = (current[job] >= 0) & (table.config == current[job])
+    now[job[here]] = table.goodput[here]
+    return now
+
+
+def give_way_factors(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.ndarray,
+                     k: float) -> np.ndarray:
+    """Per candidate row: the share of time a running job keeps producing when it
+    gives way, H / (H + k·S), on rows no faster than its current shape (1 elsewhere).
+
+    A shrink or a move to a slower type is taken for the other jobs' sake, and the
+    shape it is pushed to lasts about as long as the jobs it made room for still
+    run: H, the median expected remaining run of the jobs that report one. Its
+    restore S (k of them: k = 2 counts the restart back when they are gone) is
+    charged over H, not over the job's own age as Sia's factor does, so a long job
+    is not pushed aside by jobs that are done before its restore pays off."""
+    left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+    out = np.ones(len(table))
+    if not np.any(np.isfinite(left)):
+        return out  # nothing known of how long the others run
+    horizon = float(np.median(left[np.isfinite(left)]))
+    cost = np.array([j.restart_cost for j in jobs], dtype=float)
+    job = table.job
+    now = current_goodput(table, current)
+    gives = (current[job] >= 0) & (table.config != current[job]) & (table.goodput <= now[job])
+    out[gives] = horizon / (horizon + k * cost[job[gives]])
+    return out
 
 
 def restart_pays(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.ndarray,
@@ -117,9 +162,7 @@ def restart_pays(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.n
     job = table.job
     left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
     cost = np.array([j.restart_cost for j in jobs], dtype=float)
-    now = np.full(table.num_jobs, np.nan)
-    here = (current[job] >= 0) & (table.config == current[job])
-    now[job[here]] = table.goodput[here]
+    now = current_goodput(table, current)
     restart = (current[job] >= 0) & (table.config != current[job])
     with np.errstate(divide="ignore", invalid="ignore"):
         saved = left[job] * (1.0 - now[job] / table.goodput)
