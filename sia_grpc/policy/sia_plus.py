@@ -108,7 +108,7 @@ class SiaPlusPolicy(SiaPolicy):
         rows = super().row_restart_factors(table, jobs, current, r)
         if self.config.give_way == 0:
             return rows
-        return np.minimum(rows, give_way_factors(table, jobs, current, self.config.give_way))
+        return rows * give_way_factors(table, jobs, current, self.config.give_way)
 
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                current: np.ndarray, horizon: str | None = None) -> np.ndarray:
@@ -137,8 +137,9 @@ def give_way_factors(table: CandidateTable, jobs: Sequence[PolicyJob], current: 
     shape it is pushed to lasts about as long as the jobs it made room for still
     run: H, the median expected remaining run of the jobs that report one. Its
     restore S (k of them: k = 2 counts the restart back when they are gone) is
-    charged over H, not over the job's own age as Sia's factor does, so a long job
-    is not pushed aside by jobs that are done before its restore pays off."""
+    charged over H, on top of Sia's factor (which weighs the restores behind the
+    job against its age), so a long job is not pushed aside for jobs that are done
+    before its restore pays off."""
     left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
     out = np.ones(len(table))
     if not np.any(np.isfinite(left)):
