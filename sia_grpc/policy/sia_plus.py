@@ -63,6 +63,9 @@ class SiaPlusConfig(SiaConfig):
                                    "its own (a shrink, a move to a slower type) this many "
                                    "restores over the others' median expected remaining "
                                    "run (0: off, Sia's restart factor alone)")
+    net_run: bool = setting(False, "estimate a job's remaining run from its running time "
+                                   "net of the restores it has paid (false: gross, as "
+                                   "PolicyJob.remaining_run_time)")
     start_scale: float = setting(4.0, "a job not yet running may start on up to this "
                                       "many times its minimum GPUs (1: Sia's rule)")
 
@@ -95,7 +98,7 @@ class SiaPlusPolicy(SiaPolicy):
         cfg = self.config
         if cfg.srpt == 0:
             return super().job_weights(jobs)
-        left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+        left = remaining_runs(jobs, cfg.net_run)
         known = np.isfinite(left)
         if not np.any(known):
             return np.ones(len(jobs))
@@ -108,14 +111,33 @@ class SiaPlusPolicy(SiaPolicy):
         rows = super().row_restart_factors(table, jobs, current, r)
         if self.config.give_way == 0:
             return rows
-        return rows * give_way_factors(table, jobs, current, self.config.give_way)
+        return rows * give_way_factors(table, jobs, current, self.config.give_way,
+                                       net=self.config.net_run)
 
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                current: np.ndarray, horizon: str | None = None) -> np.ndarray:
         val = super().values(table, jobs, current, horizon)
         if self.config.payback == 0:
             return val
-        return np.where(restart_pays(table, jobs, current, self.config.payback), val, np.nan)
+        pays = restart_pays(table, jobs, current, self.config.payback, net=self.config.net_run)
+        return np.where(pays, val, np.nan)
+
+
+def remaining_runs(jobs: Sequence[PolicyJob], net: bool = False) -> np.ndarray:
+    """Each job's expected remaining run (NaN: unknown). Gross: its run time so far
+    × (1 − progress) / progress (`PolicyJob.remaining_run_time`). Net: the run time
+    less the restores it has paid, (1 + restarts)·S, which made no progress; a young
+    job's gross estimate counts its first restore as running (after one 60 s round
+    with a 50 s restore, 6× its true remaining run). Unknown while the restores take
+    up all its run time."""
+    if not net:
+        return np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+    out = np.full(len(jobs), np.nan)
+    for i, j in enumerate(jobs):
+        ran = j.run_time - (1 + j.num_restarts) * j.restart_cost
+        if 0 < j.progress < 1 and ran > 0:
+            out[i] = ran * (1 - j.progress) / j.progress
+    return out
 
 
 def current_goodput(table: CandidateTable, current: np.ndarray) -> np.ndarray:
@@ -129,7 +151,7 @@ def current_goodput(table: CandidateTable, current: np.ndarray) -> np.ndarray:
 
 
 def give_way_factors(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.ndarray,
-                     k: float) -> np.ndarray:
+                     k: float, *, net: bool = False) -> np.ndarray:
     """Per candidate row: the share of time a running job keeps producing when it
     gives way, H / (H + k·S), on rows no faster than its current shape (1 elsewhere).
 
@@ -139,8 +161,8 @@ def give_way_factors(table: CandidateTable, jobs: Sequence[PolicyJob], current: 
     restore S (k of them: k = 2 counts the restart back when they are gone) is
     charged over H, on top of Sia's factor (which weighs the restores behind the
     job against its age), so a long job is not pushed aside for jobs that are done
-    before its restore pays off."""
-    left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+    before its restore pays off. (`net`: as `remaining_runs`.)"""
+    left = remaining_runs(jobs, net)
     out = np.ones(len(table))
     if not np.any(np.isfinite(left)):
         return out  # nothing known of how long the others run
@@ -154,14 +176,15 @@ def give_way_factors(table: CandidateTable, jobs: Sequence[PolicyJob], current: 
 
 
 def restart_pays(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.ndarray,
-                 payback: float) -> np.ndarray:
+                 payback: float, *, net: bool = False) -> np.ndarray:
     """Per candidate row: false where it restarts a running job (another
     configuration than its current one) for a faster shape and the run time it
     saves over the job's expected remaining run, R·(1 − G_now/G_row), is at most
     `payback` restart costs. True for every row of a job with no remaining-time estimate or whose
-    current configuration is not among its candidates (nothing to compare)."""
+    current configuration is not among its candidates (nothing to compare). (`net`:
+    the remaining run as `remaining_runs`.)"""
     job = table.job
-    left = np.array([j.remaining_run_time() or np.nan for j in jobs], dtype=float)
+    left = remaining_runs(jobs, net)
     cost = np.array([j.restart_cost for j in jobs], dtype=float)
     now = current_goodput(table, current)
     restart = (current[job] >= 0) & (table.config != current[job])
