@@ -11,7 +11,12 @@ from test_policy_sia import job
 
 from sia_grpc.policy import Cluster, Config, SettingError, SiaPolicy, make_policy
 from sia_grpc.policy.candidates import build_candidates, current_index
-from sia_grpc.policy.sia_plus import SiaPlusPolicy, give_way_factors, restart_pays
+from sia_grpc.policy.sia_plus import (
+    SiaPlusPolicy,
+    give_way_factors,
+    remaining_runs,
+    restart_pays,
+)
 from sia_grpc.policy.types import JobAllocation
 
 TWO = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
@@ -125,6 +130,19 @@ def test_a_long_job_does_not_give_way_to_jobs_done_before_its_restore_pays():
     assert shape(SiaPlusPolicy()) == {"a": ("fast", 1), "b": ("fast", 1)}
     assert shape(make_policy("sia-plus", {"give_way": 1})) == {"a": ("fast", 2),
                                                                "b": ("slow", 1)}
+
+
+def test_remaining_run_net_of_restores_by_hand():
+    # Half done in 600 s of running, 2 restarts after its start, S = 100 s: gross
+    # R = 600 s; net of the three restores, 300 s of running made the half: R = 300 s.
+    j = job("a", {"fast": 1.0}, num_restarts=2, restart_cost=100.0, progress=0.5,
+            attained={"fast": 600.0})
+    assert list(remaining_runs([j])) == [600.0]
+    assert list(remaining_runs([j], net=True)) == [300.0]
+    # A job whose restores take up its whole run time so far: unknown when net.
+    first = job("b", {"fast": 1.0}, restart_cost=100.0, progress=0.01, attained={"fast": 60.0})
+    assert np.isnan(remaining_runs([first], net=True)[0])
+    assert remaining_runs([first])[0] == pytest.approx(60 * 99)
 
 
 def test_remaining_work_weights_by_hand():
