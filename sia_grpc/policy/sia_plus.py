@@ -23,6 +23,15 @@ a round; off: srpt and min_stint (measured, not worth it on Philly).
 - **Settling** (`min_stint`). Sia keeps a job's GPUs while it restores
   (`hold_restoring`); this keeps them until it has run `min_stint` restart costs
   on them, so no job pays a restore for a stint shorter than a few restores.
+- **Giving way** (`give_way`). A shrink or a move to a slower type is taken for
+  the other jobs' sake, which the payback gate leaves to Sia's restart factor. This
+  charges the restore of such a row again, over how long the jobs made room for
+  still run (the median expected remaining run, H): the row's restart factor is
+  Sia's × H / (H + give_way·S), so a long job is not pushed aside for jobs done
+  before its restore pays off.
+- **Net remaining run** (`net_run`). The remaining-run estimate of the levers above
+  from the job's running time less the restores it has paid, (1 + restarts)·S
+  (`remaining_runs`): the gross one counts a young job's first restore as running.
 - **Larger starts** (`start_scale`). A job not yet running may start on up to
   `start_scale` × its minimum GPUs instead of its minimum, saving the restarts of
   growing 1 → 2 → 4 one round at a time.
