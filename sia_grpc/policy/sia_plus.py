@@ -3,7 +3,8 @@ simulator ignored (issue 16). Same candidates, same objective, same solver and
 placer (`SiaPolicy`); each lever below is one setting, off at its neutral value,
 so `sia-plus` with every lever off (and `max_scale_up = 2`, Sia's) computes what
 `sia` does. On by default: payback (3), larger starts (4×) and growth of up to 4×
-a round; off: srpt and min_stint (measured, not worth it on Philly).
+a round; off: srpt, min_stint, give_way and net_run (measured, not worth it on
+Philly).
 
 - **Restart payback** (`payback`). Sia's restart factor guesses a job's future
   from its age and restart count. A job reports its progress, so the scheduler
