@@ -74,9 +74,13 @@ class SiaConfig:
     # What the restart factor weighs a restart against: the job's life so far (the
     # paper: "age"), or its expected whole life, the life so far plus the running
     # it still needs at its rate of progress ("lifetime"; the age where unknown).
+    # ... or only the running it still needs ("remaining": the restores behind it are
+    # sunk), or the more cautious of the age's and the remaining run's ("least").
     restart_horizon: str = setting("age", "the life a restart is weighed against: age "
-                                          "(the paper) or lifetime (age + expected "
-                                          "remaining run time)")
+                                          "(the paper), lifetime (age + expected "
+                                          "remaining run time), remaining (the expected "
+                                          "remaining run time) or least (the smaller "
+                                          "factor of age and remaining)")
     # GPUs the ILP leaves idle go to running jobs that gain by growing onto them
     # (same type, at most max_scale_up×), each restart weighed against the job's
     # expected whole life: a lone young job on an idle cluster grows in a few
@@ -103,7 +107,7 @@ class SiaConfig:
                                + ", ".join(SOLVERS))
 
 
-RESTART_HORIZONS = ("age", "lifetime")
+RESTART_HORIZONS = ("age", "lifetime", "remaining", "least")
 
 
 def restart_factor(age: float, num_restarts: int, restart_cost: float) -> float:
@@ -122,6 +126,19 @@ def restart_life(job: PolicyJob, horizon: str) -> float:
     if horizon == "lifetime":
         return job.age + (job.remaining_run_time() or 0.0)
     return job.age
+
+
+def job_restart_factor(job: PolicyJob, horizon: str) -> float:
+    """The job's restart factor under `horizon` (SiaConfig.restart_horizon). Over
+    the expected remaining run R alone, one more restore of S leaves R / (R + S) of
+    it productive (the restores behind it are past: they cost nothing further);
+    where the job has reported no progress, R is unknown and the age stands in."""
+    aged = restart_factor(restart_life(job, horizon), job.num_restarts, job.restart_cost)
+    left = job.remaining_run_time()
+    if horizon not in ("remaining", "least") or left is None:
+        return aged
+    ahead = restart_factor(left, 0, job.restart_cost)
+    return ahead if horizon == "remaining" else min(aged, ahead)
 
 
 def normalised_goodput(table: CandidateTable, n_min: np.ndarray, clip: float) -> np.ndarray:
@@ -212,11 +229,17 @@ class SiaPolicy(RoundFromConfig):
         g = normalised_goodput(table, n_min, cfg.goodput_clip)
         job = table.job
         restart = (current[job] >= 0) & (table.config != current[job])
-        r = np.array([restart_factor(restart_life(j, horizon or cfg.restart_horizon),
-                                     j.num_restarts, j.restart_cost) for j in jobs])
-        val = objective_values(g, restart, r[job], cfg)
+        r = np.array([job_restart_factor(j, horizon or cfg.restart_horizon) for j in jobs])
+        val = objective_values(g, restart, self.row_restart_factors(table, jobs, current, r),
+                               cfg)
         # For p < 0 an entry at or below the no-allocation value never helps.
         return np.where(np.isfinite(val) & (val > -cfg.lambda_), val, np.nan)
+
+    def row_restart_factors(self, table: CandidateTable, jobs: Sequence[PolicyJob],
+                            current: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """Each candidate's restart factor from its job's `r` (used only on rows that
+        restart the job); Sia: the job's own, on every row."""
+        return r[table.job]
 
     def growth_values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                       current: np.ndarray, chosen: np.ndarray,

@@ -25,7 +25,12 @@ from sia_grpc.policy import (
     paper_hetero_cluster,
 )
 from sia_grpc.policy.candidates import candidate_configs, estimate
-from sia_grpc.policy.sia import normalised_goodput, objective_values, restart_factor
+from sia_grpc.policy.sia import (
+    job_restart_factor,
+    normalised_goodput,
+    objective_values,
+    restart_factor,
+)
 from sia_grpc.policy.types import JobAllocation
 
 
@@ -65,6 +70,22 @@ def test_restart_factor_by_hand():
     assert restart_factor(1000, 2, 100) == pytest.approx(800 / 1100)
     assert restart_factor(100, 5, 100) == 0.0  # more time lost than lived: never restart
     assert restart_factor(0, 0, 0) == 1.0
+
+
+def test_restart_factor_horizons_by_hand():
+    # Age 1,000 s, 2 restarts of S = 100 s; half done in 600 s of running: R = 600 s.
+    j = job("j", {"a": 1.0}, age=1000.0, num_restarts=2, restart_cost=100.0, progress=0.5,
+            attained={"a": 600.0})
+    assert job_restart_factor(j, "age") == pytest.approx(800 / 1100)
+    assert job_restart_factor(j, "lifetime") == pytest.approx(1400 / 1700)
+    assert job_restart_factor(j, "remaining") == pytest.approx(600 / 700)  # past: sunk
+    assert job_restart_factor(j, "least") == pytest.approx(800 / 1100)
+    # Near its end (R = 900 · 0.1 / 0.9 = 100 s) the remaining run is the cautious one.
+    near = dataclasses.replace(j, progress=0.9, attained={"a": 900.0})
+    assert job_restart_factor(near, "least") == pytest.approx(100 / 200)
+    # No progress reported: R unknown, the age stands in.
+    assert job_restart_factor(dataclasses.replace(j, progress=0.0), "remaining") == \
+        pytest.approx(800 / 1100)
 
 
 def test_normalised_goodput_and_objective_by_hand():

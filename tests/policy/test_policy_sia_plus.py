@@ -11,7 +11,12 @@ from test_policy_sia import job
 
 from sia_grpc.policy import Cluster, Config, SettingError, SiaPolicy, make_policy
 from sia_grpc.policy.candidates import build_candidates, current_index
-from sia_grpc.policy.sia_plus import SiaPlusPolicy, restart_pays
+from sia_grpc.policy.sia_plus import (
+    SiaPlusPolicy,
+    give_way_factors,
+    remaining_runs,
+    restart_pays,
+)
 from sia_grpc.policy.types import JobAllocation
 
 TWO = Cluster.uniform({"fast": (1, 1), "slow": (1, 1)})
@@ -91,6 +96,68 @@ def test_restart_pays_row_by_row():
     assert list(restart_pays(table, [fresh], cur, 100.0)) == [True, True, True]
 
 
+def test_give_way_factors_row_by_row():
+    # The job of test_restart_pays_row_by_row on 2 slow GPUs (goodput 1.8 there); its
+    # rows fast 1 (1.2) and slow 1 (1.0) are slower: it would give way. It alone
+    # reports a remaining run, R = 900 s = H; S = 100 s.
+    cl = Cluster.uniform({"fast": (1, 1), "slow": (1, 2)})
+    j = job("a", {"fast": 1.2, "slow": 1.0}, exponent=np.log2(1.8), restart_cost=100.0,
+            progress=0.8, attained={"slow": 3600.0})
+    on_two = {"a": JobAllocation(Config("slow", 1, 2), gpus=())}
+    table = build_candidates(cl, [j], on_two)
+    cur = current_index(cl, [j], on_two)
+    assert give_way_factors(table, [j], cur, 1.0) == pytest.approx([900 / 1000, 900 / 1000, 1])
+    assert give_way_factors(table, [j], cur, 2.0) == pytest.approx([900 / 1100, 900 / 1100, 1])
+    # On 1 slow GPU its other rows are faster (the payback gate's business): no charge.
+    on_one = {"a": JobAllocation(Config("slow", 1, 1), gpus=())}
+    assert list(give_way_factors(table, [j], current_index(cl, [j], on_one), 2.0)) == [1, 1, 1]
+    # H is the median of the jobs that report a remaining run: 900 and 60 s -> 480 s.
+    short = job("b", {"fast": 1.0, "slow": 1.0}, progress=0.5, attained={"slow": 60.0})
+    table = build_candidates(cl, [j, short], on_two)
+    cur = current_index(cl, [j, short], on_two)
+    assert give_way_factors(table, [j, short], cur, 1.0)[:3] == \
+        pytest.approx([480 / 580, 480 / 580, 1])
+
+
+def test_a_long_job_does_not_give_way_to_jobs_done_before_its_restore_pays():
+    # a: hours of running left on both fast GPUs (S = 250 s); c and d: a minute left
+    # each on a slow GPU; b arrives (1 GPU at most). Normalised goodput (by the slow
+    # GPU's 0.25): a on fast 2 is 8, on fast 1 is 4; b on fast 1 is 4, on slow 1 is 1.
+    # Sia-plus shrinks a for b: −4^−½ + 8^−½ = −0.15 for a, −4^−½ + 1 = +0.5 for b.
+    # With give_way 1, H = median(32,400, 60, 60) = 60 s and a's shrink keeps
+    # 60 / (60 + 250) = 0.19 of its goodput: −(4·0.19)^−½ + 8^−½ = −0.78 < 0.5.
+    cl = Cluster.uniform({"fast": (1, 2), "slow": (1, 3)})
+    speed = {"fast": 1.0, "slow": 0.25}
+    a = job("a", speed, age=100 * 3600.0, restart_cost=250.0, progress=0.1,
+            attained={"fast": 3600.0})  # R = 32,400 s
+    short = [job(n, speed, restart_cost=100.0, progress=0.5, attained={"slow": 60.0})
+             for n in ("c", "d")]  # R = 60 s
+    b = job("b", speed, age=0.0, max_gpus=1)
+    prev = {"a": JobAllocation(Config("fast", 1, 2), gpus=()),
+            **{j.job_id: JobAllocation(Config("slow", 1, 1), gpus=()) for j in short}}
+
+    def shape(policy):
+        got = policy.optimize(cl, [a, b, *short], prev).allocations
+        return {n: (got[n].config.gpu_type, got[n].config.num_gpus) for n in ("a", "b")}
+
+    assert shape(SiaPlusPolicy()) == {"a": ("fast", 1), "b": ("fast", 1)}
+    assert shape(make_policy("sia-plus", {"give_way": 1})) == {"a": ("fast", 2),
+                                                               "b": ("slow", 1)}
+
+
+def test_remaining_run_net_of_restores_by_hand():
+    # Half done in 600 s of running, 2 restarts after its start, S = 100 s: gross
+    # R = 600 s; net of the three restores, 300 s of running made the half: R = 300 s.
+    j = job("a", {"fast": 1.0}, num_restarts=2, restart_cost=100.0, progress=0.5,
+            attained={"fast": 600.0})
+    assert list(remaining_runs([j])) == [600.0]
+    assert list(remaining_runs([j], net=True)) == [300.0]
+    # A job whose restores take up its whole run time so far: unknown when net.
+    first = job("b", {"fast": 1.0}, restart_cost=100.0, progress=0.01, attained={"fast": 60.0})
+    assert np.isnan(remaining_runs([first], net=True)[0])
+    assert remaining_runs([first])[0] == pytest.approx(60 * 99)
+
+
 def test_remaining_work_weights_by_hand():
     policy = make_policy("sia-plus", {"srpt": 0.5})
     jobs = [job("short", {"fast": 1.0}, progress=0.5, attained={"fast": 30.0}),  # R 30 s → 60
@@ -123,7 +190,7 @@ def test_with_every_lever_off_it_is_sia():
     jobs = [job(f"j{k}", {"fast": 1.0 + k / 10, "slow": 0.5}, exponent=0.8, progress=0.3,
                 attained={"fast": 600.0 * (k + 1)}, age=3600.0 * (k + 1)) for k in range(5)]
     off = make_policy("sia-plus", {"payback": 0, "srpt": 0, "start_scale": 1,
-                                   "max_scale_up": 2})
+                                   "max_scale_up": 2, "give_way": 0})
     prev_sia, prev_off = {}, {}
     for _ in range(3):
         a = SiaPolicy().optimize(cl, jobs, prev_sia)
@@ -133,7 +200,8 @@ def test_with_every_lever_off_it_is_sia():
 
 
 @pytest.mark.parametrize("key, value", [("payback", -1), ("srpt", -0.5), ("start_scale", 0.5),
-                                        ("srpt_cap_h", 0), ("min_stint", -1)])
+                                        ("srpt_cap_h", 0), ("min_stint", -1),
+                                        ("give_way", -1)])
 def test_bad_settings_name_the_key(key, value):
     with pytest.raises(SettingError, match=f"^sia-plus.{key}: "):
         make_policy("sia-plus", {key: value})
