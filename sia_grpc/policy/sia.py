@@ -134,8 +134,10 @@ def job_restart_factor(job: PolicyJob, horizon: str) -> float:
     it productive (the restores behind it are past: they cost nothing further);
     where the job has reported no progress, R is unknown and the age stands in."""
     aged = restart_factor(restart_life(job, horizon), job.num_restarts, job.restart_cost)
+    if horizon not in ("remaining", "least"):
+        return aged  # (before asking for the remaining run: 20,000 jobs a round)
     left = job.remaining_run_time()
-    if horizon not in ("remaining", "least") or left is None:
+    if left is None:
         return aged
     ahead = restart_factor(left, 0, job.restart_cost)
     return ahead if horizon == "remaining" else min(aged, ahead)
