@@ -34,7 +34,7 @@ def _policy(args: argparse.Namespace) -> int:
 def _sim(args: argparse.Namespace) -> int:
     from sia_grpc.bench.sim import run
 
-    return run(args.workloads, args.policy, args.cluster)
+    return run(args.workloads, args.policy, args.cluster, args.scale)
 
 
 def _load(args: argparse.Namespace) -> int:
@@ -132,6 +132,8 @@ def add_commands(sub: Any) -> None:
     bsim.add_argument("--policy", default="sia", help="the policy (default sia)")
     bsim.add_argument("--cluster", default="hetero64",
                       help="hetero64, homo64, or a cluster TOML file (default hetero64)")
+    bsim.add_argument("--scale", type=positive(int), default=1,
+                      help="multiply the cluster's nodes (as sia simulate --scale)")
     count = positive(int)
     ld = command(bench_sub, "load", "many agents and many submitted jobs: none lost, "
                                     "controller memory and CPU recorded", _load)

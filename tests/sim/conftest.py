@@ -30,3 +30,18 @@ def queues_path(tmp_path):
     path = tmp_path / "q.toml"
     path.write_text(QUEUES_TOML)
     return path
+
+
+TRACE = """name,time,application,num_replicas,batch_size
+j0,0,ncf,1,256
+j1,30,cifar10,2,256
+j2,90,ncf,1,512
+"""
+
+
+@pytest.fixture
+def trace(tmp_path):
+    """A three-job trace (tiny.csv) of short jobs: a whole simulation in seconds."""
+    path = tmp_path / "tiny.csv"
+    path.write_text(TRACE)
+    return path

@@ -8,19 +8,6 @@ import pytest
 
 from sia_grpc.cli import main
 
-TRACE = """name,time,application,num_replicas,batch_size
-j0,0,ncf,1,256
-j1,30,cifar10,2,256
-j2,90,ncf,1,512
-"""
-
-
-@pytest.fixture
-def trace(tmp_path):
-    path = tmp_path / "tiny.csv"
-    path.write_text(TRACE)
-    return path
-
 
 def test_simulate_two_policies(trace, tmp_path, capsys):
     out = tmp_path / "runs.json"
