@@ -429,3 +429,30 @@ def test_two_stores_on_one_database_take_revisions_in_turn(backend: Backend):
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_writer_stopped_inside_its_write_does_not_lock_out_the_other(postgres_dsn):
+    """A controller paused mid-write (SIGSTOP) holds the revision's row lock; the
+    server ends its idle transaction, so the other controller's writes go through
+    (before: every one failed with a lock timeout until the paused one resumed)."""
+    import psycopg
+    with open_store(postgres_dsn, busy_timeout=1.0) as paused, \
+            open_store(postgres_dsn, busy_timeout=1.0) as other:
+        created(paused.create_jobs([(job("a"), "")])[0])
+        conn = psycopg.connect(postgres_dsn, autocommit=True)
+        paused._configure(conn)  # a connection of the paused controller's pool
+        conn.execute("BEGIN")
+        conn.execute("SELECT value FROM meta WHERE key = 'revision' FOR UPDATE")
+        # ... and it stops there. The other writes; a try may wait out its lock.
+        failed = []
+        for _ in range(3):
+            try:
+                created(other.create_jobs([(job("b"), "b")])[0])
+                break
+            except StoreError as err:
+                failed.append(err)
+        assert len(failed) < 3, failed
+        with pytest.raises(psycopg.Error, match="idle-in-transaction"):  # ended by the server
+            conn.execute("SELECT 1")
+        conn.close()
+        assert sorted(s.job.job_id for s in other.all_jobs()) == ["a", "b"]

@@ -141,10 +141,12 @@ async def test_a_paused_leader_comes_back_as_a_standby(postgres_dsn):
         try:
             await until(lambda: _serving(standby), "the standby to lead")
             # A paused leader does not refuse a call, it hangs: the first try waits
-            # out half the deadline there. In the full parallel suite (never alone,
-            # nor under a synthetic CPU load) this create's deadline ran out twice on
-            # 2026-12-01, cause not found (docs/benchmarks.md, failover); a client's
-            # retry with the same request_id, as the SDK's callers do, is one job.
+            # out half the deadline there. Paused inside a write, it also held the
+            # revision's row lock, and the new leader's writes timed out until it
+            # resumed (this create's deadline ran out in the full suite, 3 times on
+            # 2026-12-01/02); the server now ends a transaction left idle
+            # (stores/postgres.py). A client's retry with the same request_id, as the
+            # SDK's callers do, is one job.
             request = f"paused-{uuid.uuid4().hex}"
             try:
                 job = await sia.submit(SPEC, request_id=request)

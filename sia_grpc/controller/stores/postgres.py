@@ -185,6 +185,13 @@ class PostgresStore(SqlStore):
 
     def _configure(self, conn: psycopg.Connection) -> None:
         conn.execute(f"SET lock_timeout = {self._busy_ms}")
+        # A controller stopped inside a write (SIGSTOP, a VM paused, swapped out) keeps
+        # its transaction open and the revision's row lock with it: the other
+        # controller, leader once the lease runs out, could write nothing until the
+        # stopped one ran again. Its transaction is ended by the server once idle as
+        # long as a writer waits for a lock; a running controller never idles inside
+        # one (each call is one transaction, its statements back to back).
+        conn.execute(f"SET idle_in_transaction_session_timeout = {self._busy_ms}")
         if self._synchronous_off:
             conn.execute("SET synchronous_commit = off")
 
