@@ -286,7 +286,7 @@ class JobGoodputModel:
             tuple(sorted(limits.items()))))
 
     def __getstate__(self) -> dict:
-        # The last estimate (`evaluate_many`'s memo) stays in this process: a pickled
+        # The last estimate (`evaluate_jobs`' memo) stays in this process: a pickled
         # copy finds it in the receiving process's cache, by content, or makes it.
         state = self.__dict__.copy()
         state.pop("_memo", None)
@@ -459,8 +459,9 @@ def evaluate_jobs(models: list[JobGoodputModel], row_keys: list[Hashable] | None
         for k in asked:
             m = models[k]
             # A copy, not a view: a view would keep the whole round's array alive.
-            object.__setattr__(m, "_memo", (row_keys[k], m.estimator.uid,
-                                            m.estimator.version, m.grad, _frozen_copy(packed[k])))
+            object.__setattr__(m, "_memo", (row_keys[k], m.estimator._uid,
+                                            m.estimator._version, m.grad,
+                                            _frozen_copy(packed[k])))
     return GoodputEstimate(*np.concatenate(packed, axis=1))
 
 

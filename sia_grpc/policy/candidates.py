@@ -219,16 +219,15 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
         if a == b:
             continue
         tmap = type_maps[i] if type_maps else None
+        mapped = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else None
         model = job.model
         if job.adaptivity is adaptive and hasattr(model, "grid_rows"):
-            names = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else None
             models.append(model)
-            spans.append((a, b, names))
-            row_keys.append((names or cluster.gpu_types, row_bytes[a * width:b * width]))
+            spans.append((a, b, mapped))
+            row_keys.append((mapped or cluster.gpu_types, row_bytes[a * width:b * width]))
             batched_jobs[i] = True
             continue
-        names = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else tuple(
-            type_names[a:b])
+        names = mapped or tuple(type_names[a:b])
         fixed = job.batch_size if job.adaptivity is not adaptive else None
         for t in dict.fromkeys(names):  # one call per type, in order of appearance
             ix = a + np.flatnonzero(np.array(names) == t)
@@ -237,8 +236,8 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
                 arr[ix] = getattr(est, f)
 
     def rows_of(k: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-        a, b, names = spans[k]
-        return names or tuple(type_names[a:b]), nodes[a:b], replicas[a:b]
+        a, b, mapped = spans[k]
+        return mapped or tuple(type_names[a:b]), nodes[a:b], replicas[a:b]
 
     est = evaluate_jobs(models, row_keys, rows_of)
     batched_rows = np.repeat(batched_jobs, counts)
