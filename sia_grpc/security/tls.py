@@ -305,7 +305,13 @@ def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float,
         raw = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as err:
         raise _Unreachable(str(err)) from None
-    with raw, ctx.wrap_socket(raw, server_hostname=name or host) as tls:
+    # The handshake inside the `with`: a failed one must still close the TLS socket,
+    # which owns the connection once made (a ResourceWarning in the suite, else).
+    with raw:
+        tls = ctx.wrap_socket(raw, server_hostname=name or host,
+                              do_handshake_on_connect=False)
+    with tls:
+        tls.do_handshake()
         try:
             tls.sendall(_H2_PREFACE)
             return tls.recv(64)
