@@ -15,7 +15,7 @@ import enum
 import functools
 import time
 import types
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -111,6 +111,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         self._create_flush: asyncio.Task | None = None
         self._election: asyncio.Task | None = None  # on a shared store
         self._closing_term = 0  # the term close() found this controller leading in
+        self._collector_release: Callable[[], None] | None = None  # a round's pause
+        self._collector_cap: asyncio.TimerHandle | None = None
         self._fresh_state()
 
     def _fresh_state(self) -> None:
@@ -126,6 +128,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
         # round -> [tick ns, solve done ns]; the round is published when acknowledged
         self._round_clock: dict[int, list[int]] = {}
+        self._event_began_ns = 0  # when the event being handled was taken up
         self._unacked_rounds: dict[int, pb.Round] = {}
         self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
         # Messages to agents (None: end the stream) decided, waiting for the store
@@ -249,6 +252,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         """Cancel the timers, the event loop and the solves; end every agent stream
         (with `drop_queued`, what is still queued to an agent is never sent) and
         every watch."""
+        self._resume_collector()  # (a round in flight now never ends)
         self._notify_watchers()  # open WatchJobs streams see `serving` off and end
         for q in self._round_watchers:
             q.put_nowait(None)
@@ -348,6 +352,9 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
             for k, (event, _) in enumerate(batch):
                 if isinstance(event, sm.JobCreated):  # the state machine counts it now
                     self._pending_creates[event.job.spec.tenant] -= 1
+                self._event_began_ns = time.time_ns()
+                if type(event) is sm.Tick:  # (its round's jobs are built in the pause)
+                    self._pause_collector()
                 try:
                     actions = self.state.handle(event)
                 except Exception as exc:  # the loop must survive any one event
@@ -362,6 +369,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                         self._perform(action)
                     except Exception:  # one failed action must not stop the controller
                         log.exception("action failed", action=type(action).__name__)
+                if type(event) is sm.Tick and not self._round_clock:  # no round began
+                    self._resume_collector()
             error: Exception | None = None
             retry = self._unpersisted and time.monotonic() >= self._persist_retry_at
             if retry:
@@ -394,8 +403,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 agent = self._agents.get(action.node_id)
                 if agent is not None:  # else: re-sent when it reconnects
                     self._outgoing.append((agent, action.message))  # after the commit
-            case sm.Solve():
-                self._round_clock[action.round_no] = [time.time_ns(), 0]
+            case sm.Solve():  # (from the tick's handling on: it built the round's jobs)
+                self._round_clock[action.round_no] = [self._event_began_ns, 0]
                 # Kept, so close() can wait for it (a dropped task may be collected).
                 task = asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
                 self._solves.add(task)

@@ -10,7 +10,10 @@ controller's solver process is idle then). Reference counting frees everything
 acyclic as usual, so memory grows only by a round's cyclic garbage, if any.
 
 Nested and concurrent rounds share one pause: the first to start takes it, the
-last to end gives it back, restoring the collector as the first found it."""
+last to end gives it back, restoring the collector as the first found it.
+
+`hold` is the same pause for a span that is not one call: the controller's round,
+from its tick to its last acknowledgement, across many events of its loop."""
 
 from __future__ import annotations
 
@@ -40,6 +43,20 @@ def collection_paused(fn: Callable[P, R]) -> Callable[P, R]:
             _leave()
 
     return paused
+
+
+def hold() -> Callable[[], None]:
+    """Pause the collector until the returned function is called (the first call
+    ends this hold; later ones do nothing)."""
+    _enter()
+    held = [True]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            _leave()
+
+    return release
 
 
 def _enter() -> None:

@@ -4,12 +4,15 @@ settings and round length, and its rounds run that policy."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
+import pytest
 
+from sia_grpc.controller import solver_pool
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
-from sia_grpc.controller.solver_pool import SolverPool
+from sia_grpc.controller.solver_pool import SolverPool, ship, solve_shipped
 from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import Cluster, PolicyJob, SiaPolicy, make_policy
@@ -129,3 +132,21 @@ async def test_a_round_ships_the_estimators_the_solver_process_holds_by_referenc
     assert third.solver_stats["estimates_made"] == 1  # (the others found, as before)
     assert dict(fourth.allocations) == dict(first.allocations)
     assert pool.shipped_bytes == full  # asked for again in full
+
+
+def test_a_shipped_round_is_unpickled_and_solved_with_the_collector_paused(
+        monkeypatch: pytest.MonkeyPatch):
+    """The worker pauses the collector from the unpickling on: in a worker holding
+    the last round, unpickling the next set off full collections."""
+    payload, _ = ship(CLUSTER, JOBS, {}, frozenset())
+    enabled = []
+    load = solver_pool._Receiving.load
+
+    def spied(self):
+        enabled.append(gc.isenabled())
+        return load(self)
+
+    monkeypatch.setattr(solver_pool._Receiving, "load", spied)
+    result = solve_shipped(PolicySpec("sia", ()), payload)
+    assert result is not None and result.allocations
+    assert enabled == [False] and gc.isenabled()
