@@ -53,43 +53,48 @@ def place(
     A kept job in `pinned` is evicted only where no other eviction makes room.
 
     Deterministic: the result depends only on the contents of the arguments.
+
+    Jobs are handled as their positions in id order, in lists aligned with it: at
+    20,000 jobs the dict lookups by job id, a dozen per job, cost more than the
+    placement itself (memory-bound, cache-cold). Positions order as the ids do, so
+    every tie is broken as by id.
     """
     previous = previous if previous is not None else {}
     jobs = sorted(allocations)
+    cfgs = [allocations[j] for j in jobs]
+    prevs = [previous.get(j) for j in jobs]
     valid = cluster.config_index
     demand = dict.fromkeys(cluster.gpu_types, 0)
-    by_type: dict[str, list[str]] = {t: [] for t in cluster.gpu_types}
-    for job in jobs:
-        cfg = allocations[job]
+    by_type: dict[str, list[int]] = {t: [] for t in cluster.gpu_types}
+    for k, cfg in enumerate(cfgs):
         if cfg not in valid:
             raise PlacementError(
-                f"allocations[{job!r}]: {cfg} is not in the cluster's configuration set"
+                f"allocations[{jobs[k]!r}]: {cfg} is not in the cluster's configuration set"
             )
         demand[cfg.gpu_type] += cfg.num_gpus
-        by_type[cfg.gpu_type].append(job)
+        by_type[cfg.gpu_type].append(k)
     for t, d in demand.items():
         if d > cluster.capacity[t]:
             raise PlacementError(
                 f"allocations: {d} GPUs of {t!r} requested, capacity is {cluster.capacity[t]}"
             )
 
-    kept = _kept(cluster, allocations, previous, jobs)
-    placements: dict[str, tuple[GpuId, ...]] = {}
-    evicted: set[str] = set()
+    kept, kept_gpus = _kept(cluster, cfgs, prevs)
+    pin = frozenset(k for k, j in enumerate(jobs) if j in pinned) if pinned else frozenset()
+    placed: list[tuple[GpuId, ...]] = [()] * len(jobs)
+    evicted: set[int] = set()
     for t, type_jobs in by_type.items():
         if type_jobs:
-            _place_type(cluster, t, type_jobs, allocations, previous, kept, placements, evicted,
-                        pinned)
+            _place_type(cluster, t, type_jobs, cfgs, prevs, kept, kept_gpus, placed, evicted,
+                        pin)
 
-    placements = {j: placements[j] for j in jobs}
-    moved = set()
-    for job in jobs:
-        prev = previous.get(job)
-        if (job not in kept or job in evicted) and (
-            prev is None or placements[job] != _sorted_tuple(prev)
-        ):
-            moved.add(job)
-    return PlacementResult(placements, frozenset(moved), frozenset(evicted & moved))
+    moved = frozenset(
+        jobs[k] for k, vns in enumerate(kept)
+        if (vns is None or k in evicted)
+        and ((prev := prevs[k]) is None or placed[k] != _sorted_tuple(prev))
+    )
+    return PlacementResult(dict(zip(jobs, placed, strict=True)), moved,
+                           frozenset(jobs[k] for k in evicted) & moved)
 
 
 def _sorted_tuple(gpus: Sequence[GpuId]) -> tuple[GpuId, ...]:
@@ -99,148 +104,151 @@ def _sorted_tuple(gpus: Sequence[GpuId]) -> tuple[GpuId, ...]:
 
 def _kept(
     cluster: Cluster,
-    allocations: Mapping[str, Config],
-    previous: Mapping[str, Sequence[GpuId]],
-    jobs: list[str],
-) -> dict[str, tuple[int, ...]]:
-    """Jobs whose previous GPUs are a valid placement of their new config -> their vnodes.
+    cfgs: list[Config],
+    prevs: list[Sequence[GpuId] | None],
+) -> tuple[list[tuple[int, ...] | None], list[tuple[GpuId, ...] | None]]:
+    """Per job (position): its vnodes if its previous GPUs are a valid placement of
+    its new config, else None; and those GPUs sorted (its placement if it stays).
 
     Malformed or overlapping `previous` entries are not trusted: on a GPU claimed by
     two jobs, the first job by id keeps it and the other is placed afresh.
     """
     info = cluster.gpu_numbering
     claimed: set[int] = set()
-    kept: dict[str, tuple[int, ...]] = {}
-    for job in jobs:
-        prev = previous.get(job)
+    kept: list[tuple[int, ...] | None] = [None] * len(cfgs)
+    kept_gpus: list[tuple[GpuId, ...] | None] = [None] * len(cfgs)
+    for k, prev in enumerate(prevs):
         if not prev:
             continue
-        gpu_type, num_nodes, num_gpus = allocations[job]
+        gpu_type, num_nodes, num_gpus = cfgs[k]
         if len(prev) != num_gpus:
             continue
         if num_gpus == 1:  # most jobs: no sets to build
-            node, k = prev[0]
+            node, g = prev[0]
             i = info.get(node)
-            if i is None or i[0] != gpu_type or not 0 <= k < i[3] or (i[4] + k) in claimed:
+            if i is None or i[0] != gpu_type or not 0 <= g < i[3] or (i[4] + g) in claimed:
                 continue
-            claimed.add(i[4] + k)
-            kept[job] = (i[1] + k // i[2],)
+            claimed.add(i[4] + g)
+            kept[k] = (i[1] + g // i[2],)
+            kept_gpus[k] = tuple(prev)
             continue
         vns: set[int] = set()
         ids: set[int] = set()
-        for node, k in prev:
+        for node, g in prev:
             i = info.get(node)
-            if i is None or i[0] != gpu_type or not 0 <= k < i[3]:
+            if i is None or i[0] != gpu_type or not 0 <= g < i[3]:
                 break
-            vns.add(i[1] + k // i[2])
-            ids.add(i[4] + k)
+            vns.add(i[1] + g // i[2])
+            ids.add(i[4] + g)
         else:
             # num_gpus distinct GPUs over exactly num_nodes vnodes: for whole-node
             # configs that means each vnode is fully covered.
             if len(ids) == len(prev) and len(vns) == num_nodes and claimed.isdisjoint(ids):
                 claimed |= ids
-                kept[job] = tuple(sorted(vns))
-    return kept
+                kept[k] = tuple(sorted(vns))
+                kept_gpus[k] = tuple(sorted(prev))
+    return kept, kept_gpus
 
 
 def _place_type(
     cluster: Cluster,
     t: str,
-    jobs: list[str],
-    allocations: Mapping[str, Config],
-    previous: Mapping[str, Sequence[GpuId]],
-    kept: Mapping[str, tuple[int, ...]],
-    placements: dict[str, tuple[GpuId, ...]],
-    evicted: set[str],
-    pinned: frozenset[str] = frozenset(),
+    jobs: list[int],
+    cfgs: list[Config],
+    prevs: list[Sequence[GpuId] | None],
+    kept: list[tuple[int, ...] | None],
+    kept_gpus: list[tuple[GpuId, ...] | None],
+    placed: list[tuple[GpuId, ...]],
+    evicted: set[int],
+    pinned: frozenset[int] = frozenset(),
 ) -> None:
+    """Place type `t`'s jobs (positions, ascending) into `placed`."""
     r = cluster.gpus_per_vnode[t]
     vnodes = cluster.vnodes[t]
-    whole: list[tuple[str, int]] = []
-    partial: list[tuple[str, int]] = []
-    kept_whole: dict[str, tuple[int, ...]] = {}
-    kept_part: dict[str, tuple[int, int]] = {}
-    for job in jobs:
-        g = allocations[job].num_gpus
-        vns = kept.get(job)
+    whole: list[tuple[int, int]] = []
+    partial: list[tuple[int, int]] = []
+    kept_whole: dict[int, tuple[int, ...]] = {}
+    kept_part: dict[int, tuple[int, int]] = {}
+    for k in jobs:
+        g = cfgs[k].num_gpus
+        vns = kept[k]
         if g >= r:
             if vns is None:
-                whole.append((job, g // r))
+                whole.append((k, g // r))
             else:
-                kept_whole[job] = vns
+                kept_whole[k] = vns
         elif vns is None:
-            partial.append((job, g))
+            partial.append((k, g))
         else:
-            kept_part[job] = (vns[0], g)
+            kept_part[k] = (vns[0], g)
 
     fit = _fit(r, len(vnodes), whole, partial, kept_whole, kept_part, pinned)
     if fit is None:  # unreachable by the argument in the module doc; kept as a safety net
         # Last resort: repack the whole type from scratch, which always fits.
-        fit = _fit(r, len(vnodes), whole + [(j, len(v)) for j, v in kept_whole.items()],
-                   partial + [(j, g) for j, (_, g) in kept_part.items()], {}, {})
+        fit = _fit(r, len(vnodes), whole + [(k, len(v)) for k, v in kept_whole.items()],
+                   partial + [(k, g) for k, (_, g) in kept_part.items()], {}, {})
         assert fit is not None, "from-scratch packing failed with per-type totals in capacity"
         fit = (fit[0], [*kept_whole, *kept_part])
     vnode_of, type_evicted = fit
     evicted.update(type_evicted)
     gone = set(type_evicted)
-    still_kept = {j for j in jobs if j in kept and j not in gone}
 
-    incoming: dict[int, list[str]] = {}  # vnode -> partial jobs placed there afresh
+    incoming: dict[int, list[int]] = {}  # vnode -> partial jobs placed there afresh
     rank: dict[int, int] | None = None
-    for job, vns in vnode_of.items():
-        if job in still_kept:
-            continue
-        if len(vns) > 1 or allocations[job].num_gpus == r:
+    for k in (*(k for k, _ in whole), *(k for k, _ in partial), *type_evicted):
+        vns = vnode_of[k]
+        if len(vns) > 1 or cfgs[k].num_gpus == r:
             if rank is None:  # sorting vnodes, not GpuIds; `Cluster(...)` need not be sorted
                 order = sorted(range(len(vnodes)),
                                key=lambda v: (vnodes[v].physical, vnodes[v].offset))
-                rank = {v: k for k, v in enumerate(order)}
-            placements[job] = tuple(g for v in sorted(vns, key=rank.__getitem__)
-                                    for g in vnodes[v].gpus())
+                rank = {v: n for n, v in enumerate(order)}
+            placed[k] = tuple(g for v in sorted(vns, key=rank.__getitem__)
+                              for g in vnodes[v].gpus())
         else:
-            incoming.setdefault(vns[0], []).append(job)
+            incoming.setdefault(vns[0], []).append(k)
 
+    for k in kept_whole:
+        if k not in gone:
+            placed[k] = kept_gpus[k]
     used: dict[int, set[int]] = {}  # vnode -> local GPU indices held by kept partial jobs
-    for job in jobs:
-        if job in still_kept:
-            prev = previous[job]
-            placements[job] = _sorted_tuple(prev)
-            v = vnode_of[job][0]
-            if v in incoming and job in kept_part:
+    for k, (v, _) in kept_part.items():
+        if k not in gone:
+            placed[k] = kept_gpus[k]
+            if v in incoming:
                 off = vnodes[v].offset
-                used.setdefault(v, set()).update(g.index - off for g in prev)
+                used.setdefault(v, set()).update(g.index - off for g in prevs[k])
 
     for v, movers in incoming.items():
         vn = vnodes[v]
         taken = used.get(v, set())
-        movers.sort(key=lambda j: (-allocations[j].num_gpus, j))
+        movers.sort(key=lambda k: (-cfgs[k].num_gpus, k))
         rest = []
-        for job in movers:
+        for k in movers:
             # An evicted job that landed back on its own vnode gets its old GPUs if
             # they are still free, which undoes the eviction.
             own = None
-            if job in kept_part and kept_part[job][0] == v:
-                own = {g.index - vn.offset for g in previous[job]}
+            if k in kept_part and kept_part[k][0] == v:
+                own = {g.index - vn.offset for g in prevs[k]}
             if own is not None and taken.isdisjoint(own):
                 taken = taken | own
-                placements[job] = _sorted_tuple(previous[job])
+                placed[k] = kept_gpus[k]
             else:
-                rest.append(job)
-        free = iter([k for k in range(r) if k not in taken])
-        for job in rest:
-            placements[job] = tuple(GpuId(vn.physical, vn.offset + next(free))
-                                    for _ in range(allocations[job].num_gpus))
+                rest.append(k)
+        free = iter([n for n in range(r) if n not in taken])
+        for k in rest:
+            placed[k] = tuple(GpuId(vn.physical, vn.offset + next(free))
+                              for _ in range(cfgs[k].num_gpus))
 
 
 def _fit(
     r: int,
     n: int,
-    whole: list[tuple[str, int]],
-    partial: list[tuple[str, int]],
-    kept_whole: Mapping[str, tuple[int, ...]],
-    kept_part: Mapping[str, tuple[int, int]],
-    pinned: frozenset[str] = frozenset(),
-) -> tuple[dict[str, tuple[int, ...]], list[str]] | None:
+    whole: list[tuple[int, int]],
+    partial: list[tuple[int, int]],
+    kept_whole: Mapping[int, tuple[int, ...]],
+    kept_part: Mapping[int, tuple[int, int]],
+    pinned: frozenset[int] = frozenset(),
+) -> tuple[dict[int, tuple[int, ...]], list[int]] | None:
     """Assign jobs of one type to its `n` vnodes of `r` GPUs.
 
     `whole` holds (job, vnodes needed), `partial` (job, GPUs), both to be placed;
@@ -249,9 +257,9 @@ def _fit(
     """
     free = [r] * n
     owned = [False] * n  # held by a whole-node job; never shared
-    residents: list[list[tuple[int, str]]] = [[] for _ in range(n)]  # kept partial jobs
-    out: dict[str, tuple[int, ...]] = {}
-    evicted: list[str] = []
+    residents: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # kept partial jobs
+    out: dict[int, tuple[int, ...]] = {}
+    evicted: list[int] = []
     pending = [(-g, job) for job, g in partial]  # min-heap: largest first, then by id
 
     for job, vns in kept_whole.items():
@@ -264,7 +272,7 @@ def _fit(
         residents[v].append((g, job))
         out[job] = (v,)
 
-    def evict(v: int, victims: list[tuple[int, str]]) -> None:
+    def evict(v: int, victims: list[tuple[int, int]]) -> None:
         for g, job in victims:
             residents[v].remove((g, job))
             free[v] += g
@@ -353,8 +361,8 @@ def _best_fit(buckets: list[list[int]], free: list[int], g: int, r: int) -> int 
     return None
 
 
-def _victims(residents: list[tuple[int, str]], short: int, g: int,
-             pinned: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+def _victims(residents: list[tuple[int, int]], short: int, g: int,
+             pinned: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
     """The fewest kept jobs smaller than `g` freeing `short` GPUs, and of those the fewest
     GPUs, so the evicted jobs are easy to re-place; jobs not `pinned`, where they can.
     `residents` is sorted largest first.
@@ -389,8 +397,8 @@ def _victims(residents: list[tuple[int, str]], short: int, g: int,
 
 
 def _room_cost(
-    v: int, g: int, owned: list[bool], free: list[int], residents: list[list[tuple[int, str]]],
-    pinned: frozenset[str] = frozenset(),
+    v: int, g: int, owned: list[bool], free: list[int], residents: list[list[tuple[int, int]]],
+    pinned: frozenset[int] = frozenset(),
 ) -> tuple[int, int, int, int] | None:
     """(pinned evictions, evictions, GPUs evicted, v) to make room for `g` GPUs on vnode
     v; None if impossible."""

@@ -364,21 +364,20 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
     names, rows = list(chosen), np.fromiter(chosen.values(), dtype=np.int64, count=len(chosen))
     if placed is None:
         all_configs = table.cluster.configs
-        configs = dict(zip(names, [all_configs[k] for k in table.config[rows].tolist()],
-                           strict=True))
-        gpus = place(table.cluster, configs,
+        configs = [all_configs[k] for k in table.config[rows].tolist()]
+        gpus = place(table.cluster, dict(zip(names, configs, strict=True)),
                      {j: a.gpus for j, a in previous.items() if a.gpus}, pinned).placements
     else:
-        configs = {j: c for j, (c, _) in placed.items()}
+        configs = [placed[j][0] for j in names]
         gpus = {j: g for j, (_, g) in placed.items()}
     # Whole columns to Python numbers at once: one numpy scalar per job and field
     # cost more than the placer at 20,000 jobs.
-    columns = zip(names, table.replicas[rows].tolist(), table.batch_size[rows].tolist(),
-                  table.atomic_bsz[rows].tolist(), table.accum_steps[rows].tolist(),
-                  table.goodput[rows].tolist(), strict=True)
+    columns = zip(names, configs, table.replicas[rows].tolist(),
+                  table.batch_size[rows].tolist(), table.atomic_bsz[rows].tolist(),
+                  table.accum_steps[rows].tolist(), table.goodput[rows].tolist(), strict=True)
     make = JobAllocation.of
-    allocations = {j: make(configs[j], gpus[j], reps, bsz, atomic, accum, goodput)
-                   for j, reps, bsz, atomic, accum, goodput in columns}
+    allocations = {j: make(config, gpus[j], reps, bsz, atomic, accum, goodput)
+                   for j, config, reps, bsz, atomic, accum, goodput in columns}
     # An active job restarts when it held GPUs and now holds different ones (or
     # none); `previous` may still list jobs that have finished since.
     restarted = frozenset(
