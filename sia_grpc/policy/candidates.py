@@ -174,7 +174,8 @@ def build_candidates(cluster: Cluster, jobs: Sequence[PolicyJob],
     it were another (Pollux's view of the cluster). Candidates whose estimate is
     zero (type not profiled, batch infeasible) are dropped.
     """
-    current = [previous[j.job_id].config if j.job_id in previous else None for j in jobs]
+    get = previous.get
+    current = [None if (a := get(j.job_id)) is None else a.config for j in jobs]
     offsets, index = candidate_index(cluster, jobs, current, max_scale_up=max_scale_up,
                                      scale_rules=scale_rules, start_scale=start_scale)
     return estimate(cluster, jobs, offsets, index, type_maps)
@@ -205,7 +206,11 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     out = {f: np.zeros(n) for f in _FIELDS}
     # Plain Python lists and slices below: this loop runs once per job, 20,000 a round.
     type_codes = types_of[config]
-    type_names = [cluster.gpu_types[t] for t in type_codes.tolist()]
+    codes, gpu_types = type_codes.tolist(), cluster.gpu_types
+
+    def type_names(a: int, b: int) -> tuple[str, ...]:  # (only where a job needs them)
+        return tuple(gpu_types[t] for t in codes[a:b])
+
     # Each row's (type, nodes, replicas) as bytes: a slice names a job's candidate
     # rows in one small object (`evaluate_jobs`'s row keys).
     width = 3 * 8
@@ -219,7 +224,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
         if a == b:
             continue
         tmap = type_maps[i] if type_maps else None
-        mapped = tuple(tmap.get(t, t) for t in type_names[a:b]) if tmap else None
+        mapped = tuple(tmap.get(t, t) for t in type_names(a, b)) if tmap else None
         model = job.model
         if job.adaptivity is adaptive and hasattr(model, "grid_rows"):
             models.append(model)
@@ -227,7 +232,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
             row_keys.append((mapped or cluster.gpu_types, row_bytes[a * width:b * width]))
             batched_jobs[i] = True
             continue
-        names = mapped or tuple(type_names[a:b])
+        names = mapped or type_names(a, b)
         fixed = job.batch_size if job.adaptivity is not adaptive else None
         for t in dict.fromkeys(names):  # one call per type, in order of appearance
             ix = a + np.flatnonzero(np.array(names) == t)
@@ -237,7 +242,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
 
     def rows_of(k: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
         a, b, mapped = spans[k]
-        return mapped or tuple(type_names[a:b]), nodes[a:b], replicas[a:b]
+        return mapped or type_names(a, b), nodes[a:b], replicas[a:b]
 
     est = evaluate_jobs(models, row_keys, rows_of)
     batched_rows = np.repeat(batched_jobs, counts)
@@ -252,10 +257,6 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
 def current_index(cluster: Cluster, jobs: Sequence[PolicyJob],
                   previous: Mapping[str, JobAllocation]) -> np.ndarray:
     """Index into cluster.configs of each job's current configuration (-1: none)."""
-    pos = cluster.config_index
-    out = np.full(len(jobs), -1, dtype=np.int64)
-    for i, job in enumerate(jobs):
-        cur = previous.get(job.job_id)
-        if cur is not None:
-            out[i] = pos.get(cur.config, -1)
-    return out
+    pos, get = cluster.config_index, previous.get
+    return np.array([-1 if (cur := get(job.job_id)) is None else pos.get(cur.config, -1)
+                     for job in jobs], dtype=np.int64).reshape(len(jobs))

@@ -165,7 +165,9 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
             _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
         chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
                                 hold=hold, **kw)
-    by_job = {jobs[i].job_id: int(chosen[i]) for i in np.flatnonzero(chosen >= 0)}
+    placed = np.flatnonzero(chosen >= 0)
+    by_job = dict(zip([jobs[i].job_id for i in placed.tolist()], chosen[placed].tolist(),
+                      strict=True))
     # (The queues' minimum-runtime holds only: the paper's placer stays the paper's.)
     pinned = frozenset() if queues is None else frozenset(
         jobs[i].job_id for i in np.flatnonzero(young))
