@@ -63,15 +63,18 @@ class Step:
 
 def run_rounds(policy: Policy, cluster: Cluster, jobs: Sequence[PolicyJob],
                rounds: int) -> Iterator[Step]:
-    """Call `policy` round after round, feeding back its allocation and ageing
-    the jobs by one round (restarted jobs count a restart)."""
+    """Call `policy` round after round, feeding back its allocation and its warm
+    start (as the simulator and the controller do) and ageing the jobs by one round
+    (restarted jobs count a restart)."""
     jobs = list(jobs)
     previous: dict[str, JobAllocation] = {}
+    warm = None
     for _ in range(rounds):
         t0 = time.perf_counter()
-        result = policy.optimize(cluster, jobs, previous)
+        result = policy.optimize(cluster, jobs, previous,
+                                 **({} if warm is None else {"warm": warm}))
         yield Step(jobs, previous, result, time.perf_counter() - t0)
-        previous = dict(result.allocations)
+        previous, warm = dict(result.allocations), result.warm
         jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,
                                     num_restarts=j.num_restarts + (j.job_id in result.restarted))
                 for j in jobs]

@@ -158,7 +158,11 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                                                   hold=hold, silo=silo)
     problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    chosen, objective, stats, _ = choose(problem, rows, start, timings, **kw)
+    last = None if warm is None or side is not None else warm.prices
+    chosen, objective, stats, prices = choose(
+        problem, rows, start, timings, **kw,
+        prices=None if last is None or len(last) != len(problem.capacity)
+        else np.asarray(last, dtype=np.float64))
     stats.update(silo_counts)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
@@ -173,11 +177,12 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         jobs[i].job_id for i in np.flatnonzero(young))
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats, pinned=pinned)
+    own = None if side is not None else tuple(np.asarray(prices, dtype=np.float64).tolist())
     if queues is None:
-        return result
+        return dataclasses.replace(result, warm=WarmStart(prices=own))
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
                                rows=_row_report(side, table, chosen),
-                               warm=WarmStart(silos=hints))
+                               warm=WarmStart(silos=hints, prices=own))
 
 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,

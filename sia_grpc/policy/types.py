@@ -170,6 +170,9 @@ class WarmStart:
     back as `optimize(..., warm=)`): per queue, its silo solve."""
 
     silos: Mapping[str, SiloHint] = field(default_factory=dict)
+    # The round's own capacity prices (a problem without side rows): the next
+    # round's solve tries them first (`solve(..., prices=)`).
+    prices: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -436,3 +436,27 @@ def test_an_allocation_made_fast_is_the_constructors():
     assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.batch_size = 1  # type: ignore[misc]
+
+
+def test_a_round_starts_from_the_last_rounds_prices_and_answers_within_the_gap():
+    """A round leaves its capacity prices in its warm start; the next one, given it,
+    tries them first (at a size that takes column generation) and answers within the
+    solver's gap of the same round solved from nothing."""
+    from sia_grpc.bench.scenarios import sample_jobs
+    from sia_grpc.policy.cluster import paper_hetero_cluster
+
+    cluster = paper_hetero_cluster(32)  # 2,048 GPUs
+    jobs = sample_jobs(np.random.default_rng(0), 2000, cluster)
+    policy = SiaPolicy()
+    last, previous = None, {}
+    for _ in range(3):  # (the first round starts every job; a few more settle them)
+        last = policy.optimize(cluster, jobs, previous, **({"warm": last.warm} if last else {}))
+        previous = dict(last.allocations)
+        jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,
+                                    num_restarts=j.num_restarts + (j.job_id in last.restarted))
+                for j in jobs]
+    assert last.warm is not None and len(last.warm.prices) == len(cluster.gpu_types)
+    warm = policy.optimize(cluster, jobs, previous, warm=last.warm)
+    cold = policy.optimize(cluster, jobs, previous)
+    assert warm.solver_stats["hinted"] == 1.0 and cold.solver_stats["hinted"] == 0.0
+    assert warm.objective >= cold.objective - 1e-4 * max(1.0, abs(cold.objective))

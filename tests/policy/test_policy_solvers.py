@@ -271,8 +271,11 @@ def test_price_hints_only_change_the_time(seed: int) -> None:
         assert len(sol.prices) == len(p.capacity) and np.all(sol.prices >= 0)
 
 
-def test_the_prices_of_an_answer_prove_it_again_without_an_lp() -> None:
-    """Where the Lagrangian proved an answer, its own prices prove it again."""
+def test_the_prices_of_an_answer_prove_it_again_without_an_lp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the Lagrangian proved an answer, its own prices prove it again (on the
+    column-generation path: the cases are small, so the whole-LP one is turned off)."""
+    monkeypatch.setattr(solve_module, "_DIRECT_LP", 0)
     proved = [p for p in map(random_case, range(40))
               if path_name(solve(p).stats) == "lagrangian"]
     assert len(proved) >= 10
@@ -281,6 +284,17 @@ def test_the_prices_of_an_answer_prove_it_again_without_an_lp() -> None:
         again = solve(p, prices=base.prices, start=base.choice)
         assert again.stats["hinted"] == 1.0 and again.stats["direct_lp"] == 0.0
         assert again.objective >= base.objective - 1e-12
+
+
+def test_a_problem_small_enough_for_the_whole_lp_does_not_try_prices_given() -> None:
+    """Where HiGHS solves the whole LP, it is cheaper than trying prices given that may
+    not prove an incumbent: they are not tried, and the answer is the one without."""
+    p = random_case(0)
+    base = solve(p)
+    assert base.stats["direct_lp"] == 1.0
+    again = solve(p, prices=base.prices, start=base.choice)
+    assert again.stats["hinted"] == 0.0 and again.stats["direct_lp"] == 1.0
+    assert np.array_equal(again.choice, solve(p, start=base.choice).choice)
 
 
 def stacked(parts: list[ChoiceProblem]) -> tuple[ChoiceProblem, np.ndarray]:
