@@ -264,14 +264,18 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
     out: dict[str, list[float]] = {"queues": [], "plain": [], "queues_solve": [],
                                    "plain_solve": []}
     previous: dict = {}
-    warm = None  # each call starts from the last, as the controller's and simulator's do
+    # Each call starts from the last of its kind, as the controller's and simulator's
+    # rounds do (without queues: the last round's capacity prices).
+    warm = plain_warm = None
     for k in range(warmup + rounds):
         t0 = time.perf_counter()
         res = policy.optimize(cluster, jobs, previous, queues=qs, warm=warm)
         warm = res.warm
         t_q = time.perf_counter() - t0
         t0 = time.perf_counter()
-        plain = policy.optimize(cluster, jobs, previous)
+        plain = policy.optimize(cluster, jobs, previous,
+                                **({} if plain_warm is None else {"warm": plain_warm}))
+        plain_warm = plain.warm
         t_p = time.perf_counter() - t0
         if k >= warmup:
             out["queues"].append(t_q)

@@ -55,8 +55,9 @@ class Recorder:
         self.calls: list[dict[str, JobAllocation]] = []
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
-                 previous: Mapping[str, JobAllocation]) -> RoundResult:
-        result = self.inner.optimize(cluster, jobs, previous)
+                 previous: Mapping[str, JobAllocation], **kw) -> RoundResult:
+        # (kw: the warm start the inner policy left, given back as the protocol says)
+        result = self.inner.optimize(cluster, jobs, previous, **kw)
         self.calls.append(dict(result.allocations))
         return result
 
