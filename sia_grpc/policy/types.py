@@ -4,6 +4,7 @@ and the record of one round. Plain frozen data; no behaviour beyond validation."
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -239,5 +240,15 @@ class Policy(Protocol):
                  previous: Mapping[str, JobAllocation], *,
                  queues: QueueSet | None = None,
                  warm: WarmStart | None = None) -> RoundResult: ...
-    # (`warm` is given only to a policy whose last result left one, so a policy
-    # without warm starts need not take it.)
+    # (`warm` is given only to a policy whose last result left one and whose
+    # `optimize` takes it (`accepts_warm`), so a policy without warm starts, or a
+    # wrapper written before them that hands on another policy's results, need not.)
+
+
+def accepts_warm(policy: Policy) -> bool:
+    """Whether `policy.optimize` takes `warm` (by name, or as one of `**kwargs`)."""
+    try:
+        params = inspect.signature(policy.optimize).parameters.values()
+    except (TypeError, ValueError):  # (a builtin or C-level callable: not asked)
+        return False
+    return any(p.name == "warm" or p.kind is p.VAR_KEYWORD for p in params)

@@ -32,7 +32,14 @@ from sia_grpc.models.efficiency import gain
 from sia_grpc.models.goodput import NUM_BATCH_SAMPLES
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.queues import DEFAULT_QUEUE, QueueSet
-from sia_grpc.policy.types import Adaptivity, JobAllocation, Policy, PolicyJob, RoundResult
+from sia_grpc.policy.types import (
+    Adaptivity,
+    JobAllocation,
+    Policy,
+    PolicyJob,
+    RoundResult,
+    accepts_warm,
+)
 from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
 from sia_grpc.sim.workload import Category, TraceJob
 
@@ -132,6 +139,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     jobs: dict[str, _Job] = {}
     previous: dict[str, JobAllocation] = {}
     warm = None  # what the last round leaves the next to start from (speed only)
+    warm_taken = accepts_warm(policy)
     rounds: list[RoundRecord] = []
     now, k = 0.0, 0
     horizon = config.max_hours * 3600.0
@@ -147,11 +155,10 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
-        # (`warm` only to a policy that leaves one: one without a warm start need not
-        # take the argument)
+        # (`warm` only to a policy that leaves one and takes it: the Policy protocol)
         result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous,
                                  **({} if queues is None else {"queues": queues}),
-                                 **({} if warm is None else {"warm": warm}))
+                                 **({} if warm is None or not warm_taken else {"warm": warm}))
         warm = result.warm
         spent = time.perf_counter() - t0
         in_use = dict.fromkeys(cluster.gpu_types, 0)

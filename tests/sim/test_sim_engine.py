@@ -648,3 +648,22 @@ def test_isolated_jct_is_a_lower_bound_alone():
     assert job.contention == 1.0
     assert job.isolated_jct <= job.jct
 
+
+
+def test_a_wrapper_that_does_not_take_a_warm_start_runs_cold():
+    """Sia leaves a warm start; a wrapper written without one (handing on Sia's
+    results) is still called as the protocol allows, without it."""
+    seen: list[int] = []
+
+    class Plain:
+        def __init__(self) -> None:
+            self.inner = make_policy("sia")
+            self.name, self.round_duration = "plain", self.inner.round_duration
+
+        def optimize(self, cluster, jobs, previous):
+            seen.append(len(jobs))
+            return self.inner.optimize(cluster, jobs, previous)
+
+    trace = [one_job("cifar10", time=60.0 * k, name=f"j{k}") for k in range(3)]
+    result = simulate(trace, paper_hetero_cluster(1), Plain(), config=SimConfig(max_hours=0.2))
+    assert len(seen) == len(result.rounds) > 1
