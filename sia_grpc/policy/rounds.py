@@ -385,32 +385,34 @@ def finish_round(table: CandidateTable, jobs: Sequence[PolicyJob], chosen: Mappi
     make = JobAllocation.of
     allocations = {j: make(config, gpus[j], reps, bsz, atomic, accum, goodput)
                    for j, config, reps, bsz, atomic, accum, goodput in columns}
-    # An active job restarts when it held GPUs and now holds different ones (or
-    # none); `previous` may still list jobs that have finished since.
-    restarted = frozenset(
-        j.job_id for j in jobs
-        if (prev := previous.get(j.job_id)) is not None and prev.gpus
-        and (j.job_id not in allocations or allocations[j.job_id].gpus != tuple(prev.gpus))
-    )
+    reasons, restarted = outcomes(table, jobs, allocations, previous)
+    # ("place": the placement and the result assembled from it, reasons included)
     timings["place"] = time.perf_counter() - t0
     timings["total"] = sum(v for k, v in timings.items() if k != "total")
     return RoundResult(allocations=allocations, restarted=restarted, objective=objective,
                        timings=dict(timings), solver_stats=dict(solver_stats or {}),
-                       reasons=explain(table, jobs, allocations, previous))
+                       reasons=reasons)
 
 
-def explain(table: CandidateTable, jobs: Sequence[PolicyJob],
-            allocations: Mapping[str, JobAllocation],
-            previous: Mapping[str, JobAllocation]) -> dict[str, str]:
-    """A human-readable reason for each job's outcome this round.
+def outcomes(table: CandidateTable, jobs: Sequence[PolicyJob],
+             allocations: Mapping[str, JobAllocation],
+             previous: Mapping[str, JobAllocation]) -> tuple[dict[str, str], frozenset[str]]:
+    """A human-readable reason for each job's outcome this round, and the jobs it
+    restarts (in one pass: at 20,000 jobs each pass's lookups are most of its cost).
 
     The verb says what happens to the job's GPUs (started, kept, scaled 2→4, moved
     to another type or other GPUs, repacked onto fewer nodes); a change names the
     goodput it expects against staying where it is, both estimated now (the goodput
-    stored with the old allocation came from an older estimate)."""
+    stored with the old allocation came from an older estimate).
+
+    An active job restarts when it held GPUs and now holds different ones (or none);
+    `previous` may still list jobs that have finished since (not in `jobs`)."""
     reasons: dict[str, str] = {}
+    restarted: list[str] = []
     for i, job in enumerate(jobs):
         prev, now = previous.get(job.job_id), allocations.get(job.job_id)
+        if prev is not None and prev.gpus and (now is None or now.gpus != tuple(prev.gpus)):
+            restarted.append(job.job_id)
         if now is None:
             if table.count(i) == 0:
                 reasons[job.job_id] = "waiting: no allowed GPU type can run it (no estimate)"
@@ -440,7 +442,7 @@ def explain(table: CandidateTable, jobs: Sequence[PolicyJob],
             nodes = now.config.num_nodes
             what = f"repacked {n} {t} onto {nodes} node{'s' if nodes > 1 else ''}"
         reasons[job.job_id] = f"{what}, {batch}{_gain(table, i, prev, now)}"
-    return reasons
+    return reasons, frozenset(restarted)
 
 
 def _gain(table: CandidateTable, i: int, prev: JobAllocation, now: JobAllocation) -> str:
