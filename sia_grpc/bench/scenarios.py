@@ -17,7 +17,7 @@ import numpy as np
 
 from sia_grpc.models.profiles import APPLICATIONS, job_model_from_artifact
 from sia_grpc.policy.cluster import Cluster
-from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult, accepts_warm
+from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult, warm_arg
 
 
 def helios_mix() -> dict[str, float]:
@@ -68,11 +68,10 @@ def run_rounds(policy: Policy, cluster: Cluster, jobs: Sequence[PolicyJob],
     (restarted jobs count a restart)."""
     jobs = list(jobs)
     previous: dict[str, JobAllocation] = {}
-    warm, warm_taken = None, accepts_warm(policy)
+    warm = None
     for _ in range(rounds):
         t0 = time.perf_counter()
-        result = policy.optimize(cluster, jobs, previous,
-                                 **({} if warm is None or not warm_taken else {"warm": warm}))
+        result = policy.optimize(cluster, jobs, previous, **warm_arg(policy, warm))
         yield Step(jobs, previous, result, time.perf_counter() - t0)
         previous, warm = dict(result.allocations), result.warm
         jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,

@@ -252,6 +252,7 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
     from sia_grpc.bench.scenarios import sample_jobs
     from sia_grpc.policy.cluster import paper_hetero_cluster
     from sia_grpc.policy.sia import SiaPolicy
+    from sia_grpc.policy.types import warm_arg
 
     rng = np.random.default_rng(seed)
     cluster = paper_hetero_cluster(scale)
@@ -273,8 +274,7 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
         warm = res.warm
         t_q = time.perf_counter() - t0
         t0 = time.perf_counter()
-        plain = policy.optimize(cluster, jobs, previous,
-                                **({} if plain_warm is None else {"warm": plain_warm}))
+        plain = policy.optimize(cluster, jobs, previous, **warm_arg(policy, plain_warm))
         plain_warm = plain.warm
         t_p = time.perf_counter() - t0
         if k >= warmup:

@@ -128,7 +128,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
         # round -> [tick ns, solve done ns]; the round is published when acknowledged
         self._round_clock: dict[int, list[int]] = {}
-        self._event_began_ns = 0  # when the event being handled was taken up
+        self._tick_began_ns = 0  # when the tick being handled was taken up
         self._unacked_rounds: dict[int, pb.Round] = {}
         self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
         # Messages to agents (None: end the stream) decided, waiting for the store
@@ -352,8 +352,8 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
             for k, (event, _) in enumerate(batch):
                 if isinstance(event, sm.JobCreated):  # the state machine counts it now
                     self._pending_creates[event.job.spec.tenant] -= 1
-                self._event_began_ns = time.time_ns()
                 if type(event) is sm.Tick:  # (its round's jobs are built in the pause)
+                    self._tick_began_ns = time.time_ns()
                     self._pause_collector()
                 try:
                     actions = self.state.handle(event)
@@ -404,7 +404,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 if agent is not None:  # else: re-sent when it reconnects
                     self._outgoing.append((agent, action.message))  # after the commit
             case sm.Solve():  # (from the tick's handling on: it built the round's jobs)
-                self._round_clock[action.round_no] = [self._event_began_ns, 0]
+                self._round_clock[action.round_no] = [self._tick_began_ns, 0]
                 # Kept, so close() can wait for it (a dropped task may be collected).
                 task = asyncio.create_task(self._solve(action), name=f"sia-solve-{action.round_no}")
                 self._solves.add(task)

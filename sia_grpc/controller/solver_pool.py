@@ -40,7 +40,14 @@ from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.gcpause import collection_paused
 from sia_grpc.policy.params import PolicySpec
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob, RoundResult, WarmStart
+from sia_grpc.policy.types import (
+    JobAllocation,
+    Policy,
+    PolicyJob,
+    RoundResult,
+    WarmStart,
+    warm_arg,
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -55,10 +62,11 @@ def solve_round(spec: PolicySpec, cluster: Cluster, jobs: Sequence[PolicyJob],
     """One round of the policy (runs in the worker process). The queues come as a
     serialized QueueConfig: a QueueSet's read-only mappings do not pickle, and neither
     does a generated message (its module is not importable under its proto name)."""
-    return built(spec).optimize(
+    policy = built(spec)
+    return policy.optimize(
         cluster, list(jobs), dict(previous),
         queues=None if queues is None else queues_from_pb(pb.QueueConfig.FromString(queues)),
-        **({} if warm is None else {"warm": warm}))  # (a policy without one need not take it)
+        **warm_arg(policy, warm))
 
 
 EstimatorKey = tuple[int, int]  # (uid, version)

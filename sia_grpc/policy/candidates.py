@@ -259,4 +259,4 @@ def current_index(cluster: Cluster, jobs: Sequence[PolicyJob],
     """Index into cluster.configs of each job's current configuration (-1: none)."""
     pos, get = cluster.config_index, previous.get
     return np.array([-1 if (cur := get(job.job_id)) is None else pos.get(cur.config, -1)
-                     for job in jobs], dtype=np.int64).reshape(len(jobs))
+                     for job in jobs], dtype=np.int64)

@@ -130,7 +130,7 @@ def _kept(
                 continue
             claimed.add(i[4] + g)
             kept[k] = (i[1] + g // i[2],)
-            kept_gpus[k] = tuple(prev)
+            kept_gpus[k] = _sorted_tuple(prev)
             continue
         vns: set[int] = set()
         ids: set[int] = set()
@@ -146,7 +146,7 @@ def _kept(
             if len(ids) == len(prev) and len(vns) == num_nodes and claimed.isdisjoint(ids):
                 claimed |= ids
                 kept[k] = tuple(sorted(vns))
-                kept_gpus[k] = tuple(sorted(prev))
+                kept_gpus[k] = _sorted_tuple(prev)
     return kept, kept_gpus
 
 

@@ -158,11 +158,9 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                                                   hold=hold, silo=silo)
     problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    last = None if warm is None or side is not None else warm.prices
-    chosen, objective, stats, prices = choose(
-        problem, rows, start, timings, **kw,
-        prices=None if last is None or len(last) != len(problem.capacity)
-        else np.asarray(last, dtype=np.float64))
+    # (the solver takes them only where they fit: no side rows, one per type)
+    chosen, objective, stats, prices = choose(problem, rows, start, timings, **kw,
+                                              prices=None if warm is None else warm.prices)
     stats.update(silo_counts)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
@@ -177,7 +175,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         jobs[i].job_id for i in np.flatnonzero(young))
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats, pinned=pinned)
-    own = None if side is not None else tuple(np.asarray(prices, dtype=np.float64).tolist())
+    own = tuple(prices.tolist())
     if queues is None:
         return dataclasses.replace(result, warm=WarmStart(prices=own))
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),

@@ -175,8 +175,8 @@ class WarmStart:
     back as `optimize(..., warm=)`): per queue, its silo solve."""
 
     silos: Mapping[str, SiloHint] = field(default_factory=dict)
-    # The round's own capacity prices (a problem without side rows): the next
-    # round's solve tries them first (`solve(..., prices=)`).
+    # The round's capacity prices: the next round's solve tries them first where its
+    # problem has no side rows (`solve(..., prices=)` checks that they fit).
     prices: tuple[float, ...] | None = None
 
 
@@ -245,14 +245,18 @@ class Policy(Protocol):
                  queues: QueueSet | None = None,
                  warm: WarmStart | None = None) -> RoundResult: ...
     # (`warm` is given only to a policy whose last result left one and whose
-    # `optimize` takes it (`accepts_warm`), so a policy without warm starts, or a
+    # `optimize` takes it (`warm_arg`), so a policy without warm starts, or a
     # wrapper written before them that hands on another policy's results, need not.)
 
 
-def accepts_warm(policy: Policy) -> bool:
-    """Whether `policy.optimize` takes `warm` (by name, or as one of `**kwargs`)."""
+def warm_arg(policy: Policy, warm: WarmStart | None) -> dict[str, WarmStart]:
+    """The keyword to give `policy.optimize` the last round's `warm`: none where
+    there is none or `optimize` does not take it (by name, or as `**kwargs`)."""
+    if warm is None:
+        return {}
     try:
         params = inspect.signature(policy.optimize).parameters.values()
     except (TypeError, ValueError):  # (a builtin or C-level callable: not asked)
-        return False
-    return any(p.name == "warm" or p.kind is p.VAR_KEYWORD for p in params)
+        return {}
+    takes = any(p.name == "warm" or p.kind is p.VAR_KEYWORD for p in params)
+    return {"warm": warm} if takes else {}

@@ -38,7 +38,7 @@ from sia_grpc.policy.types import (
     Policy,
     PolicyJob,
     RoundResult,
-    accepts_warm,
+    warm_arg,
 )
 from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
 from sia_grpc.sim.workload import Category, TraceJob
@@ -139,7 +139,6 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     jobs: dict[str, _Job] = {}
     previous: dict[str, JobAllocation] = {}
     warm = None  # what the last round leaves the next to start from (speed only)
-    warm_taken = accepts_warm(policy)
     rounds: list[RoundRecord] = []
     now, k = 0.0, 0
     horizon = config.max_hours * 3600.0
@@ -155,10 +154,9 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
-        # (`warm` only to a policy that leaves one and takes it: the Policy protocol)
         result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous,
                                  **({} if queues is None else {"queues": queues}),
-                                 **({} if warm is None or not warm_taken else {"warm": warm}))
+                                 **warm_arg(policy, warm))
         warm = result.warm
         spent = time.perf_counter() - t0
         in_use = dict.fromkeys(cluster.gpu_types, 0)
