@@ -176,8 +176,9 @@ class ChoiceSolution:
     stats: dict[str, float] = field(default_factory=dict)
     row_excess: np.ndarray = field(  # float64[n_rows]: soft rows' excess (>= 0), 0 for hard
         default_factory=lambda: np.zeros(0))
-    # float64[n_types]: the capacity prices λ behind `bound` (zeros where no price
-    # was needed), a warm start for a like problem (`solve(..., prices=)`).
+    # float64[n_types + n_rows]: the coupling rows' prices λ behind `bound`, capacities
+    # then side rows (zeros where no price was needed), a warm start for a like
+    # problem (`solve(..., prices=)`).
     prices: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property

@@ -158,9 +158,8 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                                                   hold=hold, silo=silo)
     problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    # (the solver takes them only where they fit: no side rows, one per type)
     chosen, objective, stats, prices = choose(problem, rows, start, timings, **kw,
-                                              prices=None if warm is None else warm.prices)
+                                              prices=_warm_prices(warm, side))
     stats.update(silo_counts)
     if grow is not None:
         stage2 = None if queues is None else functools.partial(
@@ -175,12 +174,27 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         jobs[i].job_id for i in np.flatnonzero(young))
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats, pinned=pinned)
-    own = tuple(prices.tolist())
+    T = len(table.cluster.gpu_types)
+    own = tuple(prices[:T].tolist())
     if queues is None:
         return dataclasses.replace(result, warm=WarmStart(prices=own))
+    names = () if side is None else side.names
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
                                rows=_row_report(side, table, chosen),
-                               warm=WarmStart(silos=hints, prices=own))
+                               warm=WarmStart(silos=hints, prices=own, row_prices=dict(
+                                   zip(names, prices[T:].tolist(), strict=True))))
+
+
+def _warm_prices(warm: WarmStart | None, side: SideRows | None) -> np.ndarray | None:
+    """The last round's prices for this round's coupling rows: its capacity prices,
+    then each side row's by name (0 for a row it did not have). The solver takes
+    them only where they fit."""
+    if warm is None or warm.prices is None:
+        return None
+    if side is None or not len(side):
+        return np.asarray(warm.prices, dtype=np.float64)
+    rows = warm.row_prices
+    return np.concatenate([warm.prices, [rows.get(n, 0.0) for n in side.names]])
 
 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
@@ -213,18 +227,25 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
     block[silos] = np.arange(len(silos))
     mine = block[qix] >= 0
     ids = [j.job_id for j in jobs]
-    # The start: what each job holds now, else what it held in the last silo. (Where
-    # the silo's optimum is tied, the start wins: owed is then what the queue holds,
-    # which the shared round can keep without restarts.)
+    # The starts: what each job holds now, else what it held in the last silo; and
+    # the last silo (which fits where the queue now borrows). Where the silo's
+    # optimum is tied, the first start wins: owed is then what the queue holds,
+    # which the shared round can keep without restarts.
     before = current.copy()
+    last = np.full(len(jobs), -1, dtype=np.int64)
     lam = np.zeros(len(silos) * T)
     for b, k in enumerate(silos):
         hint = hints.get(queues.queues[k].name)
         if hint is not None and len(hint.prices) == T:
             lam[b * T:(b + 1) * T] = hint.prices
-            for i in np.flatnonzero((qix == k) & (before < 0)):
-                before[i] = hint.choice.get(ids[i], -1)
+            for i in np.flatnonzero(qix == k).tolist():
+                last[i] = hint.choice.get(ids[i], -1)
+                if before[i] < 0:
+                    before[i] = last[i]
     problem, rows, start = assemble(table, vals, none, before, only=mine)
+    start_last = np.full(problem.num_jobs, -1, dtype=np.int64)
+    same = np.flatnonzero(table.config[rows] == last[table.job[rows]])
+    start_last[problem.col_job[same]] = same
     job_block = block[qix[mine]]
     problem = dataclasses.replace(
         problem, col_type=job_block[problem.col_job] * T + problem.col_type,
@@ -233,8 +254,9 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     if kw["solver"] == "highs":
-        sol = solve_separable(problem, np.repeat(np.arange(len(silos)), T), start=start,
-                              prices=lam, time_limit=kw["time_limit"], rel_gap=kw["rel_gap"])
+        sol = solve_separable(problem, np.repeat(np.arange(len(silos)), T),
+                              start=np.stack([start, start_last]), prices=lam,
+                              time_limit=kw["time_limit"], rel_gap=kw["rel_gap"])
     else:  # (a reference solves the silos as one ILP: its optimum is each silo's)
         sol = solve_reference(problem, solver=REFERENCE_SOLVERS[kw["solver"]],
                               time_limit=kw["time_limit"])

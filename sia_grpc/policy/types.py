@@ -175,9 +175,10 @@ class WarmStart:
     back as `optimize(..., warm=)`): per queue, its silo solve."""
 
     silos: Mapping[str, SiloHint] = field(default_factory=dict)
-    # The round's capacity prices: the next round's solve tries them first where its
-    # problem has no side rows (`solve(..., prices=)` checks that they fit).
+    # The round's capacity prices, and its side rows' by name: the next round's solve
+    # tries them first (`solve(..., prices=)` checks that they fit).
     prices: tuple[float, ...] | None = None
+    row_prices: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -318,3 +318,35 @@ def test_a_rounds_warm_start_speeds_the_next_silos_not_their_answer():
         warm, prev = res.warm, dict(res.allocations)
         jobs = [dataclasses.replace(j, age=j.age + sia.round_duration) for j in jobs]
     assert alone_warm < alone_cold
+
+
+def test_a_round_with_queues_starts_from_the_last_rounds_row_prices():
+    """A round with queues leaves its capacity prices and each side row's by name
+    (`WarmStart.row_prices`); the next round, given them, tries them first and, once
+    the rounds settle (the same jobs, no restart budget to spread the moves over
+    rounds), they prove its start with no Dantzig-Wolfe iteration. Its answer is
+    within the solver's gap of the same round solved cold, which iterates."""
+    from sia_grpc.bench.scenarios import sample_jobs
+    from sia_grpc.bench.solver_rows import policy_queues
+    from sia_grpc.policy.cluster import paper_hetero_cluster
+
+    rng = np.random.default_rng(5)
+    cl = paper_hetero_cluster(8)
+    qs, split = policy_queues(rng, cl, 4, num_jobs=400)
+    qs = dataclasses.replace(qs, max_restarts_per_round=None)
+    names = [q.name for q in qs.queues]
+    jobs = [dataclasses.replace(j, queue=names[int(k)]) for j, k in
+            zip(sample_jobs(rng, 400, cl), rng.choice(4, size=400, p=split), strict=True)]
+    sia = make_policy("sia")
+    prev, warm = {}, None
+    for _ in range(5):
+        res = sia.optimize(cl, jobs, prev, queues=qs, warm=warm)
+        cold = sia.optimize(cl, jobs, prev, queues=qs)
+        assert res.objective == pytest.approx(cold.objective, rel=2e-4)
+        assert len(res.warm.prices) == len(cl.gpu_types)
+        assert set(res.warm.row_prices) == set(res.rows)
+        assert all(v >= 0 for v in res.warm.row_prices.values())
+        assert cold.solver_stats.get("hinted", 0.0) == 0.0
+        warm, prev = res.warm, dict(res.allocations)
+    assert res.solver_stats["hinted"] == 1.0 and res.solver_stats["dw_iters"] == 0.0
+    assert cold.solver_stats["dw_iters"] > 0

@@ -237,6 +237,48 @@ def test_queue_instances_agree_with_the_reference(seed: int) -> None:
         assert glpk.status == "optimal" and close(glpk.objective, highs.objective, 1e-7)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_side_row_price_hints_only_change_the_time(seed: int) -> None:
+    """Prices for every coupling row (`solve(..., prices=)`, capacities then side
+    rows) bound the penalised optimum whatever they are: with the answer's own,
+    perturbed or nonsense ones the answer is within the gap of the reference, and
+    its prices have one entry per coupling row."""
+    p = queue_case(seed)
+    highs = solve_reference(p, "HIGHS")
+    base = solve(p)
+    K = len(p.capacity) + p.num_rows
+    assert len(base.prices) == K and np.all(base.prices >= 0)
+    rng = np.random.default_rng(seed)
+    for hint in (base.prices, base.prices * (1 + 0.01 * rng.standard_normal(K)),
+                 rng.exponential(1.0, K), np.zeros(K)):
+        sol = solve(p, prices=np.maximum(hint, 0.0), start=base.choice)
+        check(p, sol)
+        assert close(sol.objective, highs.objective, 1e-4)
+        assert sol.bound >= highs.objective - 1e-7
+        assert len(sol.prices) == K
+
+
+def test_side_row_prices_that_prove_the_start_spare_the_lp() -> None:
+    """Where Dantzig-Wolfe proved an answer, its prices prove it again at once: no
+    iteration, the same answer (and a hint of the wrong length is ignored)."""
+    proved = []
+    for seed in range(4):
+        rng = np.random.default_rng(100 + seed)
+        p = random_problem(rng, 400, {"a": 128, "b": 64, "c": 32})
+        q = queue_rows(p, draw_queues(rng, p.num_jobs, p.capacity, QueueShape(num_queues=8)),
+                       random_current(rng, p))
+        base = solve(q)
+        if base.stats["dw_iters"] > 0 and path_name(base.stats) == "lagrangian":
+            proved.append((q, base))
+    assert proved
+    for q, base in proved:
+        again = solve(q, prices=base.prices, start=base.choice)
+        assert again.stats["hinted"] == 1.0 and again.stats["dw_iters"] == 0.0
+        assert np.array_equal(again.choice, base.choice)
+        short = solve(q, prices=base.prices[:len(q.capacity)], start=base.choice)
+        assert short.stats["hinted"] == 0.0
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_larger_queue_instances_are_proven(seed: int) -> None:
     # Dantzig-Wolfe with a block per queue, then the MIP on what is left.

@@ -340,6 +340,27 @@ def test_separable_blocks_are_each_within_the_gap_of_their_own_optimum(seed: int
     assert again.stats["blocks_alone"] <= hard
 
 
+def test_separable_starts_count_in_the_blocks_they_fit() -> None:
+    """Each start is used in the blocks whose types it fits (a queue that borrows
+    overfills its silo, the others still start where they are), and on a tie the
+    first start wins: block 0 (types 0) has two jobs tied for one GPU; block 1
+    (type 1) has room for one of its two. The first start overfills block 1 and
+    keeps job 1 in block 0; the second fits both blocks and would keep job 0."""
+    p = make([[(0, 1, -0.5)], [(0, 1, -0.5)], [(1, 1, -0.2)], [(1, 1, -0.3)]], [1, 1])
+    blocks = np.array([0, 1])
+    first = np.array([-1, 1, 2, 3])  # block 1 overfilled
+    second = np.array([0, -1, 2, -1])
+    for starts, held in (([first, second], 1), ([second, first], 0), ([first], 1)):
+        sol = solve_separable(p, blocks, start=np.stack(starts))
+        assert p.is_feasible(sol.choice) and sol.status == "optimal"
+        assert sol.choice[held] >= 0 and sol.choice[1 - held] == -1
+        assert sol.choice[2] == 2 and sol.choice[3] == -1
+    # Starts that are no choice at all (another job's column, out of range) are ignored.
+    for bad in ([2, 1, 2, 3], [0, 1, 9, -1], [0.5, 1, 2, 3]):
+        sol = solve_separable(p, blocks, start=np.asarray(bad))
+        assert p.is_feasible(sol.choice) and sol.status == "optimal"
+
+
 def test_separable_refuses_a_job_across_blocks() -> None:
     p = make([[(0, 1, 1.0), (1, 1, 1.0)]], [1, 1])
     with pytest.raises(FieldError, match="one block"):

@@ -92,10 +92,12 @@ def _block_use(c: _Cols, choice: np.ndarray, block: np.ndarray, B: int):
 
 
 def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
-                block: np.ndarray | None = None, enough=None):
+                block: np.ndarray | None = None, enough=None, centre=None):
     """Dantzig-Wolfe on the coupling rows, one convexity row per block of jobs
     (`block`: each job's; None: one block), until the bound is within `tol` of
-    the master or `enough(bound)` says it proves what is needed. Returns (λ,
+    the master or `enough(bound)` says it proves what is needed. `centre`:
+    prices to start the stability centre from, as (λ, L(λ), rc, best) (a like
+    problem's; zero prices otherwise), their proposal a first column. Returns (λ,
     L(λ), rc, best, master objective, iterations, fractional jobs of the
     master's primal, the master's primal as (job indices, choice of those
     jobs, weight) per proposal in use)."""
@@ -161,6 +163,12 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
     l_stab = float(best_stab.sum())
     first = _argmax(c, rc_stab, best_stab)
     add(first, *split(first))
+    if centre is not None:
+        lam_c, l_c, rc_c, best_c = centre
+        given = _argmax(c, rc_c, best_c)
+        add(given, *split(given))
+        if l_c < l_stab:
+            lam_stab, l_stab, rc_stab, best_stab = lam_c, l_c, rc_c, best_c
     alpha, mobj, it = 0.5, -math.inf, 0
     while it < _DW_MAX_ITERS:
         it += 1

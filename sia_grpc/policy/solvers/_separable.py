@@ -10,9 +10,10 @@ dominates problems of a few hundred jobs:
    problem's, e.g. the last round's), L_b the Lagrangian bound of `_solve.py`
    over the block's jobs and types; L_b(0) is exact where the block's best
    options fit.
-2. Incumbents over all blocks: the start, each job's best at 0 and at λ
-   (repaired and filled) and, where those leave a block open, the LP over the
-   tied options; per block the best of them.
+2. Incumbents over all blocks: the starts (each in the blocks it fits), each
+   job's best at 0 (in the blocks where every job's best fits), each job's best
+   at λ (repaired and filled) and, where those leave a block open, the LP over
+   the tied options; per block the best of them.
 3. A block those do not prove within the gap is solved alone by `solve`,
    from the incumbent.
 """
@@ -27,7 +28,7 @@ from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
 from sia_grpc.policy.solvers._columns import _argmax, _price, _reduce
 from sia_grpc.policy.solvers._heuristics import _fill, _repair, _round_tied
-from sia_grpc.policy.solvers._solve import STALE_TIE, _eps, _hint_prices, _start_choice, solve
+from sia_grpc.policy.solvers._solve import STALE_TIE, _eps, _hint_prices, solve
 
 
 def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
@@ -35,8 +36,11 @@ def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
                     start: np.ndarray | None = None,
                     prices: np.ndarray | None = None) -> ChoiceSolution:
     """Each block of `problem` (`type_block`: each type's block) within `rel_gap`
-    of its own optimum; `start` and `prices` as for `solve` (the answer's
-    `prices` are each block's). `stats["blocks_alone"]`: the blocks solved alone."""
+    of its own optimum; `start` a choice, or several as rows (each used in the
+    blocks it fits; on ties the first wins), and `prices` as for `solve` (the
+    answer's `prices` are each block's; a block's are its own solve's or, where
+    it was proven without one, the ones given). `stats["blocks_alone"]`: the
+    blocks solved alone."""
     t0 = time.perf_counter()
     p = problem
     tb = np.asarray(type_block, dtype=np.int64)
@@ -65,17 +69,20 @@ def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
         v[choice >= 0] = c.val[choice[choice >= 0]]
         return per_block(v)
 
+    def fitting(choice: np.ndarray) -> np.ndarray:
+        """`choice` in the blocks whose types it fits, none in the others."""
+        over = c.usage(choice) > c.cap
+        return np.where(np.isin(job_block, tb[over]), -1, choice)
+
     rc0, best0 = _price(c, zero)
     rc, best = _price(c, lam)
     bound = np.minimum(per_block(best0),
                        per_block(best) + np.bincount(tb, weights=lam * c.cap, minlength=B))
-    cands = [_fill(c, _repair(c, _argmax(c, rc0, best0, tie))),
-             _fill(c, _repair(c, _argmax(c, rc, best, tie)), lam)]
-    s0 = _start_choice(p, start)
-    if s0 is not None:
-        pos = np.full(p.num_cols, -1, dtype=np.int64)
-        pos[c.orig] = np.arange(c.m)
-        cands.append(_fill(c, np.where(s0 >= 0, pos[np.maximum(s0, 0)], -1)))
+    # (every job's best at 0 is optimal where it fits; repairing it elsewhere cost
+    # more than the other candidates needed)
+    cands = [fitting(s_red) for s_red in _starts(p, c, start)]
+    cands += [fitting(_argmax(c, rc0, best0, tie)),
+              _fill(c, _repair(c, _argmax(c, rc, best, tie)), lam)]
 
     def merged() -> tuple[np.ndarray, np.ndarray]:
         """Per block, the best candidate's choice: (choice, each block's value)."""
@@ -124,6 +131,30 @@ def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
         stats={"blocks": float(B), "blocks_alone": float(still.sum()),
                "total_s": time.perf_counter() - t0},
         prices=out_prices)
+
+
+def _starts(p: ChoiceProblem, c, start) -> list[np.ndarray]:
+    """The starts given (one choice, or several as rows) in reduced columns, each
+    a valid choice vector (it may not fit: `fitting` keeps the blocks it does); a
+    dropped column (dominated, or no better than none) maps to none."""
+    if start is None:
+        return []
+    rows = np.asarray(start)
+    rows = rows[None, :] if rows.ndim == 1 else rows
+    pos = np.full(p.num_cols, -1, dtype=np.int64)
+    pos[c.orig] = np.arange(c.m)
+    out = []
+    for s in rows:
+        if s.shape != (p.num_jobs,) or not np.issubdtype(s.dtype, np.number) \
+                or not np.all(np.isfinite(s)) or np.any(s != np.round(s)) \
+                or np.any(s < -1) or np.any(s >= p.num_cols):
+            continue
+        s = s.astype(np.int64)
+        on = np.flatnonzero(s >= 0)
+        if np.any(p.col_job[s[on]] != on):
+            continue
+        out.append(np.where(s >= 0, pos[np.maximum(s, 0)], -1))
+    return out
 
 
 def _block(p: ChoiceProblem, jobs: np.ndarray, types: np.ndarray):

@@ -37,6 +37,8 @@ problem without them takes exactly the path above:
    Dantzig-Wolfe with one convexity row per block of jobs (`_blocks`: the jobs
    that share a queue's rows), so the master mixes the queues' proposals;
    it stops once its bound proves the start or is within a twentieth of the gap.
+   Prices given (one per coupling row) that prove the start spare the LP, as in
+   3; otherwise they are Dantzig-Wolfe's first stability centre.
 4'. Incumbents that keep the hard rows: the start, none, and the master's
    primal rounded by a small MIP (the jobs it splits and the nearest-tied ones
    reopened, everything else fixed); if the gap is still open, each job's
@@ -76,17 +78,23 @@ from sia_grpc.policy.solvers._heuristics import (
     _shift,
 )
 from sia_grpc.policy.solvers._highs import _lp, _mip
-from sia_grpc.policy.solvers._lagrangian import _blocks, _lagrangian, _residual, _residual_start
+from sia_grpc.policy.solvers._lagrangian import (
+    _blocks,
+    _lagrangian,
+    _price_caps,
+    _residual,
+    _residual_start,
+)
 
 # stats["path"] holds the index of the path taken in PATHS (stats are floats).
 PATHS = ("empty", "fits", "lagrangian", "dp", "mip", "time_limit")
 
 _DP_WORK = 2.5e7  # state-option updates the DP may do before HiGHS MIP is used instead
-_DIRECT_LP = 3000
+_DIRECT_LP = 3000  # columns + jobs up to which HiGHS simplex beats column generation
 # Options tied at prices given (a round old) are those within this many `tie`s (1e-9 of
 # the largest value, so 0.1 %) of their job's best: stale prices move reduced values
 # by about that much. `_hinted` and `solve_separable` round the LP over them.
-STALE_TIE = 1e6  # columns + jobs up to which HiGHS simplex beats column generation
+STALE_TIE = 1e6
 
 
 def path_name(stats: dict[str, float]) -> str:
@@ -119,10 +127,10 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     """Best choice within `rel_gap` (relative to max(1, |objective|)) or the best
     found when `time_limit` (seconds) runs out. `start`: a candidate choice (e.g.
     the previous round's); ignored unless feasible, never beaten by the answer.
-    `prices`: capacity prices to try first (e.g. the previous round's
-    `ChoiceSolution.prices`; problems without side rows): if their bound L(λ)
-    proves an incumbent within the gap, no LP is solved. Only the time depends on
-    them; the answer is within `rel_gap` either way."""
+    `prices`: coupling-row prices to try first, capacities then side rows (e.g.
+    the previous round's `ChoiceSolution.prices`): if their bound L(λ) proves an
+    incumbent within the gap, no LP is solved. Only the time depends on them; the
+    answer is within `rel_gap` either way."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     stats: dict[str, float] = {"lp_s": 0.0, "mip_s": 0.0, "dw_iters": 0.0, "fractional_jobs": 0.0,
@@ -133,7 +141,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     s0 = _start_choice(p, start)
     stats["start_used"] = float(s0 is not None)
     hint = _hint_prices(p, prices)
-    lam_out = np.zeros(len(p.capacity))
+    lam_out = np.zeros(len(p.capacity) + p.num_rows)
 
     def finish(choice_orig, bound, path, status=None):
         if not p.is_feasible(choice_orig):  # a bug, not a property of the input
@@ -179,8 +187,8 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
                                              hint)
     else:
         inc_red, lam, rc, best = _incumbents_rows(c, s_red, deadline, rel_gap, scale, stats,
-                                                  t_lp)
-    lam_out = np.asarray(lam[:c.T], dtype=np.float64)
+                                                  t_lp, hint)
+    lam_out = np.asarray(lam, dtype=np.float64)
     lbound = stats["lp_bound"]
     # Without an incumbent (hard side rows that the heuristics could not keep)
     # the MIP below searches everything.
@@ -244,12 +252,13 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
 
 
 def _hint_prices(p: ChoiceProblem, prices) -> np.ndarray | None:
-    """`prices` as capacity prices if they are usable ones (one finite λ ≥ 0 per
-    type, a problem without side rows), else None."""
-    if prices is None or p.num_rows:
+    """`prices` as coupling-row prices if they are usable ones (one finite λ ≥ 0
+    per type and then per side row), else None."""
+    if prices is None:
         return None
     lam = np.asarray(prices, dtype=np.float64)
-    if lam.shape != p.capacity.shape or not np.all(np.isfinite(lam)) or np.any(lam < 0):
+    if lam.shape != (len(p.capacity) + p.num_rows,) or not np.all(np.isfinite(lam)) \
+            or np.any(lam < 0):
         return None
     return lam
 
@@ -344,12 +353,15 @@ def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, 
 
 
 def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
-                     stats: dict, t_lp: float):
+                     stats: dict, t_lp: float, hint: np.ndarray | None = None):
     """`_incumbents` with side rows: prices for every coupling row by
     Dantzig-Wolfe with a block of jobs per queue (`_blocks`), and incumbents
     that keep the hard rows: the start, none, the master's primal rounded by a
     small MIP; if those leave the gap open, each job's leanest best at the
-    prices, repaired and filled. The incumbent is None when all of them fail."""
+    prices, repaired and filled. The incumbent is None when all of them fail.
+    Prices `hint` (a like problem's, one per coupling row) that prove the best
+    of the start and none are taken as they are; otherwise Dantzig-Wolfe starts
+    its stability centre there."""
     none = np.full(c.n, -1, dtype=np.int64)
     cands = [s for s in (s_red, none) if s is not None and c.feasible(s)]
     inc0 = max(c.score(s) for s in cands) if cands else -np.inf
@@ -357,10 +369,22 @@ def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: fl
     def proves(bound: float, inc: float = inc0) -> bool:
         return bound - inc <= _eps(inc, bound, rel_gap)
 
+    stats["hinted"] = 0.0
+    centre = None
+    if hint is not None:
+        # (L(λ) bounds the penalised optimum for every λ within the price limits)
+        lam = np.minimum(hint, _price_caps(c))
+        rc, best = _price(c, lam)
+        lbound = float(best.sum() + lam @ c.rhs)
+        if cands and proves(lbound):
+            stats.update(hinted=1.0, dw_iters=0.0, direct_lp=0.0, fractional_jobs=0.0,
+                         lp_s=time.perf_counter() - t_lp, lp_bound=lbound, heuristic_s=0.0)
+            return max(cands, key=c.score), lam, rc, best
+        centre = (lam, lbound, rc, best)
     # The bound need only be as tight as the gap: Dantzig-Wolfe stops once it
     # proves the start, or is within a twentieth of the gap of its master.
     lam, lbound, rc, best, _, iters, frac, primal = _lagrangian(
-        c, deadline, max(1e-9, 0.05 * rel_gap) * scale, cands[:1], _blocks(c), proves)
+        c, deadline, max(1e-9, 0.05 * rel_gap) * scale, cands[:1], _blocks(c), proves, centre)
     stats.update(dw_iters=float(iters), direct_lp=0.0, lp_s=time.perf_counter() - t_lp,
                  fractional_jobs=float(frac), lp_bound=lbound)
     t_inc = time.perf_counter()
