@@ -286,6 +286,27 @@ def test_the_prices_of_an_answer_prove_it_again_without_an_lp(
         assert again.objective >= base.objective - 1e-12
 
 
+def test_prices_that_do_not_prove_start_column_generation_near_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prices given that prove nothing (the answer's own, perturbed by 5 %) are
+    Dantzig-Wolfe's first stability centre: over the cases it iterates less than
+    from zero prices, and each answer stays within the gap."""
+    monkeypatch.setattr(solve_module, "_DIRECT_LP", 0)
+    cold = warm = 0.0
+    for seed in range(40):
+        p = random_case(seed)
+        base = solve(p)
+        hint = base.prices * (1 + 0.05 * np.random.default_rng(seed).standard_normal(
+            len(base.prices)))
+        sol = solve(p, prices=np.maximum(hint, 0.0))
+        check(p, sol)
+        assert close(sol.objective, base.objective, 1e-4)
+        if not sol.stats.get("hinted", 0.0):
+            cold += base.stats["dw_iters"]
+            warm += sol.stats["dw_iters"]
+    assert cold > 0 and warm < 0.8 * cold
+
+
 def test_a_problem_small_enough_for_the_whole_lp_does_not_try_prices_given() -> None:
     """Where HiGHS solves the whole LP, it is cheaper than trying prices given that may
     not prove an incumbent: they are not tried, and the answer is the one without."""

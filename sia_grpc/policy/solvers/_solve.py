@@ -15,7 +15,8 @@ only the few capacity rows couple the jobs.
    LP. Large ones: Dantzig-Wolfe column generation on the capacity rows (a
    master LP with #types + 1 rows; pricing is one numpy pass over the columns)
    with Wentges smoothing. Prices the caller gives (a like problem's, e.g. the
-   last round's) come first: if their L(λ) proves an incumbent, no LP is solved.
+   last round's) come first: if their L(λ) proves an incumbent, no LP is solved;
+   otherwise column generation starts its stability centre there.
 4. Incumbents: the LP's basic optimum rounded down (it splits at most #types
    jobs), each job's leanest best option at λ, and the caller's `start`; each
    repaired to fit and greedily filled. If the gap is still open: the LP over
@@ -300,8 +301,12 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
         lbound = float(best.sum() + lam @ c.cap)
         cands.append(_fill(c, _repair(c, rounded), lam))
     else:
+        centre = None
+        if hint is not None:  # (`_hinted` did not prove with them: start near them)
+            rc_h, best_h = _price(c, hint)
+            centre = (hint, float(best_h.sum() + hint @ c.cap), rc_h, best_h)
         lam, lbound, rc, best, _, iters, frac, _ = _lagrangian(c, deadline, 1e-9 * scale,
-                                                               cands[:1])
+                                                               cands[:1], centre=centre)
         stats["dw_iters"] = float(iters)
     stats["direct_lp"] = float(direct is not None)
     stats.update(lp_s=time.perf_counter() - t_lp, fractional_jobs=float(frac), lp_bound=lbound)
