@@ -39,6 +39,7 @@ _Key = tuple[int, int, int]  # (num_nodes, num_replicas, atomic_bsz)
 
 
 _ONES7 = np.ones(7)
+_PLACEHOLDER = (0, _ONES7, _ONES7, 1.0, 1.0, False)  # a row of a type with no estimate
 
 # How a type's iteration time is estimated (see TimePlan).
 FITTED, COMPUTE_ONLY, PROJECTED = 0, 1, 2
@@ -335,19 +336,14 @@ class JobGoodputModel:
         """Per row: (mode, own params (7,), ref params (7,), lo, hi, known) for
         configurations of the given types; unknown types get placeholder values
         and known=False."""
-        placeholder = (0, _ONES7, _ONES7, 1.0, 1.0, False)
-        per_type = {}
-        for t in dict.fromkeys(gpu_types):
-            limits = self.local_bsz_limits.get(t)
-            plan = self.estimator.time_fn(t) if limits is not None else None
-            per_type[t] = (placeholder if plan is None else
-                           (plan.mode, plan.own, plan.ref, limits[0], limits[1], True))
-        rows = [per_type[t] for t in gpu_types]
-        return (np.array([r[0] for r in rows], dtype=np.int64),
-                np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
-                np.array([r[3] for r in rows], dtype=float),
-                np.array([r[4] for r in rows], dtype=float),
-                np.array([r[5] for r in rows], dtype=bool))
+        return _stacked_plans([(self, gpu_types)])
+
+    def _type_plan(self, gpu_type: str) -> tuple:
+        """`row_plans`' entry for a row of `gpu_type`."""
+        limits = self.local_bsz_limits.get(gpu_type)
+        plan = self.estimator.time_fn(gpu_type) if limits is not None else None
+        return (_PLACEHOLDER if plan is None else
+                (plan.mode, plan.own, plan.ref, limits[0], limits[1], True))
 
     def grid_rows(self, gpu_types: tuple[str, ...], num_nodes: np.ndarray,
                   num_replicas: np.ndarray) -> BatchGrid:
@@ -486,9 +482,7 @@ def _grids_for(items, keys=None) -> list[BatchGrid]:
         if entry is None:
             misses.setdefault(items[k][0].accumulation, []).append(k)
     for accumulation, ks in misses.items():
-        plans = [items[k][0].row_plans(items[k][1]) for k in ks]
-        mode, own, ref, lo, hi, known = (np.concatenate([p[f] for p in plans])
-                                         for f in range(6))
+        mode, own, ref, lo, hi, known = _stacked_plans([items[k][:2] for k in ks])
         sizes = [len(items[k][1]) for k in ks]
         init = np.repeat([float(items[k][0].init_batch_size) for k in ks], sizes)
         max_bs = np.repeat([float(items[k][0].max_batch_size) for k in ks], sizes)
@@ -508,6 +502,32 @@ def _grids_for(items, keys=None) -> list[BatchGrid]:
         for k, (a, b) in zip(ks, _spans(sizes), strict=True):
             grids[k] = CACHE.put(keys[k], Entry(BatchGrid(*(c[a:b] for c in cols)))).value
     return grids  # type: ignore[return-value]
+
+
+def _stacked_plans(parts: list[tuple[JobGoodputModel, tuple[str, ...]]]
+                   ) -> tuple[np.ndarray, ...]:
+    """`row_plans` of every (model, row types) part, stacked in order. One entry per
+    (part, type) and one index per row, so that the arrays are built once for all
+    parts: per part, six small arrays cost more than its rows' plans."""
+    entries: list[tuple] = []
+    index: list[int] = []
+    for model, types in parts:
+        local: dict[str, int] = {}
+        for t in types:
+            e = local.get(t)
+            if e is None:
+                e = local[t] = len(entries)
+                entries.append(model._type_plan(t))
+            index.append(e)
+    if not entries:
+        return (np.zeros(0, dtype=np.int64), np.zeros((0, 7)), np.zeros((0, 7)),
+                np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool))
+    at = np.array(index, dtype=np.int64)
+    return (np.array([e[0] for e in entries], dtype=np.int64)[at],
+            np.array([e[1] for e in entries])[at], np.array([e[2] for e in entries])[at],
+            np.array([e[3] for e in entries], dtype=float)[at],
+            np.array([e[4] for e in entries], dtype=float)[at],
+            np.array([e[5] for e in entries], dtype=bool)[at])
 
 
 def _spans(sizes: list[int]) -> list[tuple[int, int]]:

@@ -399,3 +399,28 @@ def test_a_pickled_model_leaves_its_memo_behind():
     _keyed(job)
     assert "_memo" in job.__dict__
     assert "_memo" not in pickle.loads(pickle.dumps(job)).__dict__
+
+
+def test_many_jobs_of_mixed_types_in_one_pass_equal_each_row_alone():
+    """`evaluate_many` stacks every job's rows (their types' time plans built once per
+    job and type, `_stacked_plans`): each row equals its job's own `evaluate` of that
+    type, across jobs with different estimators, row orders, a type with no estimate
+    (zero) and a type one job has multi-GPU data for and the other projects."""
+    CACHE.clear()
+    measured = _estimator()
+    _observe(measured, "fast", FAST, [(1, 4), (2, 8)])
+    jobs = [_job(), _job(measured), _job(local_bsz_limits={"fast": (8, 192)})]
+    pattern = [("slow", "fast", "none", "fast", "slow", "fast", "slow"),
+               ("fast",) * 3 + ("slow",) * 4, ("none", "slow", "fast") * 2 + ("fast",)]
+    items = [(job, types, NODES, REPS) for job, types in zip(jobs, pattern, strict=True)]
+    got = evaluate_many(items)
+    k = 0
+    for job, types, nodes, reps in items:
+        for i, t in enumerate(types):
+            alone = job.evaluate(t, nodes[i:i + 1], reps[i:i + 1])
+            for f in ("goodput", "throughput", "batch_size", "atomic_bsz", "accum_steps"):
+                assert getattr(got, f)[k] == pytest.approx(float(getattr(alone, f)[0]),
+                                                           rel=1e-12, abs=0.0), (f, k, t)
+            k += 1
+    assert k == len(got)
+    assert np.all(got.goodput[[2, 14, 17]] == 0)  # ("none": no profile, no estimate)
