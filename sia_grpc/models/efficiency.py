@@ -47,9 +47,15 @@ def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
     scale = np.asarray(batch_size, dtype=float) / np.asarray(init_batch_size, dtype=float)
     var = np.asarray(grad.var, dtype=float)
     sqr = np.asarray(grad.sqr, dtype=float)
-    denom = var + sqr * scale
-    ok = denom > 0
-    return np.where(ok, (var + sqr) / np.where(ok, denom, 1.0), 1.0 / scale)
+    # The quotient written over the denominator, var + sqr·S: this runs over every
+    # candidate batch of every changed job, and each pass over them counts. (The same
+    # operations as the formula, so the same bits.)
+    out = np.asarray(var + sqr * scale)  # (a 0-d array where all are scalars)
+    ok = out > 0
+    np.divide(var + sqr, out, out=out, where=ok)
+    if not ok.all():
+        np.divide(1.0, np.broadcast_to(scale, out.shape), out=out, where=~ok)
+    return out
 
 
 class _GradTable(Protocol):

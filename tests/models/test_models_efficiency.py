@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sia_grpc.models.efficiency import GradParams, efficiency, gain, grad_params_at_progress
 from sia_grpc.models.profiles import ValidationTable
@@ -46,3 +48,30 @@ def test_grad_params_at_progress():
     assert grad_params_at_progress(t, 1.0) == GradParams(3.0, 12.0)
     with pytest.raises(ValueError):
         grad_params_at_progress(t, 1.5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 6), st.booleans(), st.integers(0, 2**32 - 1))
+def test_efficiency_is_the_formula_bit_for_bit(rows, cols, signed, seed):
+    """Computed in place, over jobs × candidate batches with per-job statistics, it
+    equals the formula (var + sqr) / (var + sqr·S), 1/S where that denominator is not
+    positive, to the last bit, scalars and broadcasting included."""
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(1, 4096, (rows, cols)).astype(float)
+    init = rng.integers(1, 512, (rows, 1)).astype(float)
+    sqr, var = rng.normal(1.0, 2.0, (rows, 1)), rng.normal(10.0, 30.0, (rows, 1))
+    if not signed:
+        sqr, var = np.abs(sqr), np.abs(var)
+
+    def formula(s, v, b, b0):
+        scale = np.asarray(b, dtype=float) / np.asarray(b0, dtype=float)
+        denom = v + s * scale
+        return np.where(denom > 0, (v + s) / np.where(denom > 0, denom, 1.0), 1.0 / scale)
+
+    for s, v, b, b0 in ((sqr, var, batch, init), (float(sqr[0, 0]), var, 64.0, 32.0),
+                        (float(sqr[0, 0]), float(var[0, 0]), batch[0], 128.0),
+                        (float(sqr[0, 0]), float(var[0, 0]), 96.0, 128.0)):
+        got = efficiency(GradParams(sqr=s, var=v), b, b0)
+        want = formula(s, v, b, b0)
+        assert np.shape(got) == np.shape(want)
+        assert np.array_equal(got, want)
