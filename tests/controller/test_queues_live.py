@@ -247,6 +247,14 @@ def _books(lc: LocalCluster) -> None:
         assert len(gpus) == len(set(gpus)), (agent.config.node_id, agent.backend.running())
 
 
+def _summary(rounds) -> list[str]:
+    """The rounds in a line each, for a failing assertion."""
+    return [f"round {r.round} {r.trigger}: {r.jobs} jobs, {r.gpus_allocated} GPUs, "
+            f"{r.reclaims} reclaims, rows {list(r.binding_rows)}, moves "
+            f"{[(m.name, m.kind, m.before.num_gpus, m.after.num_gpus) for m in r.moves]}"
+            for r in rounds]
+
+
 def _held(lc: LocalCluster, queue: str) -> int:
     return sum(dict(q.held).get("rtx", 0) for q in lc.controller.state.queues_pb().queues
                if q.spec.name == queue)
@@ -297,8 +305,9 @@ async def test_a_queue_under_its_guarantee_reclaims_from_a_borrower(tmp_path):
     # can be scheduled, or an early one before it (a guarantee outweighs an early
     # round's pins); the job starts as soon as the borrowers' checkpoints are in.
     deciding = next((r for r in rounds if r.reclaims), None)
-    assert deciding is not None and deciding.reclaims == 2, rounds  # two borrowers give way
-    assert all(r.trigger != "timer" for r in rounds if r.round < deciding.round), rounds
+    summary = _summary(lc.controller.rounds)
+    assert deciding is not None and deciding.reclaims == 2, summary  # two borrowers give way
+    assert all(r.trigger != "timer" for r in rounds if r.round < deciding.round), summary
     assert list(deciding.binding_rows) == ["guarantee research/rtx"]
     assert sum(r.reclaims for r in rounds) == 2
     # ... counted, and noted on the round's span

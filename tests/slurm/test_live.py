@@ -207,14 +207,16 @@ def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
 
 def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
     """Submit the mlp example reporting to `report_to`, start it, let it train and
-    report, drain its node and run a round: (its Slurm id, its log, the round)."""
+    report, drain its node and run a round: (its Slurm id, its log, the round). (32,768
+    samples an epoch: with 4,096, an idle machine trained all 16 epochs before the round,
+    and the move found nothing to checkpoint.)"""
     spec = tmp_path / "mlp.yaml"
     spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
     capsys.readouterr()
     assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"),
                 "--report-to", report_to, "--report-token-file", str(token), str(spec), "--",
                 "env", "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
-                "sia_grpc.train.examples.mlp", "--samples", "4096"]) == 0
+                "sia_grpc.train.examples.mlp", "--samples", "32768"]) == 0
     first = int(capsys.readouterr().out.strip())
     assert bridge.round().actions[0].kind == "start"
     log0 = tmp_path / f"slurm-{first}.out"
