@@ -28,7 +28,14 @@ from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
 from sia_grpc.policy.solvers._columns import _argmax, _price, _reduce
 from sia_grpc.policy.solvers._heuristics import _fill, _repair, _round_tied
-from sia_grpc.policy.solvers._solve import STALE_TIE, _eps, _hint_prices, solve
+from sia_grpc.policy.solvers._solve import (
+    STALE_TIE,
+    _choice_vector,
+    _eps,
+    _hint_prices,
+    _reduced_choice,
+    solve,
+)
 
 
 def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
@@ -134,27 +141,13 @@ def solve_separable(problem: ChoiceProblem, type_block: np.ndarray, *,
 
 
 def _starts(p: ChoiceProblem, c, start) -> list[np.ndarray]:
-    """The starts given (one choice, or several as rows) in reduced columns, each
-    a valid choice vector (it may not fit: `fitting` keeps the blocks it does); a
-    dropped column (dominated, or no better than none) maps to none."""
+    """The starts given (one choice, or several as rows) that are choice vectors, in
+    reduced columns (one may not fit: `fitting` keeps the blocks it does)."""
     if start is None:
         return []
     rows = np.asarray(start)
-    rows = rows[None, :] if rows.ndim == 1 else rows
-    pos = np.full(p.num_cols, -1, dtype=np.int64)
-    pos[c.orig] = np.arange(c.m)
-    out = []
-    for s in rows:
-        if s.shape != (p.num_jobs,) or not np.issubdtype(s.dtype, np.number) \
-                or not np.all(np.isfinite(s)) or np.any(s != np.round(s)) \
-                or np.any(s < -1) or np.any(s >= p.num_cols):
-            continue
-        s = s.astype(np.int64)
-        on = np.flatnonzero(s >= 0)
-        if np.any(p.col_job[s[on]] != on):
-            continue
-        out.append(np.where(s >= 0, pos[np.maximum(s, 0)], -1))
-    return out
+    vectors = (_choice_vector(p, s) for s in (rows[None, :] if rows.ndim == 1 else rows))
+    return [_reduced_choice(p, c, s) for s in vectors if s is not None]
 
 
 def _block(p: ChoiceProblem, jobs: np.ndarray, types: np.ndarray):

@@ -109,18 +109,35 @@ def _eps(inc: float, bound: float, rel_gap: float) -> float:
     return rel_gap * max(1.0, 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)))
 
 
-def _start_choice(p: ChoiceProblem, start) -> np.ndarray | None:
-    """`start` as an int64 choice vector if it is a feasible one, else None."""
+def _choice_vector(p: ChoiceProblem, start) -> np.ndarray | None:
+    """`start` as an int64 choice vector (-1 or a column of the job's own per job)
+    if it is one, else None; it may not fit."""
     if start is None:
         return None
     s = np.asarray(start)
     if s.shape != (p.num_jobs,) or not (np.issubdtype(s.dtype, np.integer)
                                        or np.issubdtype(s.dtype, np.floating)):
         return None
-    if not np.all(np.isfinite(s)) or np.any(s != np.round(s)) or np.any(s < -1):
+    if not np.all(np.isfinite(s)) or np.any(s != np.round(s)) or np.any(s < -1) \
+            or np.any(s >= p.num_cols):
         return None
     s = s.astype(np.int64)
-    return s if p.is_feasible(s) else None
+    on = np.flatnonzero(s >= 0)
+    return None if np.any(p.col_job[s[on]] != on) else s
+
+
+def _start_choice(p: ChoiceProblem, start) -> np.ndarray | None:
+    """`start` as an int64 choice vector if it is a feasible one, else None."""
+    s = _choice_vector(p, start)
+    return s if s is not None and p.is_feasible(s) else None
+
+
+def _reduced_choice(p: ChoiceProblem, c: _Cols, choice: np.ndarray) -> np.ndarray:
+    """A choice of `p`'s columns in `c`'s reduced ones: a column dropped (dominated,
+    or no better than none) maps to none."""
+    pos = np.full(p.num_cols, -1, dtype=np.int64)
+    pos[c.orig] = np.arange(c.m)
+    return np.where(choice >= 0, pos[np.maximum(choice, 0)], -1)
 
 
 def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 1e-4,
@@ -176,11 +193,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     # than none maps to none, which keeps it feasible: such a column is in no
     # side row, or only with coefficients >= 0; `finish` still compares against
     # the original).
-    s_red = None
-    if s0 is not None:
-        pos = np.full(p.num_cols, -1, dtype=np.int64)
-        pos[c.orig] = np.arange(c.m)
-        s_red = np.where(s0 >= 0, pos[np.maximum(s0, 0)], -1)
+    s_red = None if s0 is None else _reduced_choice(p, c, s0)
     scale = max(1.0, abs(float(best0.sum())), abs(float(c.none.sum())))
     t_lp = time.perf_counter()
     if c.side is None:
@@ -287,12 +300,14 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
     # simplex solves it whole it is cheaper than the pricing pass and tied LP they
     # need when they do not prove an incumbent (the simulator's 64-GPU rounds: policy
     # time p50 8.8 -> 10.4 ms with them).
+    centre = None
     if hint is not None and not direct_lp:
-        out = _hinted(c, hint, cands, rel_gap, tie)
-        if out is not None:
+        inc, *priced = _hinted(c, hint, cands, rel_gap, tie)
+        centre = tuple(priced)  # (λ, L(λ), rc, best)
+        if inc is not None:
             stats.update(hinted=1.0, direct_lp=0.0, lp_s=time.perf_counter() - t_lp,
-                         fractional_jobs=0.0, lp_bound=out[4], heuristic_s=0.0)
-            return out[:4]
+                         fractional_jobs=0.0, lp_bound=centre[1], heuristic_s=0.0)
+            return inc, hint, centre[2], centre[3]
     direct = (_lp(c, np.arange(c.n), np.ones(c.m, dtype=bool), c.cap, False)
               if direct_lp else None)
     if direct is not None:
@@ -301,10 +316,7 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
         lbound = float(best.sum() + lam @ c.cap)
         cands.append(_fill(c, _repair(c, rounded), lam))
     else:
-        centre = None
-        if hint is not None:  # (`_hinted` did not prove with them: start near them)
-            rc_h, best_h = _price(c, hint)
-            centre = (hint, float(best_h.sum() + hint @ c.cap), rc_h, best_h)
+        # (prices given that `_hinted` did not prove with: Dantzig-Wolfe starts there)
         lam, lbound, rc, best, _, iters, frac, _ = _lagrangian(c, deadline, 1e-9 * scale,
                                                                cands[:1], centre=centre)
         stats["dw_iters"] = float(iters)
@@ -333,9 +345,9 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
 
 
 def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, tie: float):
-    """Prices given (a like problem's, e.g. the last round's): (incumbent, λ,
-    reduced values, each job's best, L(λ)) if L(λ) proves an incumbent within the
-    gap, else None (the incumbents tried join `cands`). L(λ) bounds the optimum
+    """Prices given (a like problem's, e.g. the last round's): (incumbent, λ, L(λ),
+    reduced values, each job's best), the incumbent None where L(λ) proves none
+    within the gap (the incumbents tried join `cands`). L(λ) bounds the optimum
     for any λ ≥ 0, so the answer is as exact as the LP path's; the LP is spared.
     Incumbents: each job's best at λ, repaired and filled, and the LP over the
     options within 0.1 % of the largest value of their job's best (prices a round
@@ -354,7 +366,7 @@ def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, 
         if tied is not None:
             cands.append(_fill(c, tied, lam))
             inc = proven()
-    return None if inc is None else (inc, lam, rc, best, lbound)
+    return inc, lam, lbound, rc, best
 
 
 def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
