@@ -131,7 +131,8 @@ def print_progress(done: int, total: int, elapsed: float) -> None:
 
 
 def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hetero64",
-        first: int | None = None, compare: bool = True, json_out: str | None = None) -> int:
+        first: int | None = None, compare: bool = True, json_out: str | None = None,
+        reuse_profiles: bool = True) -> int:
     """`sia replay`: replay live, simulate the same jobs, print both."""
     import json
 
@@ -150,10 +151,12 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
     print(f"replaying {len(jobs)} jobs of {workload} (arrivals over {horizon:.1f} h) on "
           f"{cluster} ({topology.total_gpus} GPUs) at {rate:g}× real time", file=sys.stderr)
     live = asyncio.run(replay(jobs, topology, rate=rate, policy=policy,
+                              config=ControllerConfig(reuse_profiles=reuse_profiles),
                               progress=print_progress))
     print(file=sys.stderr)
     rows = {"live": live.avg_jct_h}
     report = {"workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
+              "reuse_profiles": reuse_profiles,
               "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
                        "avg_wait_s": float(np.mean(list(live.wait.values()))),
                        "rounds": live.rounds, "states": live.states,

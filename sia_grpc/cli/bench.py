@@ -102,7 +102,8 @@ def _replay(args: argparse.Namespace) -> int:
     from sia_grpc.bench.replay import run
 
     return run(args.workload, rate=args.time_scale, policy=args.policy, cluster=args.cluster,
-               first=args.first, compare=not args.no_compare, json_out=args.json)
+               first=args.first, compare=not args.no_compare, json_out=args.json,
+               reuse_profiles=not args.no_profile_reuse)
 
 
 def add_commands(sub: Any) -> None:
@@ -211,4 +212,6 @@ def add_commands(sub: Any) -> None:
                     help="hetero64, homo64, or a cluster TOML file (default hetero64)")
     rp.add_argument("--first", type=int, help="only the first N jobs by arrival")
     rp.add_argument("--no-compare", action="store_true", help="skip the simulation")
+    rp.add_argument("--no-profile-reuse", action="store_true",
+                    help="profile every job afresh (the controller's reuse_profiles = false)")
     rp.add_argument("--json", help="write the comparison as JSON")

@@ -31,6 +31,10 @@ class ControllerConfig:
     policy_params: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     round_duration: float = 60.0  # seconds between scheduling rounds; the policy's too
     early_round_delay: float = 2.0  # debounce before an arrival-triggered round
+    # A new job identical to an earlier one (application, command, GPUs per replica,
+    # the type's batch limits) takes that job's 1-GPU profile of a type instead of
+    # waiting for an idle GPU to profile on (docs/architecture.md, "Profiling").
+    reuse_profiles: bool = True
     solve_timeout: float = 45.0  # a slower solve keeps the previous allocation (≤ a round)
     heartbeat_interval: float = 5.0  # agents send one every this many seconds
     heartbeat_timeout: float = 15.0  # silence after which an agent is lost

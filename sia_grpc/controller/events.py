@@ -183,8 +183,12 @@ class ControllerSettings:
     # A job that has waited this long for a GPU to profile on gets one from the next
     # timer round (a profiling slot); until then, passes use GPUs that free up.
     profile_wait: float = ControllerConfig.round_duration
+    reuse_profiles: bool = ControllerConfig.reuse_profiles
+    # Identical workloads' profiles kept for reuse (most recently profiled first out).
+    profile_cache_entries: int = 4096
 
     @classmethod
     def of(cls, config: ControllerConfig) -> ControllerSettings:
         return cls(heartbeat_timeout=config.heartbeat_timeout,
-                   checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration)
+                   checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration,
+                   reuse_profiles=config.reuse_profiles)

@@ -78,6 +78,13 @@ def check_invariants(self: ControllerState) -> None:
             loose = sorted((rec.held.keys() | passes) - rec.stopping)
             raise InvariantError(f"{job_id} is {state_name(rec.state)} but holds GPUs on "
                                  f"{loose} not being stopped")
+        # A job is scheduled only on types it holds a 1-GPU profile of, its own pass's
+        # or an identical job's (`Profiling._reuse_profiles`).
+        if rec.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING) and not rec.usable:
+            raise InvariantError(f"{job_id}: {state_name(rec.state)} with no profiled type")
+        if not rec.usable <= set(rec.estimator.known_types):
+            raise InvariantError(f"{job_id}: usable on {sorted(rec.usable)}, but its estimate "
+                                 f"knows only {list(rec.estimator.known_types)}")
         if rec.moving and job_id not in self._moving:
             raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
         if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):

@@ -1,9 +1,11 @@
 """Profiling passes (the paper's bootstrap): one idle GPU of each type for a short
-pass, results, refusals, passes an agent reports, and profiling slots in the ILP."""
+pass, results, refusals, passes an agent reports, profiling slots in the ILP, and
+the reuse of an identical earlier job's profiles."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from sia_grpc.api import pb, seconds
 from sia_grpc.controller.events import (
@@ -28,6 +30,24 @@ from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.types import Adaptivity, PolicyJob
 
 PROFILE_SLOT = "~profile:"  # no job id can start with "~"
+
+
+@dataclass(frozen=True)
+class CachedProfile:
+    """What one pass measured on one GPU type: (batch size, step, sync) seconds."""
+
+    points: tuple[tuple[int, float, float], ...]
+    grad: GradParams | None
+
+
+def profile_key(rec: JobRec, gpu_type: str) -> tuple:
+    """What a 1-GPU profile of `gpu_type` depends on: the workload (its application,
+    its command, GPUs per replica) and the batch sizes a pass times (the type's
+    limits). Tenant, name, queue, target and the batch bounds of the whole job do not
+    change a step's time, so they are not in it."""
+    spec = rec.job.spec
+    return (spec.application, tuple(spec.command), rec.res.pipeline_gpus, gpu_type,
+            rec.res.local_bsz_limits.get(gpu_type))
 
 
 class Profiling:
@@ -67,12 +87,71 @@ class Profiling:
             rec.profile_errors[node.gpu_type] = t.profile_error[:1000]  # what an agent sends
         if rec.grad is None and t.HasField("grad") and valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
+        points = []
         for s in t.samples:
             if valid_sample(s) and s.num_replicas == 1 and s.num_nodes == 1:
                 sync = sync_part(s)
                 rec.samples[(s.gpu_type, 1, 1, s.atomic_batch_size, 0)] = (s.step_time_s, sync)
                 rec.estimator.add_profile(s.gpu_type, s.atomic_batch_size, s.step_time_s, sync)
                 rec.usable.add(s.gpu_type)
+                if s.gpu_type == node.gpu_type:
+                    points.append((s.atomic_batch_size, s.step_time_s, sync))
+        if points:
+            self._remember_profile(profile_key(rec, node.gpu_type),
+                                   CachedProfile(tuple(points), rec.grad))
+        out.append(Persist((rec.job_id,)))
+
+    # ------------------------------------------------------------ reuse
+
+    def _remember_profile(self, key: tuple, profile: CachedProfile) -> None:
+        cache = self._profile_cache
+        cache[key] = profile
+        cache.move_to_end(key)
+        while len(cache) > self.settings.profile_cache_entries:
+            cache.popitem(last=False)
+
+    def _remember_restored_profiles(self, rec: JobRec) -> None:
+        """A job reloaded from the store (a restart, a failover) brings back the
+        profiles it holds, so identical jobs after the restart reuse them too."""
+        by_type: dict[str, list[tuple[int, float, float]]] = {}
+        for (gpu_type, nodes, reps, bsz, accum), (step, sync) in rec.samples.items():
+            if nodes == 1 and reps == 1 and accum == 0 and gpu_type in rec.usable:
+                by_type.setdefault(gpu_type, []).append((bsz, step, sync))
+        for gpu_type, points in sorted(by_type.items()):
+            self._remember_profile(profile_key(rec, gpu_type),
+                                   CachedProfile(tuple(sorted(points)), rec.grad))
+
+    def _reuse_profiles(self, rec: JobRec, at: float, out: list[Action]) -> None:
+        """A new job identical to a profiled one (`profile_key`) takes its profiles
+        rather than waiting for an idle GPU of each type: the same program on the
+        same GPU type takes the same time a step. It is schedulable at once (an early
+        round if GPUs are idle); types no identical job has profiled still get passes."""
+        if not self.settings.reuse_profiles or not self._profile_cache:
+            return
+        reused = []
+        for gpu_type in sorted(self._profile_types(rec)):
+            key = profile_key(rec, gpu_type)
+            hit = self._profile_cache.get(key)
+            if hit is None:
+                continue
+            self._profile_cache.move_to_end(key)
+            for bsz, step, sync in hit.points:
+                rec.samples[(gpu_type, 1, 1, bsz, 0)] = (step, sync)
+            rec.estimator.add_profile(gpu_type, [p[0] for p in hit.points],
+                                      [p[1] for p in hit.points], [p[2] for p in hit.points])
+            rec.profiled.add(gpu_type)
+            rec.usable.add(gpu_type)
+            if rec.grad is None and hit.grad is not None:
+                rec.grad = hit.grad
+            reused.append(gpu_type)
+        if not reused:
+            return
+        if not self._profile_types(rec):
+            self._to_profile.pop(rec.job_id, None)
+        set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round (profiles of "
+                  f"{', '.join(reused)} reused from an identical job)")
+        if self._idle_types_cached() & rec.usable:
+            out.append(WantRound())
         out.append(Persist((rec.job_id,)))
 
     def _reported_passes(self, node: NodeRec, ev: AgentRegistered, out: list[Action]) -> None:

@@ -69,7 +69,7 @@ from sia_grpc.controller.events import (
 from sia_grpc.controller.invariants import InvariantError, check_invariants
 from sia_grpc.controller.ledger import GpuLedger
 from sia_grpc.controller.moves import Moves
-from sia_grpc.controller.profiling import PROFILE_SLOT, Profiling
+from sia_grpc.controller.profiling import PROFILE_SLOT, CachedProfile, Profiling
 from sia_grpc.controller.records import (
     JobRec,
     NodeRec,
@@ -128,6 +128,10 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         # Jobs that may still need a profiling pass, oldest first (a dict as an
         # ordered set: the first to come is the first profiled).
         self._to_profile: dict[str, None] = {}
+        # 1-GPU profiles by what they depend on (`profile_key`), for identical jobs
+        # to reuse; least recently profiled or reused first out.
+        self._profile_cache: collections.OrderedDict[tuple, CachedProfile] = \
+            collections.OrderedDict()
         # Scans that look for work to start (moves whose GPUs are free, profiling
         # passes) run only when something they depend on changed: GPUs freed or
         # nodes back (`_capacity_changed`), moves wanted or given up, passes wanted
@@ -159,6 +163,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         if extra:
             load_extra(rec, json.loads(extra))
         self.jobs[job.job_id] = rec
+        self._remember_restored_profiles(rec)
         if job.status.state not in TERMINAL:
             self._want_profiles((job.job_id,))
             self.active_by_tenant[job.spec.tenant] += 1
@@ -254,6 +259,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         # shell stores it as PROFILING already; a reload profiles it again).
         job.status.state = pb.JOB_STATE_UNSPECIFIED
         set_state(rec, pb.JOB_STATE_PROFILING, ev.at, "waiting: profiling on each GPU type")
+        self._reuse_profiles(rec, ev.at, out)
         self._say_if_unprofilable(rec, out)
 
     def _cancel(self, ev: JobCancelRequested, out: list[Action]) -> None:

@@ -93,6 +93,9 @@ class Harness:
 
     def submit(self, job_id: str, application: str = "cifar10", **spec) -> None:
         spec.setdefault("adaptivity", pb.ADAPTIVITY_ADAPTIVE)
+        # Each job its own program unless a test says otherwise: else a later job
+        # would reuse an earlier one's profiles (`Profiling._reuse_profiles`).
+        spec.setdefault("command", [f"train-{job_id}"])
         job = pb.Job(job_id=job_id, spec=pb.JobSpec(name=job_id, application=application, **spec))
         job.status.create_time.FromNanoseconds(int(self.now * 1e9))
         self.feed(JobCreated(self.now, job))

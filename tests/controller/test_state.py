@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.api import TERMINAL_STATES, pb
+from sia_grpc.controller.events import ControllerSettings
 from sia_grpc.controller.records import JobRec, load_extra
 from sia_grpc.controller.state import (
     AgentMessage,
@@ -1045,3 +1046,89 @@ def test_a_records_samples_are_encoded_again_only_when_they_change():
     load_extra(back, json.loads(extra))
     assert back.samples == rec.samples and back.held == rec.held
     assert back.estimator.version == len(rec.samples)
+
+
+def _profiles(h: Harness) -> list[Send]:
+    return [s for s in h.outbox if s.message.WhichOneof("kind") == "profile"]
+
+
+def test_an_identical_job_reuses_the_profiles_and_is_schedulable_at_once():
+    """Same application, command and batch limits: no pass, the first job's samples."""
+    h = Harness(NODES)
+    h.submit("j1", command=["python", "train.py"])
+    h.deliver()
+    first = h.state.jobs["j1"]
+    assert first.usable == {"aws", "rtx"}
+    h.outbox.clear()
+    h.submit("j2", command=["python", "train.py"])
+    rec = h.state.jobs["j2"]
+    assert not _profiles(h) and h.state_of("j2") == pb.JOB_STATE_QUEUED
+    assert "reused from an identical job" in rec.job.status.reason
+    assert rec.usable == rec.profiled == {"aws", "rtx"} and rec.grad == first.grad
+    assert {k: v for k, v in rec.samples.items()} == \
+        {k: v for k, v in first.samples.items() if k[1:3] == (1, 1)}
+    assert "j2" not in h.state._to_profile and "j2" in h.persisted
+    h.tick(5.0, "arrival")  # GPUs are idle: it runs at the next (early) round
+    h.deliver()
+    assert h.state_of("j2") == pb.JOB_STATE_RUNNING
+
+
+@pytest.mark.parametrize("other", [{"command": ["python", "other.py"]},
+                                   {"application": "bert"}, {"pipeline_gpus": 2}])
+def test_a_different_program_is_profiled_afresh(other):
+    h = Harness(NODES)
+    h.submit("j1", command=["python", "train.py"])
+    h.deliver()
+    h.outbox.clear()
+    spec = {"command": ["python", "train.py"], **other}
+    h.submit("j2", spec.pop("application", "cifar10"), **spec)
+    assert h.state_of("j2") == pb.JOB_STATE_PROFILING and _profiles(h)
+
+
+def test_profiles_are_not_reused_when_the_setting_is_off():
+    h = Harness(NODES, settings=ControllerSettings(heartbeat_timeout=30.0,
+                                                   reuse_profiles=False))
+    h.submit("j1", command=["train"])
+    h.deliver()
+    h.outbox.clear()
+    h.submit("j2", command=["train"])
+    assert h.state_of("j2") == pb.JOB_STATE_PROFILING and len(_profiles(h)) == 2
+
+
+def test_a_type_no_identical_job_profiled_still_gets_a_pass():
+    h = Harness(NODES)
+    h.submit("j1", command=["train"], allowed_gpu_types=["rtx"])
+    h.deliver()
+    h.outbox.clear()
+    h.submit("j2", command=["train"])
+    rec = h.state.jobs["j2"]
+    assert h.state_of("j2") == pb.JOB_STATE_QUEUED and rec.usable == {"rtx"}
+    assert [h.agents[s.node_id].gpu_type for s in _profiles(h)] == ["aws"]
+    h.deliver()
+    assert rec.usable == {"aws", "rtx"} and "j2" not in h.state._to_profile
+
+
+def test_profiles_restored_from_the_store_are_reused_after_a_restart():
+    h = Harness(NODES)
+    h.submit("j1", command=["train"])
+    h.deliver()
+    rec = h.state.jobs["j1"]
+    fresh = Harness(NODES)
+    fresh.state.restore(pb.Job.FromString(rec.job.SerializeToString()), h.state.extra("j1"),
+                        fresh.now)
+    fresh.outbox.clear()
+    fresh.submit("j2", command=["train"])
+    assert fresh.state_of("j2") == pb.JOB_STATE_QUEUED and not _profiles(fresh)
+    assert fresh.state.jobs["j2"].usable == {"aws", "rtx"}
+
+
+def test_the_profile_cache_keeps_its_bound():
+    h = Harness({"rtx-0": ("rtx", 8)}, settings=ControllerSettings(
+        heartbeat_timeout=30.0, profile_cache_entries=2))
+    for k in range(4):
+        h.submit(f"j{k}", command=[f"train-{k}"])
+        h.deliver()
+    assert len(h.state._profile_cache) == 2
+    h.outbox.clear()
+    h.submit("again", command=["train-0"])  # the oldest: dropped
+    assert h.state_of("again") == pb.JOB_STATE_PROFILING
