@@ -543,3 +543,33 @@ async def test_a_jobs_status_carries_its_throughput_and_its_restarts_measured_co
         assert job.status.throughput > 0
         assert (await client.get(h.job_id)).status.restart_seconds == \
             job.status.restart_seconds
+
+
+@pytest.mark.timeout(120)
+async def test_an_identical_job_reuses_the_profiles_also_after_a_controller_restart(tmp_path):
+    """Over real sockets: the first job profiles every type; an identical second one
+    runs no pass and is schedulable at once, and so is a third after the controller
+    restarted from its store (the profiles come back with the first job's record)."""
+    cfg = replace(CONFIG, db_path=str(tmp_path / "sia.db"))
+    same = dict(command=["python", "train.py"])
+    async with LocalCluster({"rtx": (1, 8), "aws": (1, 4)}, rate=RATE, config=cfg,
+                            telemetry_interval=0.05) as lc, \
+            AsyncSiaClient(lc.target) as client:
+        await lc.wait_registered(2)
+        first = await client.submit(spec("cifar10", **same))
+        async with asyncio.timeout(60):
+            while (await client.get(first.job_id)).status.state == pb.JOB_STATE_PROFILING:
+                await asyncio.sleep(0.02)
+        assert lc.controller.state.jobs[first.job_id].pass_sent.keys() == {"rtx", "aws"}
+        for restart in (False, True):
+            if restart:
+                await lc.restart_controller()
+                await lc.wait_registered(2)
+            again = await client.submit(spec("cifar10", **same))
+            job = await client.get(again.job_id)
+            assert job.status.state != pb.JOB_STATE_PROFILING, job.status
+            rec = lc.controller.state.jobs[again.job_id]
+            assert rec.usable == {"rtx", "aws"} and not rec.pass_sent
+        other = await client.submit(spec("cifar10", command=["python", "other.py"]))
+        assert (await client.get(other.job_id)).status.state == pb.JOB_STATE_PROFILING
+        await client.cancel(other.job_id)
