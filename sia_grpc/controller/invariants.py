@@ -8,6 +8,7 @@ import collections
 from typing import TYPE_CHECKING
 
 from sia_grpc.api import pb, state_name
+from sia_grpc.controller.records import rendezvous_live
 from sia_grpc.controller.transitions import REASONS, TERMINAL
 
 if TYPE_CHECKING:
@@ -51,6 +52,17 @@ def check_invariants(self: ControllerState) -> None:
                 raise InvariantError(
                     f"{node.name}/{g} held by {job_id!r} ({what}), which neither runs nor "
                     "profiles there and has no STOP in flight")
+    # No two jobs' live generations rendezvous at one port of one master node: the
+    # later one's rank 0 could not listen (EADDRINUSE) and the job would fail.
+    ports: dict[tuple[str, int], str] = {}
+    for job_id, rec in self.jobs.items():
+        if rec.rendezvous is not None and rendezvous_live(rec, rec.rendezvous[0],
+                                                          rec.rendezvous[2]):
+            where = (rec.rendezvous[0], rec.rendezvous[2])
+            if where in ports:
+                raise InvariantError(f"{job_id} and {ports[where]} both rendezvous at "
+                                     f"{where[0]}:{where[1]}")
+            ports[where] = job_id
     active: collections.Counter[str] = collections.Counter()
     for job_id, rec in self.jobs.items():
         ended = rec.state in TERMINAL

@@ -17,6 +17,7 @@ from sia_grpc.controller.events import (
 from sia_grpc.controller.records import (
     JobRec,
     by_node,
+    rendezvous_live,
     timestamp,
 )
 from sia_grpc.controller.transitions import TERMINAL, set_state
@@ -100,8 +101,7 @@ class Moves:
         layout = by_node(rec.alloc)
         nodes = [name for name, _ in layout]
         world = sum(len(g) for _, g in layout)
-        port = self.settings.master_port_base + zlib.crc32(
-            f"{rec.job_id}/{rec.generation}".encode()) % 1000
+        port = self._master_port(rec, nodes[0])
         sends, offset = [], 0
         for name, gpus in layout:
             sends.append(self._directive(name, pb.Directive(
@@ -114,6 +114,27 @@ class Moves:
                 restore_progress=rec.checkpoint)))
             offset += len(gpus)
         return sends
+
+    def _master_port(self, rec: JobRec, master: str) -> int:
+        """The rendezvous port of the job's generation on its master node: a hash of
+        the generation in a range of 1,000, moved on past any port another job's
+        live generation rendezvouses at on the same node (two stores on one port:
+        the later job's rank 0 fails with EADDRINUSE). Not persisted: after a
+        restart a RUN sent again for a running generation is hashed anew, which is
+        the same port unless it had been moved on."""
+        if rec.rendezvous is not None and rec.rendezvous[:2] == (master, rec.generation):
+            return rec.rendezvous[2]
+        taken = self._ports_by_node.setdefault(master, {})
+        start = zlib.crc32(f"{rec.job_id}/{rec.generation}".encode()) % 1000
+        port = self.settings.master_port_base + start
+        for k in range(1000):
+            port = self.settings.master_port_base + (start + k) % 1000
+            other = self.jobs.get(taken.get(port, ""))
+            if other is None or other is rec or not rendezvous_live(other, master, port):
+                break
+        taken[port] = rec.job_id
+        rec.rendezvous = (master, rec.generation, port)
+        return port
 
     def _stop_everywhere(self, rec: JobRec, out: list[Action], except_node: str = "") -> None:
         for name in rec.held:
@@ -218,3 +239,4 @@ class Moves:
                             self._interrupt(rec, at, f"requeued: node {node.name} lost", out)
                 node.holder.clear()
                 self._capacity_changed(node)
+

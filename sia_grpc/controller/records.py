@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from google.protobuf import timestamp_pb2
 
 from sia_grpc.api import pb
+from sia_grpc.controller.transitions import TERMINAL
 from sia_grpc.controller.validation import Resolved
 from sia_grpc.models.bootstrap import ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
@@ -77,6 +78,8 @@ class JobRec:
     held_gen: dict[str, int] = field(default_factory=dict)
     stopping: set[str] = field(default_factory=set)  # nodes sent STOP, not acknowledged yet
     generation: int = 0
+    # (master node, generation, port) of the generation's rendezvous (`_master_port`).
+    rendezvous: tuple[str, int, int] | None = None
     checkpoint: float = 0.0  # progress fraction of its last checkpoint
     attained: dict[str, float] = field(default_factory=dict)
     run_since: float | None = None  # attained time is accounted up to here
@@ -243,3 +246,12 @@ def load_extra(rec: JobRec, d: Mapping) -> None:
         rec.alloc = stored_allocation(st.allocation, st.goodput)
     if st.state == pb.JOB_STATE_PROFILING:  # the pass was cut short: profile again
         rec.profiling.clear()
+
+
+def rendezvous_live(rec: JobRec, master: str, port: int) -> bool:
+    """Whether the job's current generation may still listen at `port` on `master`
+    (`Moves._master_port`)."""
+    if rec.rendezvous is None or (rec.rendezvous[0], rec.rendezvous[2]) != (master, port):
+        return False
+    # Workers not yet stopped (whatever the job's state), or an allocation to run on.
+    return bool(rec.held) or (rec.state not in TERMINAL and rec.alloc is not None)

@@ -128,6 +128,8 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         # Jobs that may still need a profiling pass, oldest first (a dict as an
         # ordered set: the first to come is the first profiled).
         self._to_profile: dict[str, None] = {}
+        # Master node -> rendezvous port -> the job last given it (`_master_port`).
+        self._ports_by_node: dict[str, dict[int, str]] = {}
         # 1-GPU profiles by what they depend on (`profile_key`), for identical jobs
         # to reuse; least recently profiled or reused first out.
         self._profile_cache: collections.OrderedDict[tuple, CachedProfile] = \

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sia_grpc.api import TERMINAL_STATES, pb
 from sia_grpc.controller.events import ControllerSettings
-from sia_grpc.controller.records import JobRec, load_extra
+from sia_grpc.controller.records import JobRec, load_extra, rendezvous_live
 from sia_grpc.controller.state import (
     AgentMessage,
     ControllerState,
@@ -1132,3 +1132,29 @@ def test_the_profile_cache_keeps_its_bound():
     h.outbox.clear()
     h.submit("again", command=["train-0"])  # the oldest: dropped
     assert h.state_of("again") == pb.JOB_STATE_PROFILING
+
+
+def _ports(h: Harness, job_id: str) -> set[tuple[str, int]]:
+    return {(s.node_id, s.message.directive.world.master_port) for s in h.outbox
+            if s.message.WhichOneof("kind") == "directive"
+            and s.message.directive.job_id == job_id
+            and s.message.directive.action == pb.Directive.ACTION_RUN}
+
+
+def test_two_jobs_whose_ports_hash_alike_rendezvous_at_different_ports():
+    """`ja/1` and `jb1022/1` hash to one port: the second is moved on past it (the rule
+    the invariant check holds: no two live generations share a master's port)."""
+    h = Harness({"rtx-0": ("rtx", 8)})
+    for job_id in ("ja", "jb1022"):
+        h.submit(job_id, max_gpus=2)
+        h.deliver()
+    h.tick()
+    ((_, a),), ((_, b),) = _ports(h, "ja"), _ports(h, "jb1022")
+    assert a != b and abs(a - b) == 1
+    h.deliver()
+    assert {h.state_of(j) for j in ("ja", "jb1022")} == {pb.JOB_STATE_RUNNING}
+    h.complete("ja")
+    h.deliver()
+    # ja's port is free again once its workers are gone: a later generation may take it.
+    rec = h.state.jobs["ja"]
+    assert rec.rendezvous is not None and not rendezvous_live(rec, "rtx-0", a)

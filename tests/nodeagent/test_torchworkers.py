@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+
 from hypothesis import given
 from hypothesis import strategies as s
+from torch_support import launch
 
 from sia_grpc.nodeagent.torchworkers.affinity import Affinity
+from sia_grpc.nodeagent.torchworkers.environment import free_port, rendezvous
 
 
 @given(gpus=s.integers(1, 8), cores=s.integers(1, 32))
@@ -28,3 +32,22 @@ def test_real_gpus_map_through_the_agents_visible_devices():
     assert a.pinned_cpus(1) is None
     assert Affinity.of_agent(2, [0], emulate=False, environ={}).env(1, [1, 0]) == {
         "CUDA_VISIBLE_DEVICES": "1,0"}
+
+
+def test_a_single_node_world_rendezvouses_elsewhere_when_its_port_is_held():
+    """Another job's store (agents sharing a host), or any program, on the directive's
+    port: rank 0 would fail with EADDRINUSE; a world all on this node takes a free port
+    instead, and a multi-node world keeps the one its other nodes were told."""
+    free = launch("job-free", ["true"])
+    assert rendezvous(free) == ("127.0.0.1", free.world.master_port)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        held.listen()
+        port = held.getsockname()[1]
+        single = launch("job-one", ["true"])
+        single.world.master_port = port
+        addr, got = rendezvous(single)
+        assert addr == "127.0.0.1" and got != port
+        multi = launch("job-two", ["true"], world_size=4)
+        multi.world.master_port = port
+        assert rendezvous(multi) == ("node-a", port)

@@ -36,6 +36,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    """Whether nothing listens on `port` on any local address. With SO_REUSEADDR, as
+    torch's TCPStore binds: a port whose old connections linger in TIME_WAIT is free
+    to it, one another socket listens on is not (Linux refuses that bind)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
 def single_node(launch: Launch) -> bool:
     """Whether the whole world of `launch` is on this node."""
     w = launch.world
@@ -43,10 +56,14 @@ def single_node(launch: Launch) -> bool:
 
 
 def rendezvous(launch: Launch) -> tuple[str, int]:
-    """MASTER_ADDR and MASTER_PORT: on the loopback when the world is all here."""
+    """MASTER_ADDR and MASTER_PORT: on the loopback when the world is all here, at
+    the directive's port unless something holds it (another job's store, on a host
+    that runs several agents, or any other program: its rank 0 would fail to start
+    with EADDRINUSE), then at any free port, since no other node needs to know it."""
     w = launch.world
     if single_node(launch):
-        return "127.0.0.1", w.master_port or free_port()
+        return "127.0.0.1", (w.master_port if w.master_port and port_free(w.master_port)
+                             else free_port())
     return w.master_addr, w.master_port
 
 
