@@ -241,8 +241,17 @@ class Agents:
         if ex.kind == pb.JobExit.KIND_COMPLETED:
             rec.job.status.progress = 1.0
             self._finish(rec, pb.JOB_STATE_SUCCEEDED, at, "completed", out, except_node=done_here)
+        elif rec.failures < self.settings.job_retries:
+            # Retried from its checkpoint, anywhere the next round puts it; what failed
+            # is in the reason (the message, which `sia ls` shows first, is for the end).
+            rec.failures += 1
+            first = (ex.message or "worker failed").strip().splitlines() or ["worker failed"]
+            self._interrupt(rec, at, f"requeued: its workers failed on {node.name} (retry "
+                            f"{rec.failures} of {self.settings.job_retries}): "
+                            f"{first[0][:200]}", out)
         else:
             msg = ex.message or "worker failed"
             rec.job.status.message = msg
-            self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}", out,
+            after = f" (after {rec.failures} retries)" if rec.failures else ""
+            self._finish(rec, pb.JOB_STATE_FAILED, at, f"failed: {msg}{after}", out,
                          except_node=done_here)

@@ -35,6 +35,11 @@ class ControllerConfig:
     # the type's batch limits) takes that job's 1-GPU profile of a type instead of
     # waiting for an idle GPU to profile on (docs/architecture.md, "Profiling").
     reuse_profiles: bool = True
+    # A job whose workers fail (a crash, a start-up error) is requeued from its last
+    # checkpoint this many times before it is FAILED, as a Kubernetes Job's
+    # backoffLimit: a fault of one node or one start (a port taken, a GPU reset) should
+    # not end a user's run. 0: fail at the first.
+    job_retries: int = 2
     solve_timeout: float = 45.0  # a slower solve keeps the previous allocation (≤ a round)
     heartbeat_interval: float = 5.0  # agents send one every this many seconds
     heartbeat_timeout: float = 15.0  # silence after which an agent is lost
@@ -131,6 +136,9 @@ class ControllerConfig:
         for name in ("max_active_jobs", "create_rate", "create_burst"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}: must be >= 0 (0: no limit), got {getattr(self, name)}")
+        if not self.job_retries >= 0:
+            raise ConfigError(f"job_retries: must be >= 0 (0: fail at the first failure), "
+                              f"got {self.job_retries}")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ConfigError("heartbeat_timeout: must exceed heartbeat_interval")
         object.__setattr__(self, "solve_timeout", min(self.solve_timeout, self.round_duration))

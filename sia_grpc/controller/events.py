@@ -184,6 +184,7 @@ class ControllerSettings:
     # timer round (a profiling slot); until then, passes use GPUs that free up.
     profile_wait: float = ControllerConfig.round_duration
     reuse_profiles: bool = ControllerConfig.reuse_profiles
+    job_retries: int = ControllerConfig.job_retries
     # Identical workloads' profiles kept for reuse (most recently profiled first out).
     profile_cache_entries: int = 4096
 
@@ -191,4 +192,4 @@ class ControllerSettings:
     def of(cls, config: ControllerConfig) -> ControllerSettings:
         return cls(heartbeat_timeout=config.heartbeat_timeout,
                    checkpoint_root=config.checkpoint_root, profile_wait=config.round_duration,
-                   reuse_profiles=config.reuse_profiles)
+                   reuse_profiles=config.reuse_profiles, job_retries=config.job_retries)

@@ -78,6 +78,7 @@ class JobRec:
     held_gen: dict[str, int] = field(default_factory=dict)
     stopping: set[str] = field(default_factory=set)  # nodes sent STOP, not acknowledged yet
     generation: int = 0
+    failures: int = 0  # times its workers failed and it was requeued (`job_retries`)
     # (master node, generation, port) of the generation's rendezvous (`_master_port`).
     rendezvous: tuple[str, int, int] | None = None
     checkpoint: float = 0.0  # progress fraction of its last checkpoint
@@ -208,7 +209,7 @@ def encode_extra(rec: JobRec) -> bytes:
         "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
         "generation": rec.generation, "checkpoint": rec.checkpoint,
         "attained": rec.attained, "restart_cost": rec.restart_cost,
-        "restart_began": rec.restart_began,
+        "restart_began": rec.restart_began, "failures": rec.failures,
     }, separators=_COMPACT)
     # (spliced: the same bytes as one json.dumps of the whole, samples second)
     return f'{{"v":{EXTRA_VERSION},"samples":{rec.samples_json[1]},{rest[1:]}'.encode()
@@ -235,6 +236,7 @@ def load_extra(rec: JobRec, d: Mapping) -> None:
     rec.generation = int(d.get("generation", 0))
     rec.held_gen = {n: int(d.get("held_gen", {}).get(n, rec.generation)) for n in rec.held}
     rec.checkpoint = float(d.get("checkpoint", 0.0))
+    rec.failures = int(d.get("failures", 0))
     rec.attained = dict(d.get("attained", {}))
     if d.get("restart_cost") is not None:
         rec.restart_cost = float(d["restart_cost"])

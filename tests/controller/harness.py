@@ -130,15 +130,16 @@ class Harness:
                     self.feed(AgentMessage(self.now, agent.name, reply))
         raise AssertionError("directives kept coming")
 
-    def complete(self, job_id: str) -> None:
-        """The job's rank-0 node reports it finished."""
+    def complete(self, job_id: str, kind: int = pb.JobExit.KIND_COMPLETED,
+                 message: str = "") -> None:
+        """The job's rank-0 node reports it finished (or, with `kind`, failed)."""
         for agent in self.agents.values():
             run = agent.running.get(job_id)
             if run is not None and run[2] == 0:
                 self._drop(agent, job_id)
                 self.feed(AgentMessage(self.now, agent.name, pb.AgentMessage(exit=pb.JobExit(
-                    job_id=job_id, generation=run[0], kind=pb.JobExit.KIND_COMPLETED,
-                    progress=1.0))))
+                    job_id=job_id, generation=run[0], kind=kind, message=message,
+                    progress=1.0 if kind == pb.JobExit.KIND_COMPLETED else 0.0))))
                 return
         raise AssertionError(f"{job_id} runs nowhere")
 

@@ -1158,3 +1158,39 @@ def test_two_jobs_whose_ports_hash_alike_rendezvous_at_different_ports():
     # ja's port is free again once its workers are gone: a later generation may take it.
     rec = h.state.jobs["ja"]
     assert rec.rendezvous is not None and not rendezvous_live(rec, "rtx-0", a)
+
+
+def test_a_job_whose_workers_fail_is_retried_from_its_checkpoint_then_failed():
+    """`job_retries` (2) requeues: a start-up error on one node (a port taken) does not
+    end the run; the third failure does, with the workers' message."""
+    h = Harness(NODES)
+    rec = h.run("j1")
+    for retry in (1, 2):
+        gen = rec.generation
+        h.complete("j1", pb.JobExit.KIND_FAILED, "EADDRINUSE: address already in use\nlog")
+        assert h.state_of("j1") == pb.JOB_STATE_QUEUED and rec.failures == retry
+        assert rec.job.status.reason.startswith("requeued: its workers failed on ")
+        assert f"(retry {retry} of 2): EADDRINUSE: address already in use" in \
+            rec.job.status.reason and not rec.job.status.message
+        assert rec.generation == gen + 1  # the failed generation is fenced
+        h.deliver()
+        h.tick()
+        h.deliver()
+        assert h.state_of("j1") == pb.JOB_STATE_RUNNING and rec.generation > gen + 1
+    again = ControllerState(h.state.settings)
+    again.restore(pb.Job.FromString(rec.job.SerializeToString()), h.state.extra("j1"), h.now)
+    assert again.jobs["j1"].failures == 2  # the count survives a restart
+    h.complete("j1", pb.JobExit.KIND_FAILED, "Traceback: boom")
+    assert h.state_of("j1") == pb.JOB_STATE_FAILED
+    assert rec.job.status.message == "Traceback: boom"
+    assert rec.job.status.reason == "failed: Traceback: boom (after 2 retries)"
+    h.deliver()
+    h.assert_no_gpu_held()
+
+
+def test_without_retries_the_first_failure_fails_the_job():
+    h = Harness(NODES, settings=ControllerSettings(heartbeat_timeout=30.0, job_retries=0))
+    h.run("j1")
+    h.complete("j1", pb.JobExit.KIND_FAILED, "boom")
+    assert h.state_of("j1") == pb.JOB_STATE_FAILED
+    assert h.state.jobs["j1"].job.status.reason == "failed: boom"
