@@ -157,7 +157,7 @@ class Agents:
                 self._capacity_changed(node)
             return
         if t.profile:
-            self._profiled(rec, node, t, out)
+            self._profiled(rec, node, t, at, out)
             return
         if t.generation != rec.generation or rec.state in TERMINAL:
             return  # a fenced generation's late report

@@ -53,7 +53,7 @@ def profile_key(rec: JobRec, gpu_type: str) -> tuple:
 class Profiling:
     """A part of `ControllerState`: profiling passes (the module docstring)."""
 
-    def _profiled(self, rec: JobRec, node: NodeRec, t: pb.Telemetry,
+    def _profiled(self, rec: JobRec, node: NodeRec, t: pb.Telemetry, at: float,
                   out: list[Action]) -> None:
         where = rec.profiling.get(node.gpu_type)
         if t.HasField("profile_gpu") and (where is None or where != (node.name, t.profile_gpu)):
@@ -78,6 +78,7 @@ class Profiling:
             if rec.state == pb.JOB_STATE_PROFILING:
                 rec.job.status.reason = f"waiting: profiling on {node.gpu_type} ({t.profile_error})"
             self._to_profile[rec.job_id] = None
+            self._share_result(profile_key(rec, node.gpu_type), at, out)
             return
         if node.holder.get(where[1]) == rec.job_id:
             del node.holder[where[1]]
@@ -96,9 +97,10 @@ class Profiling:
                 rec.usable.add(s.gpu_type)
                 if s.gpu_type == node.gpu_type:
                     points.append((s.atomic_batch_size, s.step_time_s, sync))
+        key = profile_key(rec, node.gpu_type)
         if points:
-            self._remember_profile(profile_key(rec, node.gpu_type),
-                                   CachedProfile(tuple(points), rec.grad))
+            self._remember_profile(key, CachedProfile(tuple(points), rec.grad))
+        self._share_result(key, at, out)
         out.append(Persist((rec.job_id,)))
 
     # ------------------------------------------------------------ reuse
@@ -122,14 +124,15 @@ class Profiling:
                                    CachedProfile(tuple(sorted(points)), rec.grad))
 
     def _reuse_profiles(self, rec: JobRec, at: float, out: list[Action]) -> None:
-        """A new job identical to a profiled one (`profile_key`) takes its profiles
+        """A job identical to a profiled one (`profile_key`) takes its profiles
         rather than waiting for an idle GPU of each type: the same program on the
         same GPU type takes the same time a step. It is schedulable at once (an early
-        round if GPUs are idle); types no identical job has profiled still get passes."""
+        round if GPUs are idle); types no identical job has profiled still get passes,
+        one for all the identical jobs that want it (`_shared_pass`)."""
         if not self.settings.reuse_profiles or not self._profile_cache:
             return
         reused = []
-        for gpu_type in sorted(self._profile_types(rec)):
+        for gpu_type in sorted(self._profile_types(rec) - set(rec.profiling)):
             key = profile_key(rec, gpu_type)
             hit = self._profile_cache.get(key)
             if hit is None:
@@ -148,11 +151,56 @@ class Profiling:
             return
         if not self._profile_types(rec):
             self._to_profile.pop(rec.job_id, None)
-        set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round (profiles of "
-                  f"{', '.join(reused)} reused from an identical job)")
-        if self._idle_types_cached() & rec.usable:
-            out.append(WantRound())
+        if rec.state == pb.JOB_STATE_PROFILING:
+            set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round (profiles "
+                      f"of {', '.join(reused)} reused from an identical job)")
+            if self._idle_types_cached() & rec.usable:
+                out.append(WantRound())
         out.append(Persist((rec.job_id,)))
+
+    def _shared_pass(self, rec: JobRec, gpu_type: str) -> bool:
+        """Whether an identical job's pass on `gpu_type` is in flight: then this job
+        waits for its result (`_share_result`) instead of taking a GPU of its own, so
+        a sweep of identical jobs submitted at once profiles each type once."""
+        if not self.settings.reuse_profiles:
+            return False
+        key = profile_key(rec, gpu_type)
+        if key in self._profile_cache and any(rec.job_id in w for w in
+                                              self._pass_waiters.values()):
+            return True  # its result is in: taken with that of the pass it still waits for
+        owner = self.jobs.get(self._pass_owner.get(key, ""))
+        if owner is None or owner is rec or gpu_type not in owner.profiling \
+                or profile_key(owner, gpu_type) != key:
+            return False
+        self._pass_waiters.setdefault(key, set()).add(rec.job_id)
+        return True
+
+    def _passes_abandoned(self, rec: JobRec, at: float, out: list[Action]) -> None:
+        """An ended job's passes will report nothing: the identical jobs waiting for
+        them take what is known, or profile themselves."""
+        for gpu_type in sorted(rec.profiling):
+            key = profile_key(rec, gpu_type)
+            if self._pass_owner.get(key) == rec.job_id:
+                self._share_result(key, at, out)
+
+    def _share_result(self, key: tuple, at: float, out: list[Action]) -> None:
+        """A pass ended: the identical jobs waiting for it take its profile if it
+        gave one, else they want passes of their own again. A job still waiting for
+        another type's pass takes them all once that one ends too, as the job that
+        runs the passes becomes schedulable only when none is in flight (else the
+        jobs that wait would be placed before the one that profiles for them)."""
+        self._pass_owner.pop(key, None)
+        waiting = self._pass_waiters.pop(key, set())
+        still = set().union(*self._pass_waiters.values()) if self._pass_waiters else set()
+        for job_id in sorted(waiting):
+            rec = self.jobs.get(job_id)
+            if rec is None or rec.state in TERMINAL:
+                continue
+            if job_id not in still:
+                self._reuse_profiles(rec, at, out)
+            self._profile_changed.add(job_id)
+        if waiting:
+            self._freed_all = True  # (a failed pass: they look for GPUs again)
 
     def _reported_passes(self, node: NodeRec, ev: AgentRegistered, out: list[Action]) -> None:
         """Passes the agent says it runs: a pass the books lost track of (a partition,
@@ -236,6 +284,8 @@ class Profiling:
                 del self._to_profile[job_id]
                 self._say_if_unprofilable(rec, out)
             for t in sorted(missing & types):
+                if self._shared_pass(rec, t):
+                    continue
                 busy = self._reserved_gpus() if busy is None else busy
                 slot = self._idle_gpu(t, busy)
                 if slot is None:
@@ -260,6 +310,7 @@ class Profiling:
 
     def _profile_request(self, rec: JobRec, gpu_type: str, node: str, gpu: int) -> Send:
         rec.pass_sent[gpu_type] = self._next_directive
+        self._pass_owner[profile_key(rec, gpu_type)] = rec.job_id
         lo, hi = rec.res.local_bsz_limits[gpu_type]
         req = pb.ProfileRequest(
             job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,

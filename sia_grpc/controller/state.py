@@ -134,6 +134,10 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         # to reuse; least recently profiled or reused first out.
         self._profile_cache: collections.OrderedDict[tuple, CachedProfile] = \
             collections.OrderedDict()
+        # A pass in flight by its `profile_key` -> the job running it, and the identical
+        # jobs waiting for its result rather than taking GPUs of their own.
+        self._pass_owner: dict[tuple, str] = {}
+        self._pass_waiters: dict[tuple, set[str]] = {}
         # Scans that look for work to start (moves whose GPUs are free, profiling
         # passes) run only when something they depend on changed: GPUs freed or
         # nodes back (`_capacity_changed`), moves wanted or given up, passes wanted
@@ -281,6 +285,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         rec.alloc = None
         self._stop_everywhere(rec, out, except_node=except_node)
         self._stop_passes(rec, out)
+        self._passes_abandoned(rec, at, out)
         rec.job.status.ClearField("allocation")
         rec.job.status.finish_time.CopyFrom(timestamp(at))
         set_state(rec, state, at, reason)

@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 import pytest
-from harness import FakeAgent, Harness
+from harness import FakeAgent, Harness, refused_pass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -1194,3 +1194,55 @@ def test_without_retries_the_first_failure_fails_the_job():
     h.complete("j1", pb.JobExit.KIND_FAILED, "boom")
     assert h.state_of("j1") == pb.JOB_STATE_FAILED
     assert h.state.jobs["j1"].job.status.reason == "failed: boom"
+
+
+def test_identical_jobs_submitted_together_share_one_pass_per_type():
+    """A sweep arriving at once: the first job's passes run, the others wait for
+    them and take their result (no GPU of their own, no pass of their own)."""
+    h = Harness(NODES)
+    for a in h.agents.values():
+        a.hold_profiles = True
+    for k in range(4):
+        h.submit(f"s{k}", command=["sweep"])
+    assert sorted(s.message.profile.job_id for s in _profiles(h)) == ["s0", "s0"]
+    assert all(h.state_of(f"s{k}") == pb.JOB_STATE_PROFILING for k in range(4))
+    h.deliver()  # the agents hold the passes
+    h.finish_profiles()
+    assert not _profiles(h)
+    for k in range(4):
+        rec = h.state.jobs[f"s{k}"]
+        assert h.state_of(f"s{k}") == pb.JOB_STATE_QUEUED and rec.usable == {"aws", "rtx"}
+    assert "reused from an identical job" in h.state.jobs["s3"].job.status.reason
+
+
+def test_when_the_shared_pass_is_refused_the_waiting_jobs_profile_themselves():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.agents["rtx-0"].hold_profiles = True
+    h.submit("s0", command=["sweep"])
+    h.submit("s1", command=["sweep"])
+    ((node, p),) = [(s.node_id, s.message.profile) for s in _profiles(h)]
+    assert p.job_id == "s0"
+    h.deliver()
+    h.agents["rtx-0"].passes.pop(p.local_gpu)
+    h.feed(AgentMessage(h.now, node, refused_pass(p)))
+    # s1 no longer waits: it takes the GPU for a pass of its own, and s0 (whose pass
+    # never ran) waits for that one instead of profiling again beside it.
+    assert [s.message.profile.job_id for s in _profiles(h)] == ["s1"]
+    h.deliver()
+    h.finish_profiles()
+    assert {h.state_of("s0"), h.state_of("s1")} == {pb.JOB_STATE_QUEUED}
+
+
+def test_a_job_waiting_for_a_cancelled_jobs_pass_profiles_itself():
+    h = Harness({"rtx-0": ("rtx", 8)})
+    h.agents["rtx-0"].hold_profiles = True
+    h.submit("s0", command=["sweep"])
+    h.submit("s1", command=["sweep"])
+    h.deliver()
+    h.outbox.clear()
+    h.feed(JobCancelRequested(h.now, "s0"))
+    assert [s.message.profile.job_id for s in _profiles(h)] == ["s1"]
+    h.deliver()
+    h.finish_profiles()
+    h.deliver()
+    assert h.state_of("s1") == pb.JOB_STATE_QUEUED and not h.state._pass_waiters
