@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from sia_grpc.api import pb, state_name
 from sia_grpc.controller.records import rendezvous_live
-from sia_grpc.controller.transitions import REASONS, TERMINAL
+from sia_grpc.controller.transitions import REASONS, TERMINAL, WAITING
 
 if TYPE_CHECKING:
     from sia_grpc.controller.state import ControllerState
@@ -97,6 +97,11 @@ def check_invariants(self: ControllerState) -> None:
         if not rec.usable <= set(rec.estimator.known_types):
             raise InvariantError(f"{job_id}: usable on {sorted(rec.usable)}, but its estimate "
                                  f"knows only {list(rec.estimator.known_types)}")
+        # A job that waits holds GPUs only where it is being stopped (a fenced
+        # generation's workers, freed by the STOP's ack): none runs for it.
+        if rec.state in WAITING and not rec.moving and set(rec.held) - rec.stopping:
+            raise InvariantError(f"{job_id}: {state_name(rec.state)} but holds GPUs on "
+                                 f"{sorted(set(rec.held) - rec.stopping)} not being stopped")
         if rec.moving and job_id not in self._moving:
             raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
         if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):

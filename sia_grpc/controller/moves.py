@@ -177,11 +177,13 @@ class Moves:
         why; if it still holds GPUs on a node that left the pool (drained), it is
         checkpointed and requeued, so the drain completes."""
         why = self._type_gap(rec)
-        if rec.moving or not rec.held or set(rec.held) <= ready:
+        # (GPUs held on nodes it is being stopped on, a fenced generation's, are
+        # freed by those STOPs' acks: nothing there to checkpoint.)
+        left = sorted(set(rec.held) - ready - rec.stopping)
+        if rec.moving or not left:
             if rec.state == pb.JOB_STATE_QUEUED and not rec.moving:
                 rec.job.status.reason = f"waiting: {why}"
             return
-        left = sorted(set(rec.held) - ready)
         rec.target = None
         self._set_moving(rec, True)
         rec.begin_restart(at)

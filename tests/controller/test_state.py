@@ -1246,3 +1246,30 @@ def test_a_job_waiting_for_a_cancelled_jobs_pass_profiles_itself():
     h.finish_profiles()
     h.deliver()
     assert h.state_of("s1") == pb.JOB_STATE_QUEUED and not h.state._pass_waiters
+
+
+def test_a_waiting_job_whose_fenced_workers_are_on_a_drained_node_just_waits():
+    """Found by the 20× chaos run: a job requeued when its node was lost, the node
+    back still running the old generation (fenced: booked until its STOP's ack),
+    then drained. The job waits; it was taken for a running one and checkpointed
+    (QUEUED -> RESTARTING, an illegal transition)."""
+    h = Harness({"rtx-0": ("rtx", 8)}, policy="gavel")
+    h.submit("j1", adaptivity=pb.ADAPTIVITY_RIGID, num_gpus=2, batch_size=256)
+    h.deliver()
+    h.tick()
+    h.deliver()
+    agent = h.agents["rtx-0"]
+    old = agent.running["j1"]
+    agent.up = False
+    h.tick(31.0)  # lost: requeued
+    assert h.state_of("j1") == pb.JOB_STATE_QUEUED
+    agent.up = True
+    agent.running["j1"] = old  # its workers ran on all along
+    h.feed(agent.register_event(h.now))
+    rec = h.state.jobs["j1"]
+    assert rec.held and rec.stopping == {"rtx-0"} and not rec.moving
+    h.feed(NodeDrainChanged(h.now, "rtx-0", "maintenance"))
+    h.tick()
+    assert h.state_of("j1") == pb.JOB_STATE_QUEUED
+    h.deliver()  # the STOP's ack frees the GPUs
+    assert not rec.held
