@@ -8,7 +8,7 @@ import collections
 from typing import TYPE_CHECKING
 
 from sia_grpc.api import pb, state_name
-from sia_grpc.controller.records import rendezvous_live
+from sia_grpc.controller.records import live_rendezvous
 from sia_grpc.controller.transitions import REASONS, TERMINAL, WAITING
 
 if TYPE_CHECKING:
@@ -56,9 +56,8 @@ def check_invariants(self: ControllerState) -> None:
     # later one's rank 0 could not listen (EADDRINUSE) and the job would fail.
     ports: dict[tuple[str, int], str] = {}
     for job_id, rec in self.jobs.items():
-        if rec.rendezvous is not None and rendezvous_live(rec, rec.rendezvous[0],
-                                                          rec.rendezvous[2]):
-            where = (rec.rendezvous[0], rec.rendezvous[2])
+        where = live_rendezvous(rec)
+        if where is not None:
             if where in ports:
                 raise InvariantError(f"{job_id} and {ports[where]} both rendezvous at "
                                      f"{where[0]}:{where[1]}")

@@ -17,7 +17,7 @@ from sia_grpc.controller.events import (
 from sia_grpc.controller.records import (
     JobRec,
     by_node,
-    rendezvous_live,
+    live_rendezvous,
     timestamp,
 )
 from sia_grpc.controller.transitions import TERMINAL, set_state
@@ -126,11 +126,10 @@ class Moves:
             return rec.rendezvous[2]
         taken = self._ports_by_node.setdefault(master, {})
         start = zlib.crc32(f"{rec.job_id}/{rec.generation}".encode()) % 1000
-        port = self.settings.master_port_base + start
         for k in range(1000):
             port = self.settings.master_port_base + (start + k) % 1000
             other = self.jobs.get(taken.get(port, ""))
-            if other is None or other is rec or not rendezvous_live(other, master, port):
+            if other is None or other is rec or live_rendezvous(other) != (master, port):
                 break
         taken[port] = rec.job_id
         rec.rendezvous = (master, rec.generation, port)

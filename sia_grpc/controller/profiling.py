@@ -88,40 +88,32 @@ class Profiling:
             rec.profile_errors[node.gpu_type] = t.profile_error[:1000]  # what an agent sends
         if rec.grad is None and t.HasField("grad") and valid_grad(t.grad):
             rec.grad = GradParams(sqr=t.grad.sqr, var=t.grad.var)
-        points = []
         for s in t.samples:
             if valid_sample(s) and s.num_replicas == 1 and s.num_nodes == 1:
                 sync = sync_part(s)
                 rec.samples[(s.gpu_type, 1, 1, s.atomic_batch_size, 0)] = (s.step_time_s, sync)
                 rec.estimator.add_profile(s.gpu_type, s.atomic_batch_size, s.step_time_s, sync)
                 rec.usable.add(s.gpu_type)
-                if s.gpu_type == node.gpu_type:
-                    points.append((s.atomic_batch_size, s.step_time_s, sync))
-        key = profile_key(rec, node.gpu_type)
-        if points:
-            self._remember_profile(key, CachedProfile(tuple(points), rec.grad))
-        self._share_result(key, at, out)
+        self._remember_profile(rec, node.gpu_type)
+        self._share_result(profile_key(rec, node.gpu_type), at, out)
         out.append(Persist((rec.job_id,)))
 
     # ------------------------------------------------------------ reuse
 
-    def _remember_profile(self, key: tuple, profile: CachedProfile) -> None:
-        cache = self._profile_cache
-        cache[key] = profile
+    def _remember_profile(self, rec: JobRec, gpu_type: str) -> None:
+        """Keep the job's 1-GPU profile of `gpu_type` (if it has one) for identical
+        jobs: after its pass, and for a job reloaded from the store (a restart, a
+        failover), so that identical jobs after it reuse it too."""
+        points = tuple(sorted((bsz, step, sync) for (t, nodes, reps, bsz, accum), (step, sync)
+                              in rec.samples.items()
+                              if t == gpu_type and nodes == reps == 1 and accum == 0))
+        if not points:
+            return
+        key, cache = profile_key(rec, gpu_type), self._profile_cache
+        cache[key] = CachedProfile(points, rec.grad)
         cache.move_to_end(key)
         while len(cache) > self.settings.profile_cache_entries:
             cache.popitem(last=False)
-
-    def _remember_restored_profiles(self, rec: JobRec) -> None:
-        """A job reloaded from the store (a restart, a failover) brings back the
-        profiles it holds, so identical jobs after the restart reuse them too."""
-        by_type: dict[str, list[tuple[int, float, float]]] = {}
-        for (gpu_type, nodes, reps, bsz, accum), (step, sync) in rec.samples.items():
-            if nodes == 1 and reps == 1 and accum == 0 and gpu_type in rec.usable:
-                by_type.setdefault(gpu_type, []).append((bsz, step, sync))
-        for gpu_type, points in sorted(by_type.items()):
-            self._remember_profile(profile_key(rec, gpu_type),
-                                   CachedProfile(tuple(sorted(points)), rec.grad))
 
     def _reuse_profiles(self, rec: JobRec, at: float, out: list[Action]) -> None:
         """A job identical to a profiled one (`profile_key`) takes its profiles
@@ -169,8 +161,7 @@ class Profiling:
                                               self._pass_waiters.values()):
             return True  # its result is in: taken with that of the pass it still waits for
         owner = self.jobs.get(self._pass_owner.get(key, ""))
-        if owner is None or owner is rec or gpu_type not in owner.profiling \
-                or profile_key(owner, gpu_type) != key:
+        if owner is None or owner is rec or gpu_type not in owner.profiling:
             return False
         self._pass_waiters.setdefault(key, set()).add(rec.job_id)
         return True

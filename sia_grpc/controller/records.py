@@ -250,10 +250,11 @@ def load_extra(rec: JobRec, d: Mapping) -> None:
         rec.profiling.clear()
 
 
-def rendezvous_live(rec: JobRec, master: str, port: int) -> bool:
-    """Whether the job's current generation may still listen at `port` on `master`
-    (`Moves._master_port`)."""
-    if rec.rendezvous is None or (rec.rendezvous[0], rec.rendezvous[2]) != (master, port):
-        return False
-    # Workers not yet stopped (whatever the job's state), or an allocation to run on.
-    return bool(rec.held) or (rec.state not in TERMINAL and rec.alloc is not None)
+def live_rendezvous(rec: JobRec) -> tuple[str, int] | None:
+    """(master node, port) where the job's current generation may still listen
+    (`Moves._master_port`): while workers are not yet stopped, whatever the job's
+    state, or while it has an allocation to run on; else None."""
+    if rec.rendezvous is None or not (rec.held or (rec.state not in TERMINAL
+                                                   and rec.alloc is not None)):
+        return None
+    return rec.rendezvous[0], rec.rendezvous[2]

@@ -169,7 +169,8 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         if extra:
             load_extra(rec, json.loads(extra))
         self.jobs[job.job_id] = rec
-        self._remember_restored_profiles(rec)
+        for gpu_type in sorted(rec.usable):
+            self._remember_profile(rec, gpu_type)
         if job.status.state not in TERMINAL:
             self._want_profiles((job.job_id,))
             self.active_by_tenant[job.spec.tenant] += 1
