@@ -151,7 +151,9 @@ def format_queues(q: dict) -> str:
         f"{ms(q['plain_solve'], 'p50')} | {ms(q['plain_solve'], 'p95')} |",
         f"| {q['num_queues']} queues | {ms(q['queues'], 'p50')} | {ms(q['queues'], 'p95')} | "
         f"{ms(q['queues_solve'], 'p50')} | {ms(q['queues_solve'], 'p95')} |", "",
-        f"call p95 ratio (queues / none): {q['ratio_p95']:.2f}x"])
+        f"call p95 ratio (queues / none): {q['ratio_p95']:.2f}x; silos solved a round "
+        f"{q['silos_solved']['p50']:g} (median, at most {q['silos_solved']['max']:g}), "
+        f"shared solves {q['passes']['p50']:g} (at most {q['passes']['max']:g})"])
 
 
 def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,

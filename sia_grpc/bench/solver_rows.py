@@ -264,6 +264,8 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
     policy = SiaPolicy()
     out: dict[str, list[float]] = {"queues": [], "plain": [], "queues_solve": [],
                                    "plain_solve": []}
+    silos: list[float] = []  # silos solved a round (of the queues with guarantees)
+    passes: list[float] = []  # shared solves a round (`rounds._guaranteed_round`)
     previous: dict = {}
     # Each call starts from the last of its kind, as the controller's and simulator's
     # rounds do (without queues: the last round's capacity prices).
@@ -282,6 +284,8 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
             out["plain"].append(t_p)
             out["queues_solve"].append(res.timings.get("solve", 0.0))
             out["plain_solve"].append(plain.timings.get("solve", 0.0))
+            silos.append(res.solver_stats.get("silo_solves", 0.0))
+            passes.append(res.solver_stats.get("queue_passes", 1.0))
         previous = dict(res.allocations)
         jobs = [dataclasses.replace(j, age=j.age + policy.round_duration,
                                     num_restarts=j.num_restarts + (j.job_id in res.restarted),
@@ -291,4 +295,6 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
                 for j in jobs]
     stats = {k: _pct(v) for k, v in out.items()}
     return {"rounds": rounds, "gpus": int(64 * scale), "jobs": num_jobs, "num_queues": num_queues,
-            **stats, "ratio_p95": stats["queues"]["p95"] / stats["plain"]["p95"]}
+            **stats, "ratio_p95": stats["queues"]["p95"] / stats["plain"]["p95"],
+            "silos_solved": {"p50": float(np.median(silos)), "max": float(max(silos))},
+            "passes": {"p50": float(np.median(passes)), "max": float(max(passes))}}

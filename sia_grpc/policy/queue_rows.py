@@ -34,7 +34,8 @@ from sia_grpc.policy.candidates import CandidateTable
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import PolicyJob
 
-__all__ = ["SideRows", "job_weights", "min_runtime_holds", "owed", "queue_rows", "queue_usage"]
+__all__ = ["SideRows", "guarantee_caps", "job_weights", "min_runtime_holds", "owed",
+           "owed_bounds", "queue_rows", "queue_usage"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,16 +124,16 @@ def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.n
     # drop out as columns, `rounds._side_columns`), so the activity reported at the
     # round's final choice counts rows a later stage took; demand counts options only.
     at_current = (current[job] >= 0) & (table.config == current[job])
-    kept = _per_queue_type(table, qix, len(queues.queues), at_current & _held(hold, job))
-    now = _per_queue_type(table, qix, len(queues.queues), at_current)  # what each holds
-    free = np.array([table.cluster.capacity[t] for t in types], dtype=float) - kept.sum(axis=0)
+    cap, now = guarantee_caps(table, qix, current, queues, hold)
     unit_w = np.array([queues.unit_weight(t) for t in types])
     below = np.zeros(len(queues.queues), dtype=bool)  # holds less than it is owed
     for k, q in enumerate(queues.queues):
         ours = row_q == k
         mine = finite & ours
-        guaranteed = {i: min(g, free[i] + kept[k, i]) for t, g in q.guarantee.items()
+        guaranteed = {i: cap[k, i] for t, g in q.guarantee.items()
                       if t in types and g > 0 for i in [types.index(t)]}
+        # (A queue not in `silo` gets no guarantee rows: `rounds.ilp_round` leaves out
+        # the rows of queues that hold at least what they could be owed.)
         wants = (owed(job[mine], typ[mine], gpus[mine], guaranteed) if silo is None else
                  {i: min(g, silo.get(q.name, {}).get(types[i], 0)) for i, g in guaranteed.items()})
         for t, want in wants.items():
@@ -172,6 +173,43 @@ def queue_rows(table: CandidateTable, jobs, values: np.ndarray, none_value: np.n
     coef = np.concatenate([c for _, c in entries]).astype(float) if entries else np.zeros(0)
     return SideRows(ptr=ptr, row=row, coef=coef, rhs=np.array(rhs, dtype=float),
                     penalty=np.array(penalty, dtype=float), names=tuple(names))
+
+
+def guarantee_caps(table: CandidateTable, qix: np.ndarray, current: np.ndarray,
+                   queues: QueueSet, hold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(cap, now) per (queue, type index): the queue's guarantee of the type as far as
+    the round can give it (what jobs of other queues held where they are leave of
+    the type: `hold`), 0 where it has none; and the GPUs its jobs hold now. `qix`:
+    each job's queue index."""
+    types = table.cluster.gpu_types
+    job = table.job
+    at_current = (current[job] >= 0) & (table.config == current[job])
+    kept = _per_queue_type(table, qix, len(queues.queues), at_current & _held(hold, job))
+    now = _per_queue_type(table, qix, len(queues.queues), at_current)
+    free = np.array([table.cluster.capacity[t] for t in types], dtype=float) - kept.sum(axis=0)
+    cap = np.zeros_like(now)
+    for k, q in enumerate(queues.queues):
+        for t, g in q.guarantee.items():
+            if t in types and g > 0:
+                i = types.index(t)
+                cap[k, i] = min(g, free[i] + kept[k, i])
+    return cap, now
+
+
+def owed_bounds(table: CandidateTable, qix: np.ndarray, values: np.ndarray,
+                cap: np.ndarray) -> np.ndarray:
+    """Per (queue, type index), at least what the queue can be owed of the type with
+    its silo (`rounds.silo_use`): its `cap`, or less where its jobs' options could
+    not use that many (Σ over its jobs of each one's largest option of the type —
+    each job counted on every type, so a bound, not a packing)."""
+    T = len(table.cluster.gpu_types)
+    finite = np.flatnonzero(np.isfinite(values))
+    largest = np.zeros(table.num_jobs * T)
+    np.maximum.at(largest, table.job[finite] * T + table.types()[finite],
+                  table.gpus()[finite].astype(float))
+    demand = np.zeros_like(cap)
+    np.add.at(demand, qix, largest.reshape(table.num_jobs, T))
+    return np.minimum(cap, demand)
 
 
 def owed(job: np.ndarray, typ: np.ndarray, amount: np.ndarray,

@@ -16,8 +16,10 @@ from sia_grpc.policy.placer import place
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.queue_rows import (
     SideRows,
+    guarantee_caps,
     job_weights,
     min_runtime_holds,
+    owed_bounds,
     queue_rows,
     queue_usage,
 )
@@ -26,6 +28,10 @@ from sia_grpc.policy.solvers import solve, solve_reference, solve_separable
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult, SiloHint, WarmStart
 
 REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
+# Whether a round with queues solves only the silos it needs (`_guaranteed_round`);
+# False solves every queue's up front, with all rows at once: the reference the
+# tests hold the lazy rounds to.
+LAZY_SILOS = True
 SOLVERS = ("highs", *REFERENCE_SOLVERS)
 
 
@@ -134,8 +140,9 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     Jobs where `hold` is true keep their current configuration (`hold_current`).
     With `grow`, jobs may then take GPUs the ILP left idle (`grow_into_idle`).
     With `queues`, priority weights, minimum-runtime holds and the queues' rows
-    (`queue_rows`) join the program; `warm` (the previous round's
-    `RoundResult.warm`) starts the queues' silo solves."""
+    (`queue_rows`) join the program, the guarantees' only where they are needed
+    (`_guaranteed_round`); `warm` (the previous round's `RoundResult.warm`) starts
+    the solves."""
     t0 = time.perf_counter()
     current = current_index(table.cluster, jobs, previous)
     vals = values(current)
@@ -150,22 +157,36 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
-    silo, hints, silo_counts = None, {}, {}
-    if queues is not None and any(q.guarantee for q in queues.queues):
-        silo, hints, silo_counts = silo_use(table, jobs, vals, none, current, queues,
-                                            timings, kw, {} if warm is None else warm.silos)
-    side = None if queues is None else queue_rows(table, jobs, vals, worth, current, queues,
-                                                  hold=hold, silo=silo)
-    problem, rows, start = assemble(table, vals, none, current, side)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
-    chosen, objective, stats, prices = choose(problem, rows, start, timings, **kw,
-                                              prices=_warm_prices(warm, side))
-    stats.update(silo_counts)
-    if grow is not None:
-        stage2 = None if queues is None else functools.partial(
-            _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
-        chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
-                                hold=hold, **kw)
+
+    def side_rows(silo: dict | None) -> SideRows | None:
+        return None if queues is None else queue_rows(table, jobs, vals, worth, current,
+                                                      queues, hold=hold, silo=silo)
+
+    def shared(silo: dict | None, start_prices: WarmStart | None):
+        """The shared round (stage 1, then growth) with the guarantee rows of the
+        queues in `silo`: (choice, objective, stats, prices, side rows)."""
+        t1 = time.perf_counter()
+        side = side_rows(silo)
+        problem, rows, start = assemble(table, vals, none, current, side)
+        timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t1
+        chosen, objective, stats, prices = choose(problem, rows, start, timings, **kw,
+                                                  prices=_warm_prices(start_prices, side))
+        if grow is not None:
+            stage2 = None if queues is None else functools.partial(
+                _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
+            chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
+                                    hold=hold, **kw)
+        return chosen, objective, stats, prices, side
+
+    hints: dict[str, SiloHint] = {}
+    needed: frozenset[str] = frozenset()
+    if queues is not None and any(q.guarantee for q in queues.queues):
+        chosen, objective, stats, prices, side, hints, needed = _guaranteed_round(
+            shared, side_rows, table, jobs, vals, none, current, hold, queues, timings, kw,
+            warm)
+    else:
+        chosen, objective, stats, prices, side = shared(None, warm)
     placed = np.flatnonzero(chosen >= 0)
     by_job = dict(zip([jobs[i].job_id for i in placed.tolist()], chosen[placed].tolist(),
                       strict=True))
@@ -178,11 +199,128 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     own = tuple(prices[:T].tolist())
     if queues is None:
         return dataclasses.replace(result, warm=WarmStart(prices=own))
-    names = () if side is None else side.names
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
                                rows=_row_report(side, table, chosen),
-                               warm=WarmStart(silos=hints, prices=own, row_prices=dict(
-                                   zip(names, prices[T:].tolist(), strict=True))))
+                               warm=_warm(side, prices, T, hints, needed))
+
+
+def _warm(side: SideRows | None, prices: np.ndarray, T: int,
+          silos: Mapping[str, SiloHint], needed: frozenset[str] = frozenset()) -> WarmStart:
+    """A solve's prices (capacities, then its side rows) as a warm start."""
+    names = () if side is None else side.names
+    return WarmStart(silos=dict(silos), prices=tuple(prices[:T].tolist()),
+                     row_prices=dict(zip(names, prices[T:].tolist(), strict=True)),
+                     needed=needed)
+
+
+def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, vals: np.ndarray,
+                      none: np.ndarray, current: np.ndarray, hold: np.ndarray, queues: QueueSet,
+                      timings: dict[str, float], kw: dict, warm: WarmStart | None):
+    """The shared round with the queues' guarantees, their silos solved lazily.
+
+    A queue is owed its silo (`silo_use`), which is never more than `owed_bounds`
+    (its guarantee as the round can give it, or what its jobs' options could use).
+    The guarantee rows of a queue that holds at least that bound in the answer are
+    met whatever its silo, so they are left out and its silo is not solved: the
+    round first solves with the rows of the queues it must know (those whose silo
+    the last round needed and, with a restart budget, those holding less than the
+    bound now: the budget's row depends on who is below what it is owed), then
+    solves the silos of the queues the answer leaves below their bound and, where
+    the answer does not already give them their silo, solves again with their
+    rows, until no queue is left below. Constraint generation: an optimum of
+    the problem with fewer rows that meets the others is an optimum with all of
+    them, so the answer is within the gap as with every row. (On `sia bench
+    policy --queues 16`, once its rounds settle, 3 of the 16 silos are solved a
+    round, in one pass; while the restart budget spreads moves over rounds, 3-10
+    in 1-4 passes.) The rows reported for a queue whose silo was not solved carry
+    its bound: at least what it is owed, and what it holds.
+
+    Returns (choice, objective, stats, prices, side rows, silo hints, the queues
+    to solve the silos of first next round)."""
+    qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
+    cap, now = guarantee_caps(table, qix, current, queues, hold)
+    bound = owed_bounds(table, qix, vals, cap)
+    present = np.bincount(qix, minlength=len(queues.queues)) > 0
+    owing = [k for k, q in enumerate(queues.queues) if q.guarantee and present[k]]
+    last = set() if warm is None else set(warm.needed)
+    need = {k for k in owing if queues.queues[k].name in last or not LAZY_SILOS}
+    if queues.max_restarts_per_round is not None:
+        need |= {k for k in owing if np.any(now[k] < bound[k])}
+    hints = {} if warm is None else dict(warm.silos)
+    silo: dict[str, dict[str, int]] = {}
+    solved: set[int] = set()
+    counts = {"silo_solves": 0.0, "silo_alone": 0.0, "queue_passes": 0.0}
+    types = table.cluster.gpu_types
+    T = len(types)
+
+    def solve_silos(ks: list[int]) -> None:
+        if not ks:
+            return
+        part, left, c = silo_use(table, jobs, vals, none, current, queues, timings, kw,
+                                 hints, only=ks)
+        silo.update({queues.queues[k].name: part[queues.queues[k].name] for k in ks})
+        hints.update(left)
+        solved.update(ks)
+        for key, v in c.items():
+            counts[key] += v
+
+    solve_silos(sorted(need))
+    start = warm
+    while True:
+        chosen, objective, stats, prices, side = shared(silo, start)
+        counts["queue_passes"] += 1
+        start = _warm(side, prices, T, hints)
+        held = _held_by_queue(chosen, table, qix, len(queues.queues))
+        short = sorted(k for k in owing
+                       if k not in solved and np.any(held[k] < bound[k] - 1e-9))
+        if not short:
+            break
+        solve_silos(short)
+        if _meets(held, cap, silo, queues, short, types):
+            side = None  # (the answer gives them their silo already: it stands)
+            break
+        # Solving again moves up to their shortfall of each type to them, perhaps from
+        # queues that hold less more than their bound: those join at once rather than
+        # each in a further pass. (Only the passes depend on it, not the answer.)
+        short_by = np.maximum(bound[short] - held[short], 0.0).sum(axis=0)
+        solve_silos(sorted(k for k in owing if k not in solved
+                           and np.any((held[k] - bound[k] < short_by + 1e-9) & (cap[k] > 0))))
+    # Every queue's guarantee rows are reported, those of a queue whose silo was not
+    # solved with the bound it holds as its bound: what it is owed, or more. (Price
+    # 0: the rows left out did not shape the answer.)
+    upper = {queues.queues[k].name: dict(zip(types, bound[k].tolist(), strict=True))
+             for k in owing if k not in solved}
+    if upper or side is None:  # (None: rows were added that the last solve did not have)
+        side = side_rows({**upper, **silo})
+        prices = np.concatenate([prices[:T], [start.row_prices.get(n, 0.0)
+                                              for n in side.names]])
+    # For the next round: the queues whose silos this one solved and that hold no
+    # more than their bound of some type (their rows may bind again; a queue holding
+    # more of every type drops out).
+    tight = (held <= bound + 1e-9) & (cap > 0)
+    return chosen, objective, {**stats, **counts}, prices, side, hints, frozenset(
+        queues.queues[k].name for k in sorted(solved) if np.any(tight[k]))
+
+
+def _held_by_queue(chosen: np.ndarray, table: CandidateTable, qix: np.ndarray,
+                   n_queues: int) -> np.ndarray:
+    """GPUs per (queue, type index) in a choice (each job's table row, -1: none)."""
+    T = len(table.cluster.gpu_types)
+    picked = np.flatnonzero(chosen >= 0)
+    rows = chosen[picked]
+    return np.bincount(qix[picked] * T + table.types()[rows], weights=table.gpus()[rows],
+                       minlength=n_queues * T).reshape(n_queues, T)
+
+
+def _meets(held: np.ndarray, cap: np.ndarray, silo: Mapping[str, Mapping[str, int]],
+           queues: QueueSet, ks, types: Sequence[str]) -> bool:
+    """Whether queues `ks` hold what they are owed: min(cap, silo) of each type."""
+    for k in ks:
+        mine = silo[queues.queues[k].name]
+        for i, t in enumerate(types):
+            if cap[k, i] > 0 and held[k, i] < min(cap[k, i], mine.get(t, 0)):
+                return False
+    return True
 
 
 def _warm_prices(warm: WarmStart | None, side: SideRows | None) -> np.ndarray | None:
@@ -199,8 +337,8 @@ def _warm_prices(warm: WarmStart | None, side: SideRows | None) -> np.ndarray | 
 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
              current: np.ndarray, queues: QueueSet, timings: dict[str, float], kw: dict,
-             hints: Mapping[str, SiloHint]) -> tuple[dict[str, dict[str, int]],
-                                                     dict[str, SiloHint], dict[str, float]]:
+             hints: Mapping[str, SiloHint], only: Sequence[int] | None = None,
+             ) -> tuple[dict[str, dict[str, int]], dict[str, SiloHint], dict[str, float]]:
     """What each queue's jobs hold per type with the queue's guarantee as a private
     partition (Sia on its jobs alone, its guarantee of each type the capacity; same
     values and holds): what a queue is owed in the shared round, up to its
@@ -214,12 +352,14 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
     often prove a silo without an LP, and their choices as the start) and leaves
     its own for the next round. Returns what each queue's jobs hold per type, the
     hints for the next round and counts (`silo_solves`: silos solved,
-    `silo_alone`: those the shared steps did not prove) for the round's stats."""
+    `silo_alone`: those the shared steps did not prove) for the round's stats.
+    `only`: the indices of the queues whose silos to solve (default: all)."""
     types = table.cluster.gpu_types
     T = len(types)
     out = {q.name: dict.fromkeys(types, 0) for q in queues.queues}
     qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
-    silos = [k for k, q in enumerate(queues.queues) if q.guarantee and np.any(qix == k)]
+    wanted = range(len(queues.queues)) if only is None else only
+    silos = [k for k in wanted if queues.queues[k].guarantee and np.any(qix == k)]
     if not silos:
         return out, {}, {}
     t0 = time.perf_counter()

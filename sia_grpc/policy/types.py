@@ -179,6 +179,10 @@ class WarmStart:
     # tries them first (`solve(..., prices=)` checks that they fit).
     prices: tuple[float, ...] | None = None
     row_prices: Mapping[str, float] = field(default_factory=dict)
+    # The queues whose guarantee rows the round needed and may need again
+    # (`rounds.ilp_round` leaves out the rows of queues holding at least what they
+    # could be owed): the next round solves their silos first.
+    needed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
