@@ -53,6 +53,23 @@ class SideRows:
     def __len__(self) -> int:
         return len(self.rhs)
 
+    def subset(self, keep: np.ndarray) -> SideRows:
+        """The rows where `keep` (a mask over rows) is true, in their order."""
+        at = np.flatnonzero(keep)
+        lens = np.diff(self.ptr)[at]
+        take = np.concatenate([np.arange(self.ptr[k], self.ptr[k + 1]) for k in at]) \
+            if len(at) else np.zeros(0, dtype=np.int64)
+        return SideRows(ptr=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                        row=self.row[take], coef=self.coef[take], rhs=self.rhs[at],
+                        penalty=self.penalty[at], names=tuple(self.names[k] for k in at))
+
+    def activity(self, picked: np.ndarray) -> np.ndarray:
+        """Each row's Σ coef·x at a choice (`picked`: 1.0 on each chosen table row)."""
+        if not len(self.row):
+            return np.zeros(len(self))
+        out = np.add.reduceat(self.coef * picked[self.row], self.ptr[:-1])
+        return np.where(np.diff(self.ptr) > 0, out, 0.0)
+
 
 def job_weights(jobs: list[PolicyJob] | tuple[PolicyJob, ...], queues: QueueSet) -> np.ndarray:
     """Each job's priority-class weight (the factor on its term in the objective)."""

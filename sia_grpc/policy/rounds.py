@@ -28,10 +28,11 @@ from sia_grpc.policy.solvers import solve, solve_reference, solve_separable
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult, SiloHint, WarmStart
 
 REFERENCE_SOLVERS = {"glpk_mi": "GLPK_MI", "cvxpy-highs": "HIGHS"}
-# Whether a round with queues solves only the silos it needs (`_guaranteed_round`);
-# False solves every queue's up front, with all rows at once: the reference the
-# tests hold the lazy rounds to.
-LAZY_SILOS = True
+# Whether a round with queues solves only the silos it needs (`_guaranteed_round`)
+# and takes borrowing rows only where they can bind (`_lazy_borrowing`); False solves
+# every silo up front and takes every row at once: the reference the tests hold the
+# lazy rounds to.
+LAZY_ROWS = True
 SOLVERS = ("highs", *REFERENCE_SOLVERS)
 
 
@@ -168,10 +169,9 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         queues in `silo`: (choice, objective, stats, prices, side rows)."""
         t1 = time.perf_counter()
         side = side_rows(silo)
-        problem, rows, start = assemble(table, vals, none, current, side)
         timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t1
-        chosen, objective, stats, prices = choose(problem, rows, start, timings, **kw,
-                                                  prices=_warm_prices(start_prices, side))
+        chosen, objective, stats, prices = _lazy_borrowing(
+            table, vals, none, current, side, start_prices, timings, kw)
         if grow is not None:
             stage2 = None if queues is None else functools.partial(
                 _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
@@ -202,6 +202,44 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
                                rows=_row_report(side, table, chosen),
                                warm=_warm(side, prices, T, hints, needed))
+
+
+def _lazy_borrowing(table: CandidateTable, vals: np.ndarray, none: np.ndarray,
+                    current: np.ndarray, side: SideRows | None, start: WarmStart | None,
+                    timings: dict[str, float], kw: dict):
+    """Stage 1 with `side`'s borrowing rows only where they can bind: those a queue is
+    at or over now, then any the answer goes over, solved again until it goes over
+    none (constraint generation, as for the guarantees: an optimum that meets the
+    rows left out is an optimum with them). Returns (choice, objective, stats,
+    prices over all of `side`'s rows: 0 for those left out)."""
+    T = len(table.cluster.gpu_types)
+    active = None
+    if side is not None and LAZY_ROWS:
+        lazy = np.array([n.startswith("borrow ") for n in side.names], dtype=bool)
+        if lazy.any():
+            at = np.flatnonzero((current[table.job] >= 0) & (table.config == current[table.job]))
+            now = side.activity(_picked(table, at))
+            active = ~lazy | (now >= side.rhs - 1e-9)
+    passes = 0
+    while True:
+        t0 = time.perf_counter()
+        rows_now = side if active is None else side.subset(active)
+        problem, rows, first = assemble(table, vals, none, current, rows_now)
+        timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
+        chosen, objective, stats, prices = choose(problem, rows, first, timings, **kw,
+                                                  prices=_warm_prices(start, rows_now))
+        passes += 1
+        if active is None or active.all():
+            break
+        over = ~active & (side.activity(_picked(table, chosen)) > side.rhs + 1e-9)
+        if not over.any():
+            break
+        active |= over
+        start = _warm(rows_now, prices, T, {})
+    if rows_now is not side:  # (prices of the rows left out: 0)
+        by_name = dict(zip(rows_now.names, prices[T:].tolist(), strict=True))
+        prices = np.concatenate([prices[:T], [by_name.get(n, 0.0) for n in side.names]])
+    return chosen, objective, {**stats, "borrow_passes": float(passes)}, prices
 
 
 def _warm(side: SideRows | None, prices: np.ndarray, T: int,
@@ -243,7 +281,7 @@ def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, vals: np.n
     present = np.bincount(qix, minlength=len(queues.queues)) > 0
     owing = [k for k, q in enumerate(queues.queues) if q.guarantee and present[k]]
     last = set() if warm is None else set(warm.needed)
-    need = {k for k in owing if queues.queues[k].name in last or not LAZY_SILOS}
+    need = {k for k in owing if queues.queues[k].name in last or not LAZY_ROWS}
     if queues.max_restarts_per_round is not None:
         need |= {k for k in owing if np.any(now[k] < bound[k])}
     hints = {} if warm is None else dict(warm.silos)
@@ -440,16 +478,19 @@ def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -
                       hold=hold, silo=silo)
 
 
+def _picked(table: CandidateTable, chosen: np.ndarray) -> np.ndarray:
+    """1.0 on each table row in `chosen` (each job's row, -1: none), else 0."""
+    picked = np.zeros(len(table))
+    picked[chosen[chosen >= 0]] = 1.0
+    return picked
+
+
 def _row_report(side: SideRows | None, table: CandidateTable,
                 chosen: np.ndarray) -> dict[str, tuple[float, float]]:
     """Each side row's activity and bound at the choice: name -> (Σ coef·x, rhs)."""
     if side is None:
         return {}
-    picked = np.zeros(len(table))
-    picked[chosen[chosen >= 0]] = 1.0
-    activity = np.add.reduceat(side.coef * picked[side.row], side.ptr[:-1]) \
-        if len(side.row) else np.zeros(len(side))
-    activity = np.where(np.diff(side.ptr) > 0, activity, 0.0)
+    activity = side.activity(_picked(table, chosen))
     return {n: (float(a), float(b)) for n, a, b in zip(side.names, activity, side.rhs,
                                                        strict=True)}
 

@@ -360,18 +360,18 @@ def test_silos_solved_lazily_give_the_answer_of_every_row(case):
     could be owed (`rounds._guaranteed_round`): constraint generation, so its
     answer is an optimum of the round with every queue's guarantee rows — the same
     objective up to the solver's gap as the round that solves every silo first
-    (`LAZY_SILOS = False`), and every queue holds what that round says it is owed
+    (`LAZY_ROWS = False`), and every queue holds what that round says it is owed
     (where the restart budget lets the reclaim happen this round)."""
     cluster, qs, jobs = case
     pol = make_policy("sia")
     prev: dict = {}
     for _ in range(3):
         lazy = pol.optimize(cluster, jobs, prev, queues=qs)
-        rounds_mod.LAZY_SILOS = False
+        rounds_mod.LAZY_ROWS = False
         try:
             eager = pol.optimize(cluster, jobs, prev, queues=qs)
         finally:
-            rounds_mod.LAZY_SILOS = True
+            rounds_mod.LAZY_ROWS = True
         assert lazy.objective == pytest.approx(eager.objective, rel=3e-4, abs=1e-6)
         assert lazy.solver_stats.get("silo_solves", 0) <= eager.solver_stats.get("silo_solves", 0)
         for name, (_, bound) in eager.rows.items():
@@ -406,3 +406,25 @@ def test_a_queue_holding_its_guarantee_needs_no_silo():
     for q in "AB":
         activity, bound = res.rows[f"guarantee {q}/a"]
         assert bound == -4.0 and activity <= bound
+
+
+def test_a_borrowing_row_joins_where_the_answer_goes_over_it():
+    """Borrowing rows are left out while no queue is at its limit (none binds);
+    where the answer without one takes a queue over its limit the row joins and
+    the round is solved again, within the limit; a queue at its limit now has its
+    row from the start."""
+    cl = Cluster.uniform({"a": (2, 8)})
+    qs = QueueSet(queues=(Queue("A", guarantee={"a": 4}, borrow_limit={"a": 2}),))
+    jobs = [job(i, "A", max_gpus=8) for i in range(4)]
+    sia = make_policy("sia")
+    prev: dict = {}
+    passes = []
+    for _ in range(4):
+        res = sia.optimize(cl, jobs, prev, queues=qs)
+        check_round(cl, jobs, res)
+        assert res.queues["A"]["a"] <= 6
+        activity, bound = res.rows["borrow A/a"]
+        assert activity <= bound
+        passes.append(res.solver_stats["borrow_passes"])
+        prev = dict(res.allocations)
+    assert max(passes) == 2.0 and passes[-1] == 1.0  # (at its limit: the row from the start)
