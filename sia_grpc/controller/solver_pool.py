@@ -16,8 +16,11 @@ A round's jobs are shipped pickled, but each job's throughput estimator (its
 profiles and observations: most of a job's bytes, and most of the time spent
 pickling and unpickling 1,000 jobs, about 260 ms of a round) goes by reference,
 `(uid, version)`, where the worker holds it from the last round: those two name
-the estimator's data (`ThroughputEstimator.uid`). A worker that does not hold one
-(a new process) says so, and the round is shipped again in full.
+the estimator's data (`ThroughputEstimator.uid`). One that has changed since (a
+running job reports step times between rounds) goes as its changes since the
+version the worker holds, which the worker replays onto its copy
+(`ThroughputEstimator.replay`: the same data to the bit). A worker that does not
+hold one (a new process) says so, and the round is shipped again in full.
 """
 
 from __future__ import annotations
@@ -79,23 +82,47 @@ class _NotHeld(Exception):
 
 
 class _Shipping(pickle.Pickler):
-    """Pickles a round, each estimator in `held` by reference; `keys` collects every
-    estimator's key (what the worker holds once it has the round)."""
+    """Pickles a round, each estimator in `held` by reference, one the worker holds
+    at an earlier version as the changes since (`ThroughputEstimator.changes_since`);
+    `keys` collects every estimator's key (what the worker holds once it has the
+    round)."""
 
     def __init__(self, file: io.BytesIO, held: frozenset[EstimatorKey]) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.held, self.keys = held, set()
+        self.held, self.keys = set(held), set()
+        self.versions = dict(held)  # uid -> the version the worker holds
 
-    def persistent_id(self, obj: object) -> EstimatorKey | None:
+    def persistent_id(self, obj: object) -> tuple | None:
         if type(obj) is not ThroughputEstimator:
             return None
         key = (obj.uid, obj.version)
         self.keys.add(key)
-        return key if key in self.held else None
+        if key in self.held:
+            return key
+        was = self.versions.get(obj.uid)
+        changes = None if was is None or was > obj.version else obj.changes_since(was)
+        if changes is None:
+            return None
+        self.held.add(key)  # (once brought up to date there, it goes by reference)
+        return (_CHANGED, obj.uid, was, obj.version, changes)
+
+
+_CHANGED = "changed"
 
 
 class _Receiving(pickle.Unpickler):
     def persistent_load(self, pid: object) -> ThroughputEstimator:
+        if pid[0] == _CHANGED:
+            _, uid, was, version, changes = pid
+            est = _HELD.get((uid, was))
+            if est is None or (est.uid, est.version) != (uid, was):
+                raise _NotHeld((uid, was))
+            try:
+                est.replay(changes, version)
+            except ValueError:
+                raise _NotHeld((uid, was)) from None
+            _HELD[(uid, version)] = est
+            return est
         key = tuple(pid)
         est = _HELD.get(key)
         if est is None or (est.uid, est.version) != key:  # (changed here since: not it)

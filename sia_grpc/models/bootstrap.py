@@ -105,6 +105,9 @@ class ThroughputEstimator:
         self._type_versions: dict[str, int] = {}  # per type: bumped when its data changes
         self._uid = _new_uid()
         self._copied = False
+        # The last changes, (version after, points): a process holding this estimator
+        # at an earlier version is sent them instead of the whole (`changes_since`).
+        self._journal: list[tuple[int, tuple]] = []
 
     def __deepcopy__(self, memo: dict) -> ThroughputEstimator:
         # A deep copy is a new estimator (a job's own, made from a profile template):
@@ -112,8 +115,11 @@ class ThroughputEstimator:
         new = ThroughputEstimator.__new__(ThroughputEstimator)
         memo[id(self)] = new
         new.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        new._uid, new._copied = _new_uid(), False
+        new._uid, new._copied, new._journal = _new_uid(), False, []
         return new
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_journal"}
 
     def __setstate__(self, state: dict) -> None:
         # A pickled copy keeps the original's uid and version, so the
@@ -121,6 +127,7 @@ class ThroughputEstimator:
         # the copy gives it a uid of its own (the original may change as well).
         self.__dict__.update(state)
         self._copied = True
+        self._journal = []
 
     # -- input ---------------------------------------------------------------------------
 
@@ -134,10 +141,19 @@ class ThroughputEstimator:
             raise ValueError("need 1 <= num_nodes <= num_replicas")
         if not (np.all(sync >= 0) and np.all(step > sync)):
             raise ValueError("need 0 <= sync_time < step_time")
+        points = (gpu_type, nodes.ravel().tolist(), reps.ravel().tolist(),
+                  bsz.ravel().astype(np.int64).tolist(), step.ravel().tolist(),
+                  sync.ravel().tolist())
+        self._accumulate(points)
+        self._journal.append((self._version, points))
+        del self._journal[:-_JOURNAL_KEPT]
+        if self._copied:
+            self._uid, self._copied = _new_uid(), False
+
+    def _accumulate(self, points: tuple) -> None:
+        gpu_type, nodes, reps, bsz, step, sync = points
         table = self._data.setdefault(gpu_type, {})
-        for n, r, b, s, y in zip(nodes.ravel().tolist(), reps.ravel().tolist(),
-                                 bsz.ravel().astype(np.int64).tolist(),
-                                 step.ravel().tolist(), sync.ravel().tolist(), strict=True):
+        for n, r, b, s, y in zip(nodes, reps, bsz, step, sync, strict=True):
             acc = table.setdefault((n, r, b), [0, 0.0, 0.0])
             acc[0] += 1
             acc[1] += s
@@ -146,8 +162,25 @@ class ThroughputEstimator:
         self._plans.clear()  # other types' projections may depend on this one
         self._version += 1
         self._type_versions[gpu_type] = self._type_versions.get(gpu_type, 0) + 1
-        if self._copied:
-            self._uid, self._copied = _new_uid(), False
+
+    def changes_since(self, version: int) -> tuple | None:
+        """The changes that bring a copy of this estimator at `version` to this one's
+        (`replay`), or None where they are no longer kept (the last few are)."""
+        changes = tuple(points for after, points in self._journal if after > version)
+        if len(changes) != self._version - version:
+            return None
+        return changes
+
+    def replay(self, changes: tuple, version: int) -> None:
+        """Bring this copy to the original's `version` by the original's `changes`
+        (`changes_since`): the same data to the bit, the same uid and per-type
+        versions, so caches keyed by them hold for both. ValueError if it ends
+        anywhere else (this copy was not at the version the changes start from)."""
+        if self._version + len(changes) != version:
+            raise ValueError(f"changes from version {version - len(changes)} given to a "
+                             f"copy at version {self._version}")
+        for points in changes:
+            self._accumulate(points)
 
     def add_profile(self, gpu_type: str, local_bsz, step_time, sync_time) -> None:
         """1-GPU profile point(s) of `gpu_type` (arrays broadcast)."""
@@ -544,6 +577,7 @@ def _readonly(est: GoodputEstimate) -> GoodputEstimate:
 
 
 # Fitted throughput models by (estimator uid, GPU type, version of that type's data).
+_JOURNAL_KEPT = 16  # changes an estimator keeps for `changes_since`
 _FITS: dict[tuple[int, str, int], PerfParams] = {}
 _MAX_FITS = 200_000
 

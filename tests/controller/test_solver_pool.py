@@ -134,6 +134,30 @@ async def test_a_round_ships_the_estimators_the_solver_process_holds_by_referenc
     assert pool.shipped_bytes == full  # asked for again in full
 
 
+async def test_an_estimator_that_learnt_something_goes_as_its_changes():
+    """A running job's estimator gains step times between rounds: it goes to the worker
+    that holds it from the last round as the changes since, fewer bytes than in full,
+    and the round's answer is the one a worker given everything in full makes."""
+    apps = ["cifar10", "ncf", "bert", "yolov3"]
+    jobs = [job(f"j{i}", a) for i, a in enumerate(apps)]
+    pool, fresh = SolverPool(PolicySpec("sia", ())), SolverPool(PolicySpec("sia", ()))
+    try:
+        await pool.solve(CLUSTER, jobs, {}, timeout=120.0)
+        full = pool.shipped_bytes
+        for j, name in zip(jobs, apps, strict=True):  # telemetry: one shape's step times
+            step, sync = load_app(name).step_time("rtx", 1, 2, 32)
+            j.model.estimator.add_observation("rtx", 1, 2, 32, 0, step, sync)
+        second = await pool.solve(CLUSTER, jobs, {}, timeout=120.0)
+        by_changes = pool.shipped_bytes
+        want = await fresh.solve(CLUSTER, jobs, {}, timeout=120.0)
+    finally:
+        pool.close()
+        fresh.close()
+    assert by_changes < full / 2
+    assert dict(second.allocations) == dict(want.allocations)
+    assert second.objective == want.objective
+
+
 def test_a_shipped_round_is_unpickled_and_solved_with_the_collector_paused(
         monkeypatch: pytest.MonkeyPatch):
     """The worker pauses the collector from the unpickling on: in a worker holding

@@ -339,6 +339,32 @@ def test_a_pickled_copy_refits_only_the_type_whose_data_changed(monkeypatch: pyt
     assert got == {t: est.perf_params(t) for t in ("slow", "fast")}
 
 
+def test_a_copy_brought_up_to_date_by_the_changes_is_the_original():
+    """What the controller's solver process holds from the last round, brought to this
+    round's version by the changes since (`changes_since`, `replay`): the same data to
+    the bit, the same uid and per-type versions (so its fits and estimates are found),
+    and the changes are not kept where they have gone beyond what the journal keeps."""
+    est = _estimator()
+    _observe(est, "slow", SLOW, [(1, 2), (2, 8)])
+    held = pickle.loads(pickle.dumps(est))  # the worker's copy of the last round
+    assert held._journal == []  # (copies do not carry the journal)
+    was = est.version
+    _observe(est, "fast", FAST, [(1, 4), (2, 8)])
+    _observe(est, "slow", SLOW, [(1, 2)])
+    changes = est.changes_since(was)
+    assert changes is not None and len(changes) == est.version - was
+    held.replay(changes, est.version)
+    assert (held.uid, held.version) == (est.uid, est.version)
+    assert held._data == est._data and held._type_versions == est._type_versions
+    assert held.perf_params("fast") == est.perf_params("fast")
+    assert est.changes_since(est.version) == ()
+    with pytest.raises(ValueError):
+        held.replay(changes, est.version)  # (it is past the version they start from)
+    for _ in range(bootstrap_module._JOURNAL_KEPT + 1):
+        _observe(est, "fast", FAST, [(1, 2)])
+    assert est.changes_since(was) is None
+
+
 def test_entries_unused_for_some_rounds_go():
     """A long-running controller's solver process: finished jobs' estimates do not
     pile up until the byte bound."""
