@@ -81,6 +81,9 @@ class _NotHeld(Exception):
     """The payload names an estimator this worker does not hold."""
 
 
+_CHANGED = "changed"  # a persistent id's tag: an estimator sent as its changes
+
+
 class _Shipping(pickle.Pickler):
     """Pickles a round, each estimator in `held` by reference, one the worker holds
     at an earlier version as the changes since (`ThroughputEstimator.changes_since`);
@@ -105,9 +108,6 @@ class _Shipping(pickle.Pickler):
             return None
         self.held.add(key)  # (once brought up to date there, it goes by reference)
         return (_CHANGED, obj.uid, was, obj.version, changes)
-
-
-_CHANGED = "changed"
 
 
 class _Receiving(pickle.Unpickler):

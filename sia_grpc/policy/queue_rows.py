@@ -35,7 +35,7 @@ from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import PolicyJob
 
 __all__ = ["SideRows", "guarantee_caps", "job_weights", "min_runtime_holds", "owed",
-           "owed_bounds", "queue_rows", "queue_usage"]
+           "owed_bounds", "per_queue_type", "queue_rows", "queue_usage"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,8 +201,8 @@ def guarantee_caps(table: CandidateTable, qix: np.ndarray, current: np.ndarray,
     types = table.cluster.gpu_types
     job = table.job
     at_current = (current[job] >= 0) & (table.config == current[job])
-    kept = _per_queue_type(table, qix, len(queues.queues), at_current & _held(hold, job))
-    now = _per_queue_type(table, qix, len(queues.queues), at_current)
+    kept = per_queue_type(table, qix, len(queues.queues), at_current & _held(hold, job))
+    now = per_queue_type(table, qix, len(queues.queues), at_current)
     free = np.array([table.cluster.capacity[t] for t in types], dtype=float) - kept.sum(axis=0)
     cap = np.zeros_like(now)
     for k, q in enumerate(queues.queues):
@@ -256,7 +256,7 @@ def _held(hold: np.ndarray | None, job: np.ndarray) -> np.ndarray:
     return np.zeros(len(job), dtype=bool) if hold is None else hold[job]
 
 
-def _per_queue_type(table: CandidateTable, qix: np.ndarray, n_queues: int,
+def per_queue_type(table: CandidateTable, qix: np.ndarray, n_queues: int,
                     rows: np.ndarray) -> np.ndarray:
     """GPUs per (queue, type) over the table rows where `rows` is true."""
     out = np.zeros((n_queues, len(table.cluster.gpu_types)))
