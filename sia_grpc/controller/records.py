@@ -97,6 +97,10 @@ class JobRec:
     # encoded at: most writes of a record change its status, not its samples.
     samples_json: tuple[tuple[int, int] | None, str] = field(
         default=(None, ""), repr=False, compare=False)
+    # Each sample's JSON with the value tuple it encodes: a new observation re-encodes
+    # its own entry, not the job's whole list (`encode_extra`).
+    sample_parts: dict[tuple, tuple[tuple[float, float], str]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     def restart_s(self) -> float:
         """S_i of Sia's restart factor: measured when known, else the spec's hint."""
@@ -201,21 +205,37 @@ def encode_extra(rec: JobRec) -> bytes:
     which bumps its version (`_telemetry`, `_profiled`, `load_extra`)."""
     key = (rec.estimator.uid, rec.estimator.version)
     if rec.samples_json[0] != key:
-        rows = [[*k, *v] for k, v in rec.samples.items()]
-        rec.samples_json = (key, json.dumps(rows, separators=_COMPACT))
-    rest = json.dumps({
+        rec.samples_json = (key, _samples_json(rec))
+    rest = _ENCODER.encode({
         "grad": [rec.grad.sqr, rec.grad.var] if rec.grad else None,
         "profiled": sorted(rec.profiled), "usable": sorted(rec.usable),
         "held": {n: list(g) for n, g in rec.held.items()}, "held_gen": rec.held_gen,
         "generation": rec.generation, "checkpoint": rec.checkpoint,
         "attained": rec.attained, "restart_cost": rec.restart_cost,
         "restart_began": rec.restart_began, "failures": rec.failures,
-    }, separators=_COMPACT)
+    })
     # (spliced: the same bytes as one json.dumps of the whole, samples second)
     return f'{{"v":{EXTRA_VERSION},"samples":{rec.samples_json[1]},{rest[1:]}'.encode()
 
 
 _COMPACT = (",", ":")
+_ENCODER = json.JSONEncoder(separators=_COMPACT)  # (json.dumps builds one a call)
+
+
+def _samples_json(rec: JobRec) -> str:
+    """`json.dumps` of the samples as rows `[*key, step, sync]`, to the byte, from each
+    row's JSON as last encoded (a job has tens of samples; a report changes one)."""
+    parts = rec.sample_parts
+    out = []
+    for k, v in rec.samples.items():
+        part = parts.get(k)
+        if part is None or part[0] is not v:  # (a new value is a new tuple: 0.0 ≠ -0.0)
+            part = parts[k] = (v, _ENCODER.encode([*k, *v]))
+        out.append(part[1])
+    if len(parts) > len(out):  # (a sample dropped: its entry goes too)
+        for k in [k for k in parts if k not in rec.samples]:
+            del parts[k]
+    return "[" + ",".join(out) + "]"
 
 
 def load_extra(rec: JobRec, d: Mapping) -> None:

@@ -1046,6 +1046,14 @@ def test_a_records_samples_are_encoded_again_only_when_they_change():
     load_extra(back, json.loads(extra))
     assert back.samples == rec.samples and back.held == rec.held
     assert back.estimator.version == len(rec.samples)
+    # The same shape again, its step time moved by more than 5 %: its row alone is
+    # encoded again (each row is kept encoded), and the bytes stay the whole's.
+    t.samples[0].step_time_s = 0.9
+    h.feed(AgentMessage(h.now, node, pb.AgentMessage(telemetry=t)))
+    extra = h.state.extra("j1")
+    assert json.loads(extra)["samples"][-1] == ["rtx", 1, 3, 48, 0, 0.9, 0.1]
+    assert len(json.loads(extra)["samples"]) == len(rec.samples)
+    assert extra == json.dumps(json.loads(extra), separators=(",", ":")).encode()
 
 
 def _profiles(h: Harness) -> list[Send]:

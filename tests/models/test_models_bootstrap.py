@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import math
 import pickle
 
 import numpy as np
@@ -151,6 +152,42 @@ def test_rejects_bad_measurements():
         est.add_profile("t", 8, 0.1, 0.2)  # sync longer than the step
     with pytest.raises(ValueError):
         est.add_observation("t", 2, 1, 8, 0, 0.2, 0.1)  # more nodes than replicas
+
+
+def test_an_infinite_batch_size_is_refused():
+    """An infinite batch passed the integer check (inf == round(inf)) and was stored
+    as -2**63; it is refused like any batch that is no positive integer."""
+    est = ThroughputEstimator()
+    for bsz in (math.inf, [8, math.inf], np.array([math.inf])):
+        with pytest.raises(ValueError, match="positive integers"):
+            est.add_observation("t", 1, 1, bsz, 0, 0.2, 0.1)
+    assert est.version == 0
+
+
+_NUMBER = st.one_of(st.integers(-2, 40), st.floats(-1.0, 64.0), st.sampled_from(
+    [math.nan, math.inf, -0.0, np.int32(4), np.int64(2), np.float32(0.25), np.float64(16.0)]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(nodes=st.integers(-1, 4) | st.sampled_from([np.int64(2)]),
+       reps=st.integers(-1, 8) | st.sampled_from([np.int32(4)]),
+       bsz=_NUMBER, step=_NUMBER, sync=_NUMBER)
+def test_one_plain_point_is_taken_as_its_one_element_arrays_are(nodes, reps, bsz, step, sync):
+    """A point of plain numbers skips numpy (the controller adds one per report): the
+    same journalled lists, or the same error, as the point given as arrays."""
+    def add(*point):
+        est = ThroughputEstimator()
+        try:
+            with np.errstate(all="ignore"):
+                est.add_observation("t", *point)
+        except ValueError as exc:
+            return str(exc)
+        return est.changes_since(0), {t: dict(d) for t, d in est._data.items()}
+
+    plain = add(nodes, reps, bsz, 0, step, sync)
+    arrays = add(np.array([nodes]), np.array([reps]), np.array([bsz]), 0,
+                 np.array([step], dtype=float), np.array([sync], dtype=float))
+    assert repr(plain) == repr(arrays)
 
 
 def _job(est=None, **kw):
