@@ -21,6 +21,7 @@ from sia_grpc.policy.queue_rows import (
     min_runtime_holds,
     owed_bounds,
     per_queue_type,
+    queue_index,
     queue_rows,
     queue_usage,
 )
@@ -150,10 +151,11 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     vals = values(current)
     none = np.broadcast_to(np.asarray(none_value, dtype=np.float64), (table.num_jobs,)).copy()
     hold = np.zeros(table.num_jobs, dtype=bool) if hold is None else np.asarray(hold, bool)
+    qix = None if queues is None else queue_index(jobs, queues)
     if queues is not None:
         w = job_weights(jobs, queues)
         vals, none = vals * w[table.job], none * w
-        young = min_runtime_holds(jobs, current, queues)
+        young = min_runtime_holds(jobs, current, queues, qix)
         hold = hold | young
     worth = none.copy()  # (before holds: what sizes the queues' penalties)
     if np.any(hold):
@@ -162,7 +164,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
 
     def side_rows(silo: dict | None) -> SideRows | None:
-        return None if queues is None else queue_rows(table, jobs, vals, worth, current,
+        return None if queues is None else queue_rows(table, qix, vals, worth, current,
                                                       queues, hold=hold, silo=silo)
 
     def shared(silo: dict | None, start_prices: WarmStart | None):
@@ -175,7 +177,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
             table, vals, none, current, side, start_prices, timings, kw)
         if grow is not None:
             stage2 = None if queues is None else functools.partial(
-                _stage2_rows, table, jobs, worth, current, queues, chosen, hold, silo)
+                _stage2_rows, table, qix, worth, current, queues, chosen, hold, silo)
             chosen = grow_into_idle(table, current, chosen, grow, timings, side=stage2,
                                     hold=hold, **kw)
         return chosen, objective, stats, prices, side
@@ -184,8 +186,8 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     needed: frozenset[str] = frozenset()
     if queues is not None and any(q.guarantee for q in queues.queues):
         chosen, objective, stats, prices, side, hints, needed = _guaranteed_round(
-            shared, side_rows, table, jobs, vals, none, current, hold, queues, timings, kw,
-            warm)
+            shared, side_rows, table, jobs, qix, vals, none, current, hold, queues, timings,
+            kw, warm)
     else:
         chosen, objective, stats, prices, side = shared(None, warm)
     placed = np.flatnonzero(chosen >= 0)
@@ -200,7 +202,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     own = tuple(prices[:T].tolist())
     if queues is None:
         return dataclasses.replace(result, warm=WarmStart(prices=own))
-    return dataclasses.replace(result, queues=queue_usage(table, jobs, by_job, queues),
+    return dataclasses.replace(result, queues=queue_usage(table, chosen, queues, qix),
                                rows=_row_report(side, table, chosen),
                                warm=_warm(side, prices, T, hints, needed))
 
@@ -252,9 +254,10 @@ def _warm(side: SideRows | None, prices: np.ndarray, T: int,
                      needed=needed)
 
 
-def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, vals: np.ndarray,
-                      none: np.ndarray, current: np.ndarray, hold: np.ndarray, queues: QueueSet,
-                      timings: dict[str, float], kw: dict, warm: WarmStart | None):
+def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, qix: np.ndarray,
+                      vals: np.ndarray, none: np.ndarray, current: np.ndarray,
+                      hold: np.ndarray, queues: QueueSet, timings: dict[str, float], kw: dict,
+                      warm: WarmStart | None):
     """The shared round with the queues' guarantees, their silos solved lazily.
 
     A queue is owed its silo (`silo_use`), which is never more than `owed_bounds`
@@ -275,7 +278,6 @@ def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, vals: np.n
 
     Returns (choice, objective, stats, prices, side rows, silo hints, the queues
     to solve the silos of first next round)."""
-    qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
     cap, now = guarantee_caps(table, qix, current, queues, hold)
     bound = owed_bounds(table, qix, vals, cap)
     present = np.bincount(qix, minlength=len(queues.queues)) > 0
@@ -295,7 +297,7 @@ def _guaranteed_round(shared, side_rows, table: CandidateTable, jobs, vals: np.n
         if not ks:
             return
         part, left, c = silo_use(table, jobs, vals, none, current, queues, timings, kw,
-                                 hints, only=ks)
+                                 hints, only=ks, qix=qix)
         silo.update({queues.queues[k].name: part[queues.queues[k].name] for k in ks})
         hints.update(left)
         solved.update(ks)
@@ -366,6 +368,7 @@ def _warm_prices(warm: WarmStart | None, side: SideRows | None) -> np.ndarray | 
 def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
              current: np.ndarray, queues: QueueSet, timings: dict[str, float], kw: dict,
              hints: Mapping[str, SiloHint], only: Sequence[int] | None = None,
+             qix: np.ndarray | None = None,
              ) -> tuple[dict[str, dict[str, int]], dict[str, SiloHint], dict[str, float]]:
     """What each queue's jobs hold per type with the queue's guarantee as a private
     partition (Sia on its jobs alone, its guarantee of each type the capacity; same
@@ -381,11 +384,12 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
     its own for the next round. Returns what each queue's jobs hold per type, the
     hints for the next round and counts (`silo_solves`: silos solved,
     `silo_alone`: those the shared steps did not prove) for the round's stats.
-    `only`: the indices of the queues whose silos to solve (default: all)."""
+    `only`: the indices of the queues whose silos to solve (default: all); `qix`: each
+    job's queue (`queue_index`; computed when not given)."""
     types = table.cluster.gpu_types
     T = len(types)
     out = {q.name: dict.fromkeys(types, 0) for q in queues.queues}
-    qix = np.array([queues.index(j.queue) for j in jobs], dtype=np.int64)
+    qix = queue_index(jobs, queues) if qix is None else qix
     wanted = range(len(queues.queues)) if only is None else only
     silos = [k for k in wanted if queues.queues[k].guarantee and np.any(qix == k)]
     if not silos:
@@ -455,7 +459,7 @@ def silo_use(table: CandidateTable, jobs, vals: np.ndarray, none: np.ndarray,
                        "silo_alone": float(sol.stats.get("blocks_alone", len(silos)))}
 
 
-def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -> SideRows:
+def _stage2_rows(table, qix, worth, current, queues, first, hold, silo, vals) -> SideRows:
     """The queues' rows for the growth stage: restarts stage 1 spent count."""
     job = table.job
     stay = np.isfinite(vals) & (current[job] >= 0) & (table.config == current[job])
@@ -464,7 +468,7 @@ def _stage2_rows(table, jobs, worth, current, queues, first, hold, silo, vals) -
     kept = np.zeros(table.num_jobs, dtype=bool)
     kept[job[stay]] = True
     used = int(np.sum(could & ~kept & (current >= 0)))
-    return queue_rows(table, jobs, vals, worth, current, queues, restarts_used=used,
+    return queue_rows(table, qix, vals, worth, current, queues, restarts_used=used,
                       hold=hold, silo=silo)
 
 
