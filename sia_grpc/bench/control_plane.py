@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import resource
 import tempfile
 import time
@@ -86,13 +87,18 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         async with asyncio.timeout(600):  # every job profiled
             while c.state.jobs_by_state().get("PROFILING", 0):
                 await asyncio.sleep(0.2)
-        totals, solves, phases = [], [], []
+        totals, solves, phases, cpu = [], [], [], []
+        agent_pids = [p.pid for p in lc.processes.values()]
         for _ in range(rounds + 1):  # the first round places everyone: reported apart
             before = len(c.rounds)
+            groups = {"agents": agent_pids, "solver": solver_pids(c)}
+            cpu0 = _cpu_by_process(groups)
             c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
             async with asyncio.timeout(600):
                 while len(c.rounds) == before:
                     await asyncio.sleep(0.005)
+            cpu1 = _cpu_by_process(groups)
+            cpu.append({k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0})
             rnd = c.rounds[-1]
             totals.append(rnd.total_ms)
             solves.append(rnd.total_ms - rnd.dispatch_ms)
@@ -112,9 +118,45 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                 **dict(zip(("estimate_p50_ms", "ilp_p50_ms", "place_p50_ms"),
                            np.median(np.array(phases[1:]), axis=0).tolist(), strict=True)),
                 "jobs_moved_last": int(c.rounds[-1].jobs_moved),
+                # CPU seconds each process group spent from tick to last ack (medians
+                # over the timed rounds; `cpu_per_round_s`: every round, first included):
+                # on a machine with fewer cores than busy processes the round waits for
+                # CPU, whoever's it is. "agents" only for agents in their own processes.
+                "cpu_p50_s": {k: float(np.median([r[k] for r in cpu[1:]])) for k in cpu[0]},
+                "cpu_per_round_s": cpu,
                 # (this process: the controller and the submitting client; the agents
                 # and the solver run in their own)
                 "controller_peak_rss_mib": _peak_rss_mib()}
+
+
+def solver_pids(controller) -> list[int]:
+    """The controller's solver worker processes (none before its first start)."""
+    from sia_grpc.controller.solver_pool import _workers
+
+    pool = getattr(controller._pool, "_pool", None)
+    return [] if pool is None else [p.pid for p in _workers(pool) if p.pid is not None]
+
+
+def _cpu_by_process(groups: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far: "controller" this process (the
+    controller, and the bench's idle client), and each group's processes summed from
+    /proc (Linux); a group with none, or without /proc, is left out. A process that
+    has exited counts 0."""
+    out = {"controller": _cpu_s()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for name, pids in groups.items():
+        if not pids or not os.path.exists("/proc/self/stat"):
+            continue
+        total = 0.0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        out[name] = total
+    return out
 
 
 def _submit_load(target: str, creates: int, clients: int) -> tuple[int, float]:
@@ -291,6 +333,9 @@ def _report(r: dict, agents_in_process: bool) -> None:
     print(f"  rest (dispatch)  p50 {rl['rest_p50_ms']:8.1f} ms   p95 {rl['rest_p95_ms']:8.1f} ms")
     print(f"  in the solve: estimate p50 {rl['estimate_p50_ms']:.1f} ms, build + solve "
           f"{rl['ilp_p50_ms']:.1f} ms, place {rl['place_p50_ms']:.1f} ms")
+    print("  CPU a round (p50): " + ", ".join(f"{k} {v * 1e3:.0f} ms"
+                                               for k, v in rl["cpu_p50_s"].items())
+          + f" (on {os.cpu_count()} cores)")
     print(f"  controller process peak RSS {rl['controller_peak_rss_mib']:.0f} MiB")
     print(f"CreateJob: {ct['clients']} clients, {ct['creates']} timed in {ct['wall_s']:.1f} s"
           f" = {ct['create_per_s']:,.0f}/s (after an untimed warm-up); durable after "

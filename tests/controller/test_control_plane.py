@@ -409,6 +409,12 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
     assert rl["round_p50_ms"] >= rl["solve_p50_ms"] > 0
     assert rl["round_p95_ms"] >= rl["round_p50_ms"]
     assert rl["controller_peak_rss_mib"] > 0
+    # Each round's CPU by process: the controller's own, the agents' processes, the
+    # solver's worker (on Linux, from /proc); never negative, and some in every round.
+    assert len(rl["cpu_per_round_s"]) == 3
+    assert {"controller", "agents", "solver"} <= set(rl["cpu_p50_s"]), rl["cpu_p50_s"]
+    assert all(v >= 0 for r in rl["cpu_per_round_s"] for v in r.values())
+    assert all(r["controller"] > 0 for r in rl["cpu_per_round_s"])
     ct = await create_throughput(creates=creates, clients=2)
     # `creates` warm-up creates, then the `creates` timed: every accepted one is durable.
     assert ct["accepted"] == ct["durable"] == 2 * creates and ct["create_per_s"] > 0
