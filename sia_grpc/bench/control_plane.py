@@ -87,20 +87,23 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         async with asyncio.timeout(600):  # every job profiled
             while c.state.jobs_by_state().get("PROFILING", 0):
                 await asyncio.sleep(0.2)
-        totals, solves, phases, cpu = [], [], [], []
+        totals, solves, phases, cpu, moved = [], [], [], [], []
         agent_pids = [p.pid for p in lc.processes.values()]
         for _ in range(rounds + 1):  # the first round places everyone: reported apart
             before = len(c.rounds)
-            groups = {"agents": agent_pids, "solver": solver_pids(c)}
-            cpu0 = _cpu_by_process(groups)
+            cpu0 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
             c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
             async with asyncio.timeout(600):
                 while len(c.rounds) == before:
                     await asyncio.sleep(0.005)
-            cpu1 = _cpu_by_process(groups)
-            cpu.append({k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0})
+            # (the solver's worker may have been replaced meanwhile: a new one counts
+            # from 0)
+            cpu1 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
+            cpu.append({g: sum(t - cpu0.get(g, {}).get(pid, 0.0) for pid, t in by.items())
+                        for g, by in cpu1.items()})
             rnd = c.rounds[-1]
             totals.append(rnd.total_ms)
+            moved.append(int(rnd.jobs_moved))
             solves.append(rnd.total_ms - rnd.dispatch_ms)
             phases.append((rnd.estimate_ms, rnd.solve_ms, rnd.place_ms))
             await asyncio.sleep(1.0)  # telemetry flows between rounds, as in a 60 s round
@@ -118,6 +121,9 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                 **dict(zip(("estimate_p50_ms", "ilp_p50_ms", "place_p50_ms"),
                            np.median(np.array(phases[1:]), axis=0).tolist(), strict=True)),
                 "jobs_moved_last": int(c.rounds[-1].jobs_moved),
+                # Jobs each round moved, first included: how much a round has to do (the
+                # jobs' modeled progress runs on the wall clock, so it varies run to run).
+                "moved_per_round": moved,
                 # CPU seconds each process group spent from tick to last ack (medians
                 # over the timed rounds; `cpu_per_round_s`: every round, first included):
                 # on a machine with fewer cores than busy processes the round waits for
@@ -137,25 +143,24 @@ def solver_pids(controller) -> list[int]:
     return [] if pool is None else [p.pid for p in _workers(pool) if p.pid is not None]
 
 
-def _cpu_by_process(groups: dict[str, list[int]]) -> dict[str, float]:
-    """CPU seconds (user + system) used so far: "controller" this process (the
-    controller, and the bench's idle client), and each group's processes summed from
-    /proc (Linux); a group with none, or without /proc, is left out. A process that
-    has exited counts 0."""
-    out = {"controller": _cpu_s()}
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+def _cpu_by_process(groups: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    """CPU seconds (user + system) each process has used so far, by group:
+    "controller" this process (the controller, and the bench's idle client), and each
+    of `groups`' processes from /proc (Linux; without it only the controller). A
+    process that has exited is left out."""
+    out = {"controller": {os.getpid(): _cpu_s()}}
+    if not os.path.exists("/proc/self/stat"):
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
     for name, pids in groups.items():
-        if not pids or not os.path.exists("/proc/self/stat"):
-            continue
-        total = 0.0
+        out[name] = {}
         for pid in pids:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        out[name] = total
+            out[name][pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
 
@@ -333,6 +338,8 @@ def _report(r: dict, agents_in_process: bool) -> None:
     print(f"  rest (dispatch)  p50 {rl['rest_p50_ms']:8.1f} ms   p95 {rl['rest_p95_ms']:8.1f} ms")
     print(f"  in the solve: estimate p50 {rl['estimate_p50_ms']:.1f} ms, build + solve "
           f"{rl['ilp_p50_ms']:.1f} ms, place {rl['place_p50_ms']:.1f} ms")
+    print(f"  jobs moved a round: {', '.join(map(str, rl['moved_per_round'][1:]))} "
+          f"(first round {rl['moved_per_round'][0]})")
     print("  CPU a round (p50): " + ", ".join(f"{k} {v * 1e3:.0f} ms"
                                                for k, v in rl["cpu_p50_s"].items())
           + f" (on {os.cpu_count()} cores)")

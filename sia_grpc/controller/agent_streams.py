@@ -96,7 +96,7 @@ class AgentStreams:
                  gpus=reg.gpus[0].count)
         self._greeted().add(node)  # its next Register may carry our term
         agent.outbox.put_nowait(pb.ControllerMessage(registered=pb.Registered(
-            controller_version=__version__,
+            controller_version=__version__, acks_carry_exits=True,
             # Agents keep real time; the interval is in the controller's clock.
             heartbeat_interval_s=self.config.heartbeat_interval / self.clock.rate)))
         await self.submit(sm.AgentRegistered(

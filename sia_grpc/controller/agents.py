@@ -144,6 +144,8 @@ class Agents:
         if kind == "telemetry":
             self._telemetry(node, msg.telemetry, ev.at, out)
         elif kind == "ack":
+            if msg.ack.HasField("exit"):  # (a STOP's exit, sent with its ack: read first)
+                self._exit(node, msg.ack.exit, ev.at, out)
             self._ack(node, msg.ack, ev.at, out)
         elif kind == "exit":
             self._exit(node, msg.exit, ev.at, out)

@@ -44,6 +44,9 @@ class FakeAgent:
     # with hold_profiles False a pass answers at once.
     passes: dict[int, pb.ProfileRequest] = field(default_factory=dict)
     hold_profiles: bool = False
+    # A STOP's exit inside its ack (`Registered.acks_carry_exits`, as the controller
+    # offers and real agents do), else as a message of its own before the ack.
+    acks_carry_exits: bool = False
 
     def register_event(self, at: float) -> AgentRegistered:
         return AgentRegistered(at, self.name, self.gpu_type, self.num_gpus, "test",
@@ -54,13 +57,18 @@ class FakeAgent:
 
 class Harness:
     def __init__(self, nodes: dict[str, tuple[str, int]], *, policy: str = "sia",
-                 settings: ControllerSettings | None = None, queues: QueueSet | None = None):
+                 settings: ControllerSettings | None = None, queues: QueueSet | None = None,
+                 acks_carry_exits: bool | None = None):
         self.state = ControllerState(settings or ControllerSettings(heartbeat_timeout=30.0))
         self.solves: list[Solve] = []  # every solve, in order
         self.round_done: list[RoundDone] = []
         self.policy = make_policy(policy)
         self.now = 1_000.0
-        self.agents = {n: FakeAgent(n, t, k) for n, (t, k) in nodes.items()}
+        # (None: every other agent sends a STOP's exit in its ack, so that every test
+        # runs both ways of saying it)
+        self.agents = {n: FakeAgent(n, t, k, acks_carry_exits=(
+            k_ % 2 == 1 if acks_carry_exits is None else acks_carry_exits))
+            for k_, (n, (t, k)) in enumerate(nodes.items())}
         self.outbox: list[Send] = []
         self.persisted: set[str] = set()
         self.rounds = 0
@@ -169,9 +177,12 @@ class Harness:
             run = agent.running.get(d.job_id)
             if run is not None and run[0] <= d.generation:
                 self._drop(agent, d.job_id)
-                out.append(pb.AgentMessage(exit=pb.JobExit(
-                    job_id=d.job_id, generation=run[0], kind=pb.JobExit.KIND_CHECKPOINTED,
-                    progress=0.5)))
+                ex = pb.JobExit(job_id=d.job_id, generation=run[0],
+                                kind=pb.JobExit.KIND_CHECKPOINTED, progress=0.5)
+                if agent.acks_carry_exits:
+                    ack.exit.CopyFrom(ex)
+                else:
+                    out.append(pb.AgentMessage(exit=ex))
         else:
             if d.job_id in agent.running:
                 self._drop(agent, d.job_id)

@@ -1021,6 +1021,39 @@ def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
     assert jobs.looked < 8 * n, jobs.looked  # a scan of every move per ack: ~n * n
 
 
+def test_a_stops_exit_inside_its_ack_is_read_as_the_exit_then_the_ack():
+    """`DirectiveAck.exit` (agents told `Registered.acks_carry_exits`): a round that moves
+    every job leaves the same books whether each STOP's checkpoint comes as a JobExit
+    before its ack or inside it: every job RUNNING on its new GPU, its checkpoint
+    recorded, the old GPU free, the invariants kept."""
+    def moved(carry: bool) -> list[tuple]:
+        n = 6
+        h = Harness({f"n{k}": ("rtx", 1) for k in range(n)}, acks_carry_exits=carry)
+        for k in range(n):
+            h.submit(f"j{k}", max_gpus=1)
+        h.deliver()
+        h.tick()
+        h.deliver()
+        recs = [h.state.jobs[f"j{k}"] for k in range(n)]
+        h.state.handle(Tick(h.now, "timer"))
+        nodes = [r.alloc.gpus[0].node for r in recs]
+        moves = {r.job_id: dataclasses.replace(r.alloc, gpus=(GpuId(nodes[(k + 1) % n], 0),))
+                 for k, r in enumerate(recs)}
+        h.feed(SolveFinished(h.now, h.state.solving, RoundResult(
+            allocations=moves, restarted=frozenset(moves), objective=0.0, timings={},
+            reasons=dict.fromkeys(moves, "running"))))
+        h.deliver()
+        h.state.check_invariants()
+        assert not h.state._pending_acks
+        return [(r.job_id, r.state, r.generation, r.checkpoint, r.alloc.gpus, dict(r.held),
+                 r.job.status.restarts) for r in recs] + sorted(
+            (name, dict(node.holder)) for name, node in h.state.nodes.items())
+
+    apart, inside = moved(False), moved(True)
+    assert inside == apart
+    assert all(row[1] == pb.JOB_STATE_RUNNING and row[3] == 0.5 for row in apart[:6])
+
+
 def test_a_records_samples_are_encoded_again_only_when_they_change():
     """Issue 17: JSON-encoding every record's samples on every write was 15 s of a
     79 s profile of five rounds at 1,000 agents, mostly for writes that changed only

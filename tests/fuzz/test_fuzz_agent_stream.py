@@ -97,6 +97,12 @@ def samples(draw) -> pb.ThroughputSample:
 
 
 @st.composite
+def job_exits(draw) -> pb.JobExit:
+    return pb.JobExit(job_id=draw(job_ids), generation=draw(small_u64), kind=draw(i32_enum),
+                      progress=draw(doubles), message=draw(texts))
+
+
+@st.composite
 def other_messages(draw) -> pb.AgentMessage:
     kind = draw(st.sampled_from(["heartbeat", "telemetry", "telemetry", "ack", "exit",
                                  "register", "empty"]))
@@ -106,14 +112,13 @@ def other_messages(draw) -> pb.AgentMessage:
         return pb.AgentMessage()
     if kind == "register":
         return draw(registers())
-    if kind == "ack":
+    if kind == "ack":  # (with a STOP's exit inside it, or not: `acks_carry_exits`)
         return pb.AgentMessage(ack=pb.DirectiveAck(
             directive_id=draw(u64), job_id=draw(job_ids), generation=draw(small_u64),
-            ok=draw(st.booleans()), error=draw(texts)))
+            ok=draw(st.booleans()), error=draw(texts),
+            exit=draw(st.one_of(st.none(), job_exits()))))
     if kind == "exit":
-        return pb.AgentMessage(exit=pb.JobExit(
-            job_id=draw(job_ids), generation=draw(small_u64), kind=draw(i32_enum),
-            progress=draw(doubles), message=draw(texts)))
+        return pb.AgentMessage(exit=draw(job_exits()))
     t = pb.Telemetry(job_id=draw(job_ids), generation=draw(small_u64),
                      progress=draw(doubles), profile=draw(st.booleans()),
                      samples=draw(st.lists(samples(), max_size=3)))

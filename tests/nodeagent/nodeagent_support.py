@@ -72,6 +72,7 @@ class ScriptedController(AgentServiceServicer):
         self.refuse_with: grpc.Status | None = None  # ...with this status instead
         self.term = 0  # ControllerMessage.term of Registered
         self.attempts = 0  # Connect calls, refused ones included
+        self.acks_carry_exits = False  # Registered says it reads a STOP's exit in its ack
 
     async def stream(self, n: int = 0) -> Stream:
         """Stream number `n` (0-based), once its Register has arrived."""
@@ -94,7 +95,8 @@ class ScriptedController(AgentServiceServicer):
         self.streams.append(s)
         self.new_stream.set()
         await context.write(pb.ControllerMessage(term=self.term, registered=pb.Registered(
-            controller_version="test", heartbeat_interval_s=self.heartbeat_interval_s)))
+            controller_version="test", heartbeat_interval_s=self.heartbeat_interval_s,
+            acks_carry_exits=self.acks_carry_exits)))
         reader = asyncio.create_task(self._read(context, s))
         try:
             while (msg := await s.outbox.get()) is not None:

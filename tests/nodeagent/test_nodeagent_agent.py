@@ -138,6 +138,30 @@ async def test_stop_checkpoints_before_the_ack_and_freezes_progress(controller, 
         expected_progress(CIFAR, ex.progress, 10.0) / CIFAR.max_progress, rel=1e-12)
 
 
+async def test_a_stops_exit_rides_in_its_ack_to_a_controller_that_reads_it_there(
+        controller, agent, clock):
+    """`Registered.acks_carry_exits`: the checkpoint's JobExit goes inside the STOP's
+    ack (one message, not two), the same exit a controller without it gets before the
+    ack (the test above); a RUN's own ack carries none."""
+    ctl, _ = controller
+    ctl.acks_carry_exits = True
+    s = await ctl.stream()
+    await until(lambda: agent.status is AgentStatus.REGISTERED)
+    s.directive(**run(1))
+    (ack1,) = await s.wait("ack")
+    assert ack1.ok and not ack1.HasField("exit")
+    await clock.advance(2.0)  # 70 modeled s of training
+    await job_telemetry_wait(s, 2)
+    s.directive(**stop(2))
+    (ack,) = await s.wait("ack", lambda a: a.directive_id == 2)
+    assert ack.ok and s.of("exit") == []
+    assert ack.exit.kind == KIND.KIND_CHECKPOINTED and ack.exit.generation == 1
+    assert ack.exit.job_id == "job-1"
+    assert ack.exit.progress == pytest.approx(
+        expected_progress(CIFAR, 0.0, 70.0) / CIFAR.max_progress, rel=1e-12)
+    assert running(agent) == []
+
+
 async def test_stop_of_a_job_not_running_here_is_acked(controller, agent):
     ctl, _ = controller
     s = await ctl.stream()

@@ -114,18 +114,20 @@ class Telemetry(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[_goodput_pb2.ThroughputSample, _Mapping]]] = ..., grad: _Optional[_Union[_goodput_pb2.GradientStats, _Mapping]] = ..., progress: _Optional[float] = ..., checkpoint: _Optional[_Union[CheckpointEvent, _Mapping]] = ..., profile: _Optional[bool] = ..., profile_error: _Optional[str] = ..., profile_refused: _Optional[bool] = ..., profile_gpu: _Optional[int] = ...) -> None: ...
 
 class DirectiveAck(_message.Message):
-    __slots__ = ("directive_id", "job_id", "generation", "ok", "error")
+    __slots__ = ("directive_id", "job_id", "generation", "ok", "error", "exit")
     DIRECTIVE_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
     directive_id: int
     job_id: str
     generation: int
     ok: bool
     error: str
-    def __init__(self, directive_id: _Optional[int] = ..., job_id: _Optional[str] = ..., generation: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    exit: JobExit
+    def __init__(self, directive_id: _Optional[int] = ..., job_id: _Optional[str] = ..., generation: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ...) -> None: ...
 
 class JobExit(_message.Message):
     __slots__ = ("job_id", "generation", "kind", "progress", "message")
@@ -166,12 +168,14 @@ class ControllerMessage(_message.Message):
     def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., directive: _Optional[_Union[Directive, _Mapping]] = ..., profile: _Optional[_Union[ProfileRequest, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("controller_version", "heartbeat_interval_s")
+    __slots__ = ("controller_version", "heartbeat_interval_s", "acks_carry_exits")
     CONTROLLER_VERSION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    ACKS_CARRY_EXITS_FIELD_NUMBER: _ClassVar[int]
     controller_version: str
     heartbeat_interval_s: float
-    def __init__(self, controller_version: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    acks_carry_exits: bool
+    def __init__(self, controller_version: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., acks_carry_exits: _Optional[bool] = ...) -> None: ...
 
 class WorldLayout(_message.Message):
     __slots__ = ("world_size", "rank_offset", "master_addr", "master_port", "nodes")
