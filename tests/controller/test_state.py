@@ -990,13 +990,10 @@ class _CountingJobs(dict):
         return super().get(key, default)
 
 
-def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
-    """Regression (issue 17, profiled at 1,000 agents): every freed GPU made the next
-    event re-examine every moving job, so a round moving hundreds of jobs cost moves x
-    acks. Now a STOP's ack looks at the moves waiting on that node alone; all still
-    start, each on the GPU the round gave it."""
-    n = 30
-    h = Harness({f"n{k:02}": ("rtx", 1) for k in range(n)})
+def _every_job_moves_on(h: Harness, n: int) -> tuple[list[JobRec], dict]:
+    """n one-GPU jobs j00.. running on h's n one-GPU nodes, then a round (answered by
+    the test) that moves each to the next node: the jobs' records and the moves, with
+    the STOPs sent and not yet answered."""
     for k in range(n):
         h.submit(f"j{k:02}", max_gpus=1)
     h.deliver()
@@ -1004,13 +1001,24 @@ def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
     h.deliver()
     recs = [h.state.jobs[f"j{k:02}"] for k in range(n)]
     assert all(r.state == pb.JOB_STATE_RUNNING for r in recs)
-    h.state.handle(Tick(h.now, "timer"))  # a round the test answers: every job moves on
+    h.state.handle(Tick(h.now, "timer"))
     nodes = [r.alloc.gpus[0].node for r in recs]
     moves = {r.job_id: dataclasses.replace(r.alloc, gpus=(GpuId(nodes[(k + 1) % n], 0),))
              for k, r in enumerate(recs)}
     h.feed(SolveFinished(h.now, h.state.solving, RoundResult(
         allocations=moves, restarted=frozenset(moves), objective=0.0, timings={},
         reasons=dict.fromkeys(moves, "running"))))
+    return recs, moves
+
+
+def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
+    """Regression (issue 17, profiled at 1,000 agents): every freed GPU made the next
+    event re-examine every moving job, so a round moving hundreds of jobs cost moves x
+    acks. Now a STOP's ack looks at the moves waiting on that node alone; all still
+    start, each on the GPU the round gave it."""
+    n = 30
+    h = Harness({f"n{k:02}": ("rtx", 1) for k in range(n)})
+    recs, moves = _every_job_moves_on(h, n)
     assert all(r.moving and r.held for r in recs)  # each waits for a STOP's ack
     h.state.jobs = jobs = _CountingJobs(h.state.jobs)
     h.check = lambda: None  # (the invariant check looks at every record: once, below)
@@ -1028,20 +1036,8 @@ def test_a_stops_exit_inside_its_ack_is_read_as_the_exit_then_the_ack():
     recorded, the old GPU free, the invariants kept."""
     def moved(carry: bool) -> list[tuple]:
         n = 6
-        h = Harness({f"n{k}": ("rtx", 1) for k in range(n)}, acks_carry_exits=carry)
-        for k in range(n):
-            h.submit(f"j{k}", max_gpus=1)
-        h.deliver()
-        h.tick()
-        h.deliver()
-        recs = [h.state.jobs[f"j{k}"] for k in range(n)]
-        h.state.handle(Tick(h.now, "timer"))
-        nodes = [r.alloc.gpus[0].node for r in recs]
-        moves = {r.job_id: dataclasses.replace(r.alloc, gpus=(GpuId(nodes[(k + 1) % n], 0),))
-                 for k, r in enumerate(recs)}
-        h.feed(SolveFinished(h.now, h.state.solving, RoundResult(
-            allocations=moves, restarted=frozenset(moves), objective=0.0, timings={},
-            reasons=dict.fromkeys(moves, "running"))))
+        h = Harness({f"n{k:02}": ("rtx", 1) for k in range(n)}, acks_carry_exits=carry)
+        recs, _ = _every_job_moves_on(h, n)
         h.deliver()
         h.state.check_invariants()
         assert not h.state._pending_acks
