@@ -6,7 +6,8 @@ metadata `leader`: the leader's advertised address, so a client goes straight
 there), and it loads nothing. Every `lease_ttl_s / 3` it tries to take the store's
 lease (`JobStore.try_acquire`). Having won term T it fences the store at T (every
 write transaction then checks, in the database, that the lease is still held at
-T), loads the state, and leads: health SERVING, agents accepted, rounds run. It
+T), ends the transactions another controller left open (`_end_deposed`), loads the
+state, and leads: health SERVING, agents accepted, rounds run. It
 renews every third of the TTL and steps down (`_step_down`: rounds stopped, agent
 streams closed, calls refused, in-memory state dropped) when a renewal is refused,
 or has not succeeded by its local deadline.
@@ -203,10 +204,25 @@ class Leadership:
 
     async def _enter_office(self, term: int) -> None:
         self._store.fence(term)  # before the first read: nothing unfenced is written
+        await self._end_deposed(term)
         await self._take_office()
         self._elected = True
         self.leader_address = self.advertised
         self._offices().append((term, self._monotonic(), None))
+
+    async def _end_deposed(self, term: int) -> None:
+        """End the transactions a deposed leader left open (cut off from the database
+        or stopped inside a write): their row locks would refuse every write of this
+        term until the server saw that connection dead (`JobStore.end_deposed`)."""
+        try:
+            ended = await self._lease(self._store.end_deposed)
+        except StoreError as err:  # (not allowed to, say): its locks hold until it ends
+            log.warning("could not end another controller's open transactions",
+                        term=term, error=str(err))
+            return
+        if ended:
+            log.warning("ended another controller's open transactions", term=term,
+                        transactions=ended)
 
     def _offices(self) -> collections.deque:
         if not hasattr(self, "offices"):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sia_grpc.testing.ports import free_port
 
-__all__ = ["PostgresServer", "unavailable"]
+__all__ = ["PostgresServer", "stalled_mid_pipeline", "unavailable"]
 
 USER = "sia"
 _RUN_AS = "postgres"  # as root: Debian's package makes this user
@@ -149,3 +149,22 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def stalled_mid_pipeline(dsn: str, application: str):
+    """A connection named `application` (say, a controller's store's) that locked the
+    store's revision row and was cut off inside a pipeline: its update sent, its Sync
+    never. The server waits for the rest and is not "idle in transaction", so
+    idle_in_transaction_session_timeout (200 ms here) never ends it. Close it when done."""
+    import psycopg  # (the [postgres] extra)
+    conn = psycopg.connect(dsn, autocommit=True, application_name=application)
+    conn.execute("SET idle_in_transaction_session_timeout = 200")
+    pg = conn.pgconn
+    for sql in (b"BEGIN", b"SELECT value FROM meta WHERE key = 'revision' FOR UPDATE"):
+        pg.send_query(sql)
+        while pg.get_result() is not None:
+            pass
+    pg.enter_pipeline_mode()
+    pg.send_query_params(b"UPDATE meta SET value = value WHERE key = 'revision'", None)
+    pg.flush()
+    return conn

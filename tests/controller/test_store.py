@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sia_grpc.api import pb
 from sia_grpc.controller.store import (
     SCHEMA_VERSION,
     Compacted,
+    Fenced,
     JobExists,
     NotFound,
     RequestConflict,
@@ -26,6 +28,7 @@ from sia_grpc.controller.store import (
     StoreError,
     open_store,
 )
+from sia_grpc.testing.postgres import stalled_mid_pipeline
 
 CREATED, UPDATED, DELETED = (pb.JobEvent.KIND_CREATED, pb.JobEvent.KIND_UPDATED,
                              pb.JobEvent.KIND_DELETED)
@@ -456,3 +459,54 @@ def test_a_writer_stopped_inside_its_write_does_not_lock_out_the_other(postgres_
             conn.execute("SELECT 1")
         conn.close()
         assert sorted(s.job.job_id for s in other.all_jobs()) == ["a", "b"]
+
+
+def test_a_new_leader_ends_a_deposed_writers_transaction_cut_off_inside_a_pipeline(
+        postgres_dsn):
+    """The rule: a deposed leader's open transaction never holds its successor's writes.
+    Before: one cut off inside an `executemany` kept the revision's row lock, the
+    server never ended it (not idle), and every write of the new leader failed with a
+    lock timeout until the old one's connection was seen dead (a CI failover test:
+    CreateJob DEADLINE_EXCEEDED on the new leader)."""
+    with open_store(postgres_dsn, busy_timeout=0.5) as deposed, \
+            open_store(postgres_dsn, busy_timeout=0.5) as leader:
+        created(deposed.create_jobs([(job("a"), "")])[0])
+        stalled = stalled_mid_pipeline(postgres_dsn, deposed._application)
+        time.sleep(0.5)  # past its idle timeout: still there
+        with pytest.raises(StoreError, match="lock timeout"):
+            leader.create_jobs([(job("b"), "b")])
+        term = leader.try_acquire("new", 30.0)
+        leader.fence(term)
+        assert leader.end_deposed() == 1
+        created(leader.create_jobs([(job("b"), "b")])[0])  # (may wait for the exit)
+        assert sorted(s.job.job_id for s in leader.all_jobs()) == ["a", "b"]
+        assert leader.end_deposed() == 0  # its own sessions, and nothing left
+        stalled.close()
+
+
+def test_ending_a_deposed_writer_needs_the_lease_and_spares_other_clients(postgres_dsn):
+    """Only a leader ends transactions (a deposed one's fence check fails first), and
+    only controllers': an operator's session holding a lock is left alone."""
+    import psycopg
+    with open_store(postgres_dsn, busy_timeout=0.5) as store:
+        with pytest.raises(StoreError, match="needs a fenced store"):
+            store.end_deposed()  # not fenced: not a leader
+        term = store.try_acquire("me", 30.0)
+        store.fence(term + 1)  # a term it does not hold
+        with pytest.raises(Fenced):
+            store.end_deposed()
+        store.fence(term)
+        operator = stalled_mid_pipeline(postgres_dsn, "psql")
+        assert store.end_deposed() == 0
+        assert operator.pgconn.status == psycopg.pq.ConnStatus.OK
+        operator.close()
+
+
+def test_the_servers_end_of_a_store_connection_probes_its_peer(postgres_dsn):
+    """A controller gone without a FIN (a cable, a dead host) inside a transaction: the
+    server sees the connection dead in seconds (its keepalives, as the client's), not
+    after the kernel's two hours, and the transaction's locks go with it."""
+    with open_store(postgres_dsn) as store, store._read("show") as conn:
+        shown = [conn.execute(f"SHOW tcp_keepalives_{s}").fetchone()[0]
+                 for s in ("idle", "interval", "count")]
+    assert shown == ["5", "1", "3"]

@@ -22,6 +22,7 @@ from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
 from sia_grpc.controller.store import Fenced
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
+from sia_grpc.testing.postgres import stalled_mid_pipeline
 
 SPEC = pb.JobSpec(name="c10", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE)
 WAIT_S = 20.0  # real seconds a condition may take (a lease's TTL is 1.5 s here)
@@ -135,6 +136,28 @@ async def test_a_leader_that_cannot_renew_steps_down_and_is_fenced(postgres_dsn)
         assert leaders(a, b) == [other]
         (job,) = [j async for j in AsyncSiaClient(f"127.0.0.1:{other.port}").list()]
         assert job.spec.name == "c10"
+
+
+async def test_the_new_leader_ends_the_old_ones_transaction_left_open_inside_a_write(
+        postgres_dsn):
+    """The old leader's connection cut off inside a pipelined write (the revision's row
+    lock held, the server waiting for the rest): the new leader ends it on taking
+    office, so its first create goes through. Before: every write of the new leader
+    failed on that lock until the old connection was seen dead (CI: a failover test's
+    CreateJob on the new leader ran out its deadline)."""
+    async with pair(postgres_dsn) as (a, b):
+        (leader,) = await until(lambda: leaders(a, b), "a leader")
+        other = b if leader is a else a
+        await AsyncSiaClient(f"127.0.0.1:{leader.port}").submit(SPEC)
+        stalled = stalled_mid_pipeline(postgres_dsn, leader._store._application)
+        try:
+            await leader.close()
+            await until(lambda: other.leading, "the other to lead")
+            async with AsyncSiaClient(f"127.0.0.1:{other.port}", timeout=3.0) as sia:
+                await sia.submit(SPEC)
+                assert len([j async for j in sia.list()]) == 2
+        finally:
+            stalled.close()
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [

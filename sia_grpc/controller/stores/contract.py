@@ -16,7 +16,9 @@ Semantics, on both back-ends:
   expiry computed by the database's clock (never compare two machines' clocks). A
   store `fence`d at a term conditions every write transaction on that lease still
   being held at that term, checked inside the same transaction: a deposed writer
-  gets `Fenced` and nothing is written. Its holder may raise the term as it releases
+  gets `Fenced` and nothing is written; a new leader ends the transactions another
+  controller still holds open (`end_deposed`), whose locks would hold its writes
+  until that one's commit was refused. Its holder may raise the term as it releases
   the lease (`release(..., raise_to=H)`: after a restore, the row's term is below
   terms already led), never lower it.
 """
@@ -105,4 +107,5 @@ class JobStore(Protocol):
                 name: str = LEASE) -> bool: ...
     def leader(self, *, name: str = LEASE) -> Lease | None: ...
     def fence(self, term: int | None, *, name: str = LEASE) -> None: ...
+    def end_deposed(self) -> int: ...
     def close(self) -> None: ...

@@ -20,6 +20,7 @@ already runs, replicates and backs up. The queries and the rules are
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -88,6 +89,16 @@ CREATE TABLE lease (
 # keepalive probes go unanswered (idle + interval * count s). A DSN's own values win.
 _TCP_DEFAULTS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 1,
                  "keepalives_count": 3, "tcp_user_timeout": 5000}
+# ... and the server's end of the same connection, set per session: a backend whose
+# controller vanished inside a transaction holds its row locks until its socket is
+# seen dead, by default the kernel's two hours of keepalive silence.
+_SERVER_KEEPALIVES = {"tcp_keepalives_idle": "keepalives_idle",
+                      "tcp_keepalives_interval": "keepalives_interval",
+                      "tcp_keepalives_count": "keepalives_count"}
+
+# Every session's application_name: this, a space and the store's own random tag,
+# so a new leader can tell its own sessions from another controller's.
+_APPLICATION = "sia-controller"
 
 # Taken by whoever creates or upgrades the schema: two controllers opening a new
 # database at once would otherwise both try.
@@ -157,16 +168,20 @@ class PostgresStore(SqlStore):
         self._busy_ms = int(busy_timeout * 1000)
         self._synchronous_off = synchronous == "OFF"
         self._pool: ConnectionPool | None = None
+        self._application = f"{_APPLICATION} {uuid.uuid4().hex[:12]}"
         extra = {"password": password} if password is not None else {}
         try:
             given = conninfo_to_dict(dsn)
             defaults = {k: v for k, v in {**_TCP_DEFAULTS,
                                           "connect_timeout": max(1, round(connect_timeout))
                                           }.items() if k not in given}
-            conninfo = make_conninfo(dsn, application_name="sia-controller", **defaults,
+            conninfo = make_conninfo(dsn, application_name=self._application, **defaults,
                                      **extra)
         except psycopg.Error as e:
             raise StoreError(f"store: cannot open {self.name}: {e}") from e
+        tcp = {**_TCP_DEFAULTS, **given}
+        self._keepalives = {} if str(tcp["keepalives"]) == "0" else {
+            setting: int(tcp[param]) for setting, param in _SERVER_KEEPALIVES.items()}
         # First one plain connection: its failure says why (a pool's says only "timeout").
         with self._errors(f"open {self.name}"), psycopg.connect(conninfo, autocommit=True) as c:
             self._configure(c)
@@ -192,8 +207,33 @@ class PostgresStore(SqlStore):
         # long as a writer waits for a lock; a running controller never idles inside
         # one (each call is one transaction, its statements back to back).
         conn.execute(f"SET idle_in_transaction_session_timeout = {self._busy_ms}")
+        # ... which does not cover a transaction stopped inside a pipeline (before its
+        # Sync the server is not "idle"): for that, `end_deposed`, and these.
+        for setting, value in self._keepalives.items():
+            conn.execute(f"SET {setting} = {value}")
         if self._synchronous_off:
             conn.execute("SET synchronous_commit = off")
+
+    def end_deposed(self) -> int:
+        """End every transaction another controller holds open that has taken a row
+        lock or written (`backend_xid`): on taking office, a deposed leader's, cut off
+        or stopped inside a write. The fence would refuse it at its commit, but until
+        then its locks, the revision's among them, hold every write of this leader;
+        and one stopped inside a pipeline (`executemany`) is never "idle", so
+        idle_in_transaction_session_timeout does not end it. Checked in the same
+        transaction that this store still holds its fence's lease (the share lock
+        keeps it held meanwhile): a deposed leader ends nobody's."""
+        if self._fence is None:
+            raise StoreError("store: end_deposed needs a fenced store (a leader's)")
+        with self._txn("end a deposed controller's transactions") as conn:
+            self._check_fence(conn, *self._fence)
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name LIKE ? AND application_name <> ?"
+                " AND backend_xid IS NOT NULL",
+                (f"{_APPLICATION} %", self._application)).fetchall()
+        return sum(1 for (ended,) in rows if ended)
 
     def _schema_version(self, conn) -> int:
         if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:

@@ -415,6 +415,11 @@ class SqlStore:
         """From now on, write only while lease `name` is held at `term` (None: unfenced)."""
         self._fence = None if term is None else (name, int(term))
 
+    def end_deposed(self) -> int:
+        """End the transactions other controllers hold open on this (fenced) store;
+        how many. None can write here but this one (SQLite: the file lock): 0."""
+        return 0
+
     # -- lifetime ---------------------------------------------------------------------
 
     def close(self) -> None:
