@@ -484,6 +484,28 @@ def test_a_new_leader_ends_a_deposed_writers_transaction_cut_off_inside_a_pipeli
         stalled.close()
 
 
+def test_a_leaders_write_that_waits_out_a_deposed_writers_lock_ends_it(postgres_dsn):
+    """The same rule once in office: a deposed leader stalled inside a write after the
+    new one took office (stopped again, cut off again) holds the lock; the leader's
+    write that waits it out ends that transaction, so its next try goes through.
+    Before: every try failed until the other connection was seen dead."""
+    with open_store(postgres_dsn, busy_timeout=0.5) as deposed, \
+            open_store(postgres_dsn, busy_timeout=0.5) as leader:
+        leader.fence(leader.try_acquire("new", 30.0))
+        assert leader.end_deposed() == 0  # taking office: nothing open yet
+        stalled = stalled_mid_pipeline(postgres_dsn, deposed._application)
+        with pytest.raises(StoreError, match="lock timeout.*ended 1 transaction"):
+            leader.create_jobs([(job("b"), "b")])
+        created(leader.create_jobs([(job("b"), "b")])[0])
+        stalled.close()
+        unfenced = stalled_mid_pipeline(postgres_dsn, deposed._application)
+        leader.fence(None)  # not a leader: it ends nobody's, the lock timeout stands
+        with pytest.raises(StoreError, match="lock timeout") as info:
+            leader.create_jobs([(job("c"), "c")])
+        assert "ended" not in str(info.value)
+        unfenced.close()
+
+
 def test_ending_a_deposed_writer_needs_the_lease_and_spares_other_clients(postgres_dsn):
     """Only a leader ends transactions (a deposed one's fence check fails first), and
     only controllers': an operator's session holding a lock is left alone."""

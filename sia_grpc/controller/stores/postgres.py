@@ -270,6 +270,33 @@ class PostgresStore(SqlStore):
             yield _Conn(conn)
 
     @contextmanager
+    def _write(self, what: str) -> Iterator[_Conn]:
+        """`SqlStore._write`; and a leader's write (a fenced one) that waited out its lock
+        ends the transactions other controllers hold open (`end_deposed`) before its
+        error goes up, so that the caller's next try finds the lock free: whatever
+        another controller holds while this one holds the lease is a deposed leader's
+        write that its commit would refuse (or a standby's acquire, which retries)."""
+        try:
+            with super()._write(what) as conn:
+                yield conn
+        except StoreError as err:
+            ended = self._end_blockers(err)
+            if not ended:
+                raise
+            raise StoreError(f"{err}; ended {ended} transaction(s) another controller held "
+                             "open (a deposed leader's): try again") from err
+
+    def _end_blockers(self, err: StoreError) -> int:
+        """After a failed write: `end_deposed` if it waited out a lock and this store is
+        fenced (a leader's); how many it ended (0 if none, or it could not)."""
+        if self._fence is None or not isinstance(err.__cause__, psycopg.errors.LockNotAvailable):
+            return 0
+        try:
+            return self.end_deposed()
+        except StoreError:  # (fenced now, or not allowed: the first error stands)
+            return 0
+
+    @contextmanager
     def _read(self, what: str) -> Iterator[_Conn]:
         with self._connection(what) as conn:
             yield _Conn(conn)
