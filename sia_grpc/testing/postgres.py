@@ -147,10 +147,6 @@ def main() -> None:
         signal.pause()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def stalled_mid_pipeline(dsn: str, application: str):
     """A connection named `application` (say, a controller's store's) that locked the
     store's revision row and was cut off inside a pipeline: its update sent, its Sync
@@ -168,3 +164,8 @@ def stalled_mid_pipeline(dsn: str, application: str):
     pg.send_query_params(b"UPDATE meta SET value = value WHERE key = 'revision'", None)
     pg.flush()
     return conn
+
+
+if __name__ == "__main__":
+    main()
+
