@@ -81,53 +81,56 @@ class _NotHeld(Exception):
     """The payload names an estimator this worker does not hold."""
 
 
-_CHANGED = "changed"  # a persistent id's tag: an estimator sent as its changes
-
-
 class _Shipping(pickle.Pickler):
     """Pickles a round, each estimator in `held` by reference, one the worker holds
     at an earlier version as the changes since (`ThroughputEstimator.changes_since`);
     `keys` collects every estimator's key (what the worker holds once it has the
-    round)."""
+    round). (`reducer_override`, not `persistent_id`: the pickler calls that for every
+    object, each float and string of a round's jobs; this one skips the plain types,
+    ~2× faster on 1,000 jobs.)"""
 
     def __init__(self, file: io.BytesIO, held: frozenset[EstimatorKey]) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.held, self.keys = set(held), set()
         self.versions = dict(held)  # uid -> the version the worker holds
 
-    def persistent_id(self, obj: object) -> tuple | None:
+    def reducer_override(self, obj: object):
         if type(obj) is not ThroughputEstimator:
-            return None
+            return NotImplemented
         key = (obj.uid, obj.version)
         self.keys.add(key)
         if key in self.held:
-            return key
+            return _held, key
         was = self.versions.get(obj.uid)
         changes = None if was is None or was > obj.version else obj.changes_since(was)
         if changes is None:
-            return None
+            return NotImplemented
         self.held.add(key)  # (once brought up to date there, it goes by reference)
-        return (_CHANGED, obj.uid, was, obj.version, changes)
+        return _brought_up, (obj.uid, was, obj.version, changes)
+
+
+def _held(uid: int, version: int) -> ThroughputEstimator:
+    """(In the worker, unpickling) the estimator it holds at that key; _NotHeld if none."""
+    key = (uid, version)
+    est = _HELD.get(key)
+    if est is None or (est.uid, est.version) != key:  # (changed here since: not it)
+        raise _NotHeld(key)
+    return est
+
+
+def _brought_up(uid: int, was: int, version: int, changes) -> ThroughputEstimator:
+    """(In the worker) the estimator it holds at (uid, was), its changes replayed."""
+    est = _held(uid, was)
+    try:
+        est.replay(changes, version)
+    except ValueError:
+        raise _NotHeld((uid, was)) from None
+    _HELD[(uid, version)] = est
+    return est
 
 
 class _Receiving(pickle.Unpickler):
-    def persistent_load(self, pid: object) -> ThroughputEstimator:
-        if pid[0] == _CHANGED:
-            _, uid, was, version, changes = pid
-            est = _HELD.get((uid, was))
-            if est is None or (est.uid, est.version) != (uid, was):
-                raise _NotHeld((uid, was))
-            try:
-                est.replay(changes, version)
-            except ValueError:
-                raise _NotHeld((uid, was)) from None
-            _HELD[(uid, version)] = est
-            return est
-        key = tuple(pid)
-        est = _HELD.get(key)
-        if est is None or (est.uid, est.version) != key:  # (changed here since: not it)
-            raise _NotHeld(key)
-        return est
+    """(The default unpickler: `_held` and `_brought_up` find the estimators.)"""
 
 
 def ship(cluster: Cluster, jobs: Sequence[PolicyJob], previous: Mapping[str, JobAllocation],
