@@ -305,15 +305,38 @@ def _handshake(host: str, port: str, ctx: ssl.SSLContext, timeout: float,
         raw = socket.create_connection((host, int(port)), timeout=timeout)
     except OSError as err:
         raise _Unreachable(str(err)) from None
-    # The handshake inside the `with`: a failed one must still close the TLS socket,
-    # which owns the connection once made (a ResourceWarning in the suite, else).
+    # Over memory BIOs, not `ctx.wrap_socket`: the socket stays ours and is closed
+    # whatever happens. wrap_socket takes it over first, and on a connection the peer
+    # reset at once (a controller stopping) raises without closing what it made: an
+    # SSLSocket nobody can close, a ResourceWarning when it is collected (CI).
     with raw:
-        tls = ctx.wrap_socket(raw, server_hostname=name or host,
-                              do_handshake_on_connect=False)
-    with tls:
-        tls.do_handshake()
+        into, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(into, out, server_hostname=name or host)
+        _pump(raw, into, out, tls.do_handshake)
         try:
-            tls.sendall(_H2_PREFACE)
-            return tls.recv(64)
-        except OSError:  # ssl.SSLError included: an alert or a reset after the handshake
+            _pump(raw, into, out, lambda: tls.write(_H2_PREFACE))
+            return _pump(raw, into, out, lambda: tls.read(64))
+        except OSError:  # ssl.SSLError included: an alert, a close or a reset after it
             return b""
+
+
+def _pump(raw: socket.socket, into: ssl.MemoryBIO, out: ssl.MemoryBIO, step):
+    """`step()`, a TLS operation over the BIOs, run to its end over `raw`: what it
+    writes is sent, what it waits for is read. The peer's hang-up is the BIO's EOF
+    (the TLS object then raises its SSLError)."""
+    while True:
+        try:
+            result, done = step(), True
+        except ssl.SSLWantReadError:
+            result, done = None, False
+        if pending := out.read():
+            raw.sendall(pending)
+        if done:
+            return result
+        if into.eof:  # (it wants more after the hang-up: never expected of OpenSSL)
+            raise ssl.SSLEOFError("the server closed the connection in the TLS handshake")
+        data = raw.recv(16384)
+        if data:
+            into.write(data)
+        else:
+            into.write_eof()

@@ -238,3 +238,55 @@ async def test_an_agent_registered_before_only_logs_a_later_tls_failure(controll
             while agent.registrations < 2:
                 await asyncio.sleep(0.01)
 
+
+
+
+def test_probing_a_server_that_resets_each_connection_at_once_leaves_nothing_open(
+        monkeypatch):
+    """A controller stopping resets the probe's connection as it is accepted. Before,
+    when the reset came before the TLS wrap, the TLS socket wrapping it was left open
+    (Python's wrap raised without closing it; the garbage collector found it: a
+    ResourceWarning in CI); the probe owns its socket now."""
+    import gc
+    import socket
+    import struct
+    import threading
+    import time
+
+    from sia_grpc.security import tls
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.05)
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def reset_all() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # RST
+
+    connect = socket.create_connection
+
+    def connected_then_reset(*args, **kw):
+        sock = connect(*args, **kw)
+        time.sleep(0.05)  # the reset arrives before the handshake begins
+        return sock
+
+    monkeypatch.setattr(tls.socket, "create_connection", connected_then_reset)
+    thread = threading.Thread(target=reset_all, daemon=True)
+    thread.start()
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    try:
+        for _ in range(5):
+            assert probe_tls(f"127.0.0.1:{port}") is None  # plaintext: nothing to say
+        gc.collect()
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert [u.exc_value for u in unraisable] == []
