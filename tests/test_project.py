@@ -56,4 +56,10 @@ def test_bench_policy_times_the_call_with_queues_beside_the_same_rounds_without(
     q = json.loads(out_json.read_text())["queues"]
     assert q["num_queues"] == 4 and q["gpus"] == 2048 and q["jobs"] == 2000
     assert q["queues"]["p95"] > 0 and q["ratio_p95"] > 0
-    assert "4 queues" in capsys.readouterr().out
+    assert q["restart_budget"] == 100  # (5 % of the jobs)
+    # and the same queues without the budget, beside
+    free = json.loads(out_json.read_text())["queues_no_budget"]
+    assert free["restart_budget"] is None and free["ratio_p95"] > 0
+    out = capsys.readouterr().out
+    assert "4 queues (at most 100 restarts a round)" in out
+    assert "4 queues (no restart budget)" in out

@@ -143,9 +143,11 @@ def format_queues(q: dict) -> str:
     def ms(d: dict, key: str) -> str:
         return f"{d[key] * 1e3:,.1f}"
 
+    budget = q.get("restart_budget")
+    restarts = "no restart budget" if budget is None else f"at most {budget} restarts a round"
     return "\n".join([
-        f"Whole policy call with {q['num_queues']} queues, {q['gpus']:,} GPUs, {q['jobs']:,} jobs, "
-        f"{q['rounds']} rounds (the same rounds without queues beside):", "",
+        f"Whole policy call with {q['num_queues']} queues ({restarts}), {q['gpus']:,} GPUs, "
+        f"{q['jobs']:,} jobs, {q['rounds']} rounds (the same rounds without queues beside):", "",
         "| | call p50 ms | call p95 ms | solve p50 ms | solve p95 ms |", "|---|---|---|---|---|",
         f"| no queues | {ms(q['plain'], 'p50')} | {ms(q['plain'], 'p95')} | "
         f"{ms(q['plain_solve'], 'p50')} | {ms(q['plain_solve'], 'p95')} |",
@@ -169,19 +171,26 @@ def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,
         results.append(bench_scale(scale, n, rounds, warmup, ref_limit, with_reference,
                                    progress=tick))
         print(file=sys.stderr)
-    with_queues = None
+    with_queues = no_budget = None
     if queues:
         from sia_grpc.bench.solver_rows import run_policy
 
         print(f"{queues} queues: 2,048 GPUs, 2,000 jobs, {rounds} rounds", file=sys.stderr)
         with_queues = run_policy(rounds, num_queues=queues, warmup=max(warmup, 1))
+        # The same queues without the restart budget: in the rounds where the budget
+        # binds, its hard row couples every job, and the call without queues has no
+        # such row to compare with (docs/benchmarks.md), so both are shown.
+        print(f"{queues} queues without a restart budget", file=sys.stderr)
+        no_budget = run_policy(rounds, num_queues=queues, warmup=max(warmup, 1),
+                               restart_share=None)
     print(f"sia bench policy — {machine()}\n")
     print(format_table(results))
     if with_queues:
         print("\n" + format_queues(with_queues))
+        print("\n" + format_queues(no_budget))
     if json_out:
         payload = {"machine": machine(), "results": [r.__dict__ for r in results],
-                   "queues": with_queues}
+                   "queues": with_queues, "queues_no_budget": no_budget}
         with open(json_out, "w") as f:
             json.dump(payload, f, indent=2)
     return 0

@@ -225,11 +225,13 @@ def run(rounds: int = 20, *, scale: int = 32, num_jobs: int = 2000, seed: int = 
 
 
 def policy_queues(rng: np.random.Generator, cluster, num_queues: int = 16,
-                  share: float = 0.7, restart_share: float = 0.05, num_jobs: int = 2000):
+                  share: float = 0.7, restart_share: float | None = 0.05,
+                  num_jobs: int = 2000):
     """A QueueSet as an operator would set it: `share` of each type guaranteed
     over `num_queues` queues in uneven shares, half of them with borrowing
-    limits, every fourth with a type-flexible guarantee, a restart budget; and
-    each queue's share of the jobs (to assign them)."""
+    limits, every fourth with a type-flexible guarantee, a restart budget of
+    `restart_share` of the jobs a round (None: none); and each queue's share of
+    the jobs (to assign them)."""
     from sia_grpc.policy.queues import Queue, QueueSet
 
     split = rng.dirichlet(np.full(num_queues, 2.0))
@@ -240,15 +242,16 @@ def policy_queues(rng: np.random.Generator, cluster, num_queues: int = 16,
                  if k % 2 else {})
         queues.append(Queue(f"q{k}", guarantee=g, borrow_limit=limit,
                             guarantee_units=float(sum(g.values())) / 4 if k % 4 == 0 else 0.0))
-    return QueueSet(queues=tuple(queues),
-                    max_restarts_per_round=int(restart_share * num_jobs)), split
+    budget = None if restart_share is None else int(restart_share * num_jobs)
+    return QueueSet(queues=tuple(queues), max_restarts_per_round=budget), split
 
 
 def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
-               num_queues: int = 16, seed: int = 0, warmup: int = 1) -> dict:
-    """The whole Sia policy call with `num_queues` queues (`policy_queues`) round
-    after round, and without queues on each round's same jobs and previous
-    allocations: seconds (p50, p95) of both and of their solves."""
+               num_queues: int = 16, seed: int = 0, warmup: int = 1,
+               restart_share: float | None = 0.05) -> dict:
+    """The whole Sia policy call with `num_queues` queues (`policy_queues`, with
+    `restart_share`) round after round, and without queues on each round's same
+    jobs and previous allocations: seconds (p50, p95) of both and of their solves."""
     from sia_grpc.bench.scenarios import sample_jobs
     from sia_grpc.policy.cluster import paper_hetero_cluster
     from sia_grpc.policy.sia import SiaPolicy
@@ -256,7 +259,8 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
 
     rng = np.random.default_rng(seed)
     cluster = paper_hetero_cluster(scale)
-    qs, split = policy_queues(rng, cluster, num_queues, num_jobs=num_jobs)
+    qs, split = policy_queues(rng, cluster, num_queues, num_jobs=num_jobs,
+                              restart_share=restart_share)
     names = [q.name for q in qs.queues]
     jobs = [dataclasses.replace(j, queue=names[int(k)]) for j, k in
             zip(sample_jobs(rng, num_jobs, cluster), rng.choice(num_queues, size=num_jobs,
@@ -295,6 +299,7 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
                 for j in jobs]
     stats = {k: _pct(v) for k, v in out.items()}
     return {"rounds": rounds, "gpus": int(64 * scale), "jobs": num_jobs, "num_queues": num_queues,
+            "restart_budget": qs.max_restarts_per_round,
             **stats, "ratio_p95": stats["queues"]["p95"] / stats["plain"]["p95"],
             "silos_solved": {"p50": float(np.median(silos)), "max": float(max(silos))},
             "passes": {"p50": float(np.median(passes)), "max": float(max(passes))}}

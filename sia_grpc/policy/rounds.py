@@ -15,6 +15,7 @@ from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.placer import place
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.queue_rows import (
+    QueueRows,
     SideRows,
     guarantee_caps,
     job_weights,
@@ -161,11 +162,13 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     if np.any(hold):
         vals, none = hold_current(table, vals, none, current, hold)
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
+    # (What the queues' rows share across this round's builds, found once.)
+    builder = None if queues is None else QueueRows(table, qix, vals, worth, current, queues,
+                                                    hold=hold)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
 
     def side_rows(silo: dict | None) -> SideRows | None:
-        return None if queues is None else queue_rows(table, qix, vals, worth, current,
-                                                      queues, hold=hold, silo=silo)
+        return None if builder is None else builder.rows(silo=silo)
 
     def shared(silo: dict | None, start_prices: WarmStart | None):
         """The shared round (stage 1, then growth) with the guarantee rows of the
