@@ -122,8 +122,9 @@ def add_commands(sub: Any) -> None:
     pol.add_argument("--json", metavar="OUT", help="also write results as JSON")
     pol.add_argument("--queues", type=int, default=0, metavar="N",
                      help="also time the whole call with N queues (guarantees, borrowing "
-                          "limits, type-flexible guarantees, a restart budget) beside the "
-                          "same rounds without, at 2,048 GPUs / 2,000 jobs (0: skip)")
+                          "limits, type-flexible guarantees, a restart budget; then the "
+                          "same queues without the budget) beside the same rounds without "
+                          "queues, at 2,048 GPUs / 2,000 jobs (0: skip)")
     bsim = command(bench_sub, "sim", "CPU-seconds to simulate whole workloads", _sim,
                    prefix="sia bench sim", usage=(ValueError,))
     bsim.add_argument("workloads", nargs="*", metavar="WORKLOAD",
