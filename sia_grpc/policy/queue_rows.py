@@ -143,7 +143,7 @@ class QueueRows:
         T = len(types)
         job = table.job
         self.table, self.queues, self.types = table, queues, types
-        self.finite = finite = np.isfinite(values)
+        finite = np.isfinite(values)
         self.gpus = gpus = table.gpus().astype(float)
         self.typ = typ = table.types()
         row_q = qix[job]
@@ -171,7 +171,7 @@ class QueueRows:
         self._fixed: list[list[tuple[np.ndarray, np.ndarray, float, str]]] = []
         self._units_below = np.zeros(len(queues.queues), dtype=bool)
         for k, q in enumerate(queues.queues):
-            ours = np.sort(np.concatenate(self._rows_of[k]))
+            ours = np.sort(order[edge[k * T]:edge[(k + 1) * T]])  # (all its types)
             mine = ours[finite[ours]]
             self._options.append(mine)
             fixed = []
