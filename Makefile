@@ -4,7 +4,10 @@
 # and `make test-fast` runs the unit tests of the core and the state machine.
 # Both create .venv when it is missing and install the project into it.
 
-PYTHON ?= python3
+# Debian's own Python where there is one: a venv made from it can be started by the
+# job users the node agent runs workers as (docs/security.md, "Node isolation"); one
+# made from a Python under /root (pyenv's) cannot, since /root is 0700.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 VENV   ?= .venv
 # Pinned so that a fresh machine here takes the CPU build from local disk; an
 # unpinned torch pulls a multi-GB CUDA build.
@@ -13,7 +16,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv postgres browser slurm demo test test-fast lint bench protos clean
+.PHONY: venv postgres browser slurm bubblewrap demo test test-fast lint bench protos clean
 
 venv: $(STAMP)
 
@@ -21,6 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(MAKE) --no-print-directory postgres
 	$(MAKE) --no-print-directory browser
 	$(MAKE) --no-print-directory slurm
+	$(MAKE) --no-print-directory bubblewrap
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
@@ -61,6 +65,16 @@ slurm:
 	else echo "make slurm: no Slurm and no root apt-get: the Slurm bridge's live tests will skip"; \
 	fi
 
+# bubblewrap for the node agent's sandbox isolation level (and its tests): Debian's
+# package, installed as root where it is missing. Without it the agent's strongest
+# level is `user`, and the sandbox tests skip, saying why.
+bubblewrap:
+	@if command -v bwrap >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; \
+	else echo "make bubblewrap: no bwrap and no root apt-get: the sandbox level is unavailable"; \
+	fi
+
 demo: $(STAMP)
 	$(BIN)/sia demo
 
@@ -82,6 +96,40 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/sia bench policy
+
+# `make gpu-check`: the GPU path proved in one run (docs/gpu-check.md): NVML discovery,
+# the library's overhead, profiling up to an out-of-memory error, the throughput model's
+# error, a controller and two torch agents moving a real job, the GPU isolation. Its own
+# light install (no PostgreSQL, browser or Slurm, no apt): the venv, $(TORCH) (on a GPU
+# machine without the local CPU wheel, pip takes the CUDA build from the registry),
+# nvidia-ml-py and this package; nothing is installed when the venv already has them.
+# DRY=1: the CPU path (emulated GPUs; the CUDA steps report skipped), installing nothing.
+# OUT=DIR (or $$OUT in the environment): where result.json and summary.txt go.
+OUT ?= gpu-check
+DRY ?=
+GPU_READY := import torch, grpc, sia_grpc.controller.server, sia_grpc.nodeagent.torchbackend
+ifeq ($(DRY),)
+GPU_READY += ; import shutil, pynvml; \
+	assert torch.version.cuda or not shutil.which("nvidia-smi"), "a CPU build of torch"
+endif
+
+gpu-venv:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if $(BIN)/python -c '$(GPU_READY)' 2>/dev/null; then \
+		echo "gpu-check: $(VENV) has what it needs: nothing to install"; \
+	elif [ -n "$(DRY)" ]; then \
+		echo "gpu-check: $(VENV) lacks torch or this package; DRY=1 installs nothing:" \
+			"run make venv, or make gpu-check without DRY"; exit 2; \
+	else \
+		$(BIN)/python -m pip install -q "$(TORCH)" nvidia-ml-py \
+		&& $(BIN)/python -m pip install -q -e ".[train]" \
+		|| { echo "gpu-check: cannot install $(TORCH), nvidia-ml-py and sia-grpc into" \
+			"$(VENV): pip needs a package registry (or a wheel cache / --find-links with" \
+			"them); see docs/gpu-check.md"; exit 2; }; \
+	fi
+
+gpu-check: gpu-venv
+	$(BIN)/python -m sia_grpc.bench.gpu_check --out "$(OUT)" $(if $(DRY),--dry)
 
 # Regenerate sia_grpc/_proto from protos/ (the committed copy is checked by the tests).
 protos: $(STAMP)

@@ -149,6 +149,8 @@ _FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "labels": _labels,
     "queue": _string,
     "priority": _string,
+    "env": _labels,
+    "memory_mib_per_gpu": _uint(_UINT32),
 }
 
 
@@ -163,9 +165,10 @@ def spec_from_mapping(data: Mapping, *, source: str = "spec") -> pb.JobSpec:
         values[key] = _FIELDS[key](f"{source}.{key}", value)
     if "epochs" in values and "samples" in values:
         raise SpecError(f"{source}.samples", "set epochs or samples, not both")
-    labels = values.pop("labels", {})
+    labels, env = values.pop("labels", {}), values.pop("env", {})
     spec = pb.JobSpec(**values)
     spec.labels.update(labels)
+    spec.env.update(env)
     return spec
 
 
@@ -187,7 +190,7 @@ def spec_to_mapping(spec: pb.JobSpec) -> dict[str, Any]:
             if value:
                 out[name] = {t.gpu_type: {k: getattr(t, f) for k, f in _LIMIT_KEYS.items()
                                           if getattr(t, f)} for t in value}
-        elif name == "labels":
+        elif name in ("labels", "env"):
             if value:
                 out[name] = dict(value)
         elif field.is_repeated:

@@ -102,7 +102,8 @@ class AgentStreams:
         await self.submit(sm.AgentRegistered(
             self.clock.time(), node, reg.gpus[0].gpu_type, reg.gpus[0].count, reg.agent_version,
             tuple((r.job_id, r.generation, tuple(r.local_gpus)) for r in reg.running),
-            tuple((r.job_id, r.generation, r.local_gpu) for r in reg.profiling), reg.draining))
+            tuple((r.job_id, r.generation, r.local_gpu) for r in reg.profiling), reg.draining,
+            reg.isolation))
 
         async def read() -> None:
             try:

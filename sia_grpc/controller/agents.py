@@ -42,6 +42,7 @@ class Agents:
         if node is None:
             node = self.nodes[ev.node_id] = NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
+        node.isolation = ev.isolation
         node.restored = False  # (its report below settles the restored books)
         # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
         # booked on the missing ones is gone; a pass there is run again, a job requeued.

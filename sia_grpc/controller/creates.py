@@ -48,7 +48,7 @@ class Creates:
 
     async def _create(self, request: pb.CreateJobRequest, resolved: Resolved) -> pb.Job:
         job = pb.Job(job_id=request.job_id or f"{request.spec.name or 'job'}-"
-                     f"{uuid.uuid4().hex[:8]}", spec=request.spec)
+                     f"{uuid.uuid4().hex[:8]}", spec=request.spec, uid=uuid.uuid4().hex)
         if not request.job_id and len(job.job_id) > 63:
             job.job_id = f"job-{uuid.uuid4().hex[:12]}"
         now = self.clock.time()

@@ -46,6 +46,7 @@ class AgentRegistered(Event):
     running: tuple[tuple[str, int, tuple[int, ...]], ...] = ()  # (job, generation, gpus)
     profiling: tuple[tuple[str, int, int], ...] = ()  # passes in flight: (job, generation, gpu)
     draining: bool = False  # what the agent believes
+    isolation: str = ""  # how the node separates jobs (Register.isolation)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from sia_grpc.controller.records import (
     timestamp,
 )
 from sia_grpc.controller.transitions import TERMINAL, set_state
+from sia_grpc.names import job_checkpoint_path
 from sia_grpc.policy.types import JobAllocation
 
 
@@ -110,8 +111,10 @@ class Moves:
                 world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
                                      master_port=port, nodes=nodes),
                 allocation=rec.job.status.allocation,
-                checkpoint_path=f"{self.settings.checkpoint_root}/{rec.job_id}",
-                restore_progress=rec.checkpoint)))
+                checkpoint_path=job_checkpoint_path(self.settings.checkpoint_root,
+                                                    rec.job.spec.tenant, rec.job_id,
+                                                    rec.job.uid),
+                restore_progress=rec.checkpoint, job_uid=rec.job.uid)))
             offset += len(gpus)
         return sends
 

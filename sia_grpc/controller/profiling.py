@@ -305,7 +305,7 @@ class Profiling:
         lo, hi = rec.res.local_bsz_limits[gpu_type]
         req = pb.ProfileRequest(
             job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
-            local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
+            job_uid=rec.job.uid, local_gpu=gpu, local_batch_sizes=profile_batch_sizes(
                 lo, hi, self.settings.profile_batch_sizes))
         return Send(node, pb.ControllerMessage(profile=req))
 

@@ -31,6 +31,7 @@ class NodeRec:
     gpu_type: str
     num_gpus: int
     version: str = ""
+    isolation: str = ""  # its agent's (Register.isolation)
     state: int = pb.NODE_STATE_READY
     last_seen: float = 0.0
     holder: dict[int, str] = field(default_factory=dict)  # GPU index -> job physically on it

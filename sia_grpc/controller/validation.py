@@ -9,6 +9,7 @@ unset field has a default, the default is stated here and nowhere else.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -153,6 +154,7 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     for key, value in spec.labels.items():
         if not is_name(key, MAX_ID) or len(value) > 256:
             raise bad(f"labels[{key!r}]", "keys are names ([A-Za-z0-9._-]), values at most 256")
+    _check_env(spec.env, path)
     return Resolved(
         adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,
         pipeline_gpus=pipeline,
@@ -189,3 +191,30 @@ def profile_batch_sizes(lo: int, hi: int, count: int = 10) -> list[int]:
         return [lo]
     ratio = (hi / lo) ** (1 / max(count - 1, 1))
     return sorted({min(hi, max(lo, round(lo * ratio**k))) for k in range(count)})
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MAX_ENV = 64
+# Set by the agent for every worker (sia_grpc.train.contract, torch.distributed): a
+# job's own value would be ignored, so it is refused rather than silently dropped.
+_AGENT_ENV = frozenset(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                        "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HOME", "TMPDIR"))
+# sia_grpc.train's own settings (train/env.py), which a job may choose.
+_LIBRARY_SETTINGS = frozenset(("SIA_REPORT_INTERVAL_S", "SIA_CHECKPOINT_INTERVAL_S"))
+
+
+def _check_env(env: Mapping[str, str], path: str) -> None:
+    def bad(field: str, message: str) -> ApiError:
+        return invalid(f"{path}.{field}", message)
+
+    if len(env) > _MAX_ENV:
+        raise bad("env", f"at most {_MAX_ENV} variables")
+    for key, value in env.items():
+        where = f"env[{key!r}]"
+        if not _ENV_NAME.match(key):
+            raise bad(where, "names are [A-Za-z_][A-Za-z0-9_]*")
+        if key in _AGENT_ENV or (key.startswith("SIA_") and key not in _LIBRARY_SETTINGS):
+            raise bad(where, "set by the agent for every worker (SIA_* and the "
+                             "torch.distributed variables); a job cannot set it")
+        if len(value) > 4096 or "\0" in value:
+            raise bad(where, "values at most 4096 characters, without NUL")

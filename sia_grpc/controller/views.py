@@ -120,7 +120,8 @@ class Views:
         admin) another tenant's job ids are hidden (docs/security.md)."""
         n = self.nodes[name]
         node = pb.Node(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus, state=n.state,
-                       agent_version=n.version, drain_reason=self.drained.get(n.name, ""))
+                       agent_version=n.version, drain_reason=self.drained.get(n.name, ""),
+                       isolation=n.isolation)
         node.last_heartbeat.CopyFrom(timestamp(n.last_seen))
         for g in range(n.num_gpus):
             job_id = n.holder.get(g, "")

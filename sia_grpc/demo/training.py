@@ -70,6 +70,18 @@ def job_spec(job: DemoJob, gpu_types: list[str]) -> pb.JobSpec:
     return spec
 
 
+async def stop_agents(agents: Sequence[subprocess.Popen], grace_s: float = 30.0) -> None:
+    """SIGTERM to each agent (it checkpoints and stops its workers), SIGKILL to any
+    still running `grace_s` later."""
+    for p in agents:
+        p.terminate()
+    for p in agents:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(p.wait, grace_s)
+        if p.poll() is None:
+            p.kill()
+
+
 def _spawn_agent(target: str, node: str, gpu_type: str, gpus: int,
                  workdir: Path) -> subprocess.Popen:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +90,10 @@ def _spawn_agent(target: str, node: str, gpu_type: str, gpus: int,
             [sys.executable, "-m", "sia_grpc.nodeagent", "--controller", target, "--node-id",
              node, "--backend", "torch", "--emulate", f"{gpu_type}:{gpus}", "--workdir",
              str(workdir), "--stop-grace", "20", "--telemetry-interval", "1",
-             "--log-format", "json"], stdout=log, stderr=subprocess.STDOUT)
+             # The strongest isolation this machine allows (`none` for a user
+             # without root); the agent logs which, and `sia cluster` shows it.
+             "--isolation", "auto", "--log-format", "json"],
+            stdout=log, stderr=subprocess.STDOUT)
 
 
 async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
@@ -92,6 +107,9 @@ async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
         root = Path(keep) if keep else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="sia-demo-")))
         root.mkdir(parents=True, exist_ok=True)
+        # The jobs' users pass through to their own folders (agents' run folders,
+        # checkpoints); they list nothing here.
+        os.chmod(root, 0o711)
         config = ControllerConfig(
             listen="127.0.0.1:0", db_path=str(root / "controller.db"), round_duration=round_s,
             early_round_delay=1.0, heartbeat_interval=1.0, heartbeat_timeout=15.0,
@@ -113,19 +131,18 @@ async def train_demo(*, jobs: Sequence[DemoJob] = JOBS, round_s: float = 10.0,
                     await asyncio.sleep(0.1)
             async with AsyncSiaClient(target) as client, \
                     beside(client, dashboard, out) as url:
+                levels = {n.name: n.isolation for n in (await client.cluster()).nodes}
+                print("Node isolation (docs/security.md): " + ", ".join(
+                    f"{n} {level or '?'}" for n, level in sorted(levels.items()))
+                    + ("" if os.geteuid() == 0 else " (not root: jobs run as you)"),
+                    file=out, flush=True)
                 ok = await _run(client, jobs, [t for _, t, _ in NODES], out, tty, refresh_s,
                                 limit_s, url)
                 print("\n" + cluster_report(await client.cluster(), await client.rounds(limit=8)),
                       file=out)
             return 0 if ok else 1
         finally:
-            for p in agents:  # SIGTERM: each agent checkpoints and stops its workers
-                p.terminate()
-            for p in agents:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await asyncio.to_thread(p.wait, 30)
-                if p.poll() is None:
-                    p.kill()
+            await stop_agents(agents)
             await controller.close(grace=1.0)
 
 

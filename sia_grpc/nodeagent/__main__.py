@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import functools
 import math
+import os
 import signal
 import socket
 import sys
@@ -32,6 +33,13 @@ from sia_grpc.nodeagent.gpus import (
     resolve_inventory,
     unknown_type_warning,
 )
+from sia_grpc.nodeagent.isolation.identity import (
+    DEFAULT_UID_RANGE,
+    parse_uid_range,
+    parse_user,
+)
+from sia_grpc.nodeagent.isolation.levels import REQUESTS
+from sia_grpc.nodeagent.torchworkers.environment import DEFAULT_PASS_ENV
 from sia_grpc.observability import add_logging_arguments, configure_logging
 
 
@@ -91,6 +99,41 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, metavar="N",
                    help="modeled: run N agents in this process, named NODE-ID-0 .. "
                         "NODE-ID-(N-1) (load tests: many nodes, few processes)")
+    iso = p.add_argument_group(
+        "isolation (torch back-end)",
+        "how a job is kept apart from the agent and from other tenants' jobs "
+        "(docs/security.md, \"Node isolation\"): sandbox = user + a bubblewrap sandbox "
+        "per worker (own pid/IPC/mount namespaces, read-only system and Python, private "
+        "/tmp); user = a uid per job (no new privileges, no groups), a cgroup per job "
+        "(memory, pids, cpuset, devices), private 0700 folders, an allow-listed "
+        "environment and an authenticated worker channel; none = workers run as the "
+        "agent (one user's own machine only)")
+    iso.add_argument("--isolation", choices=REQUESTS, default=os.environ.get(
+        "SIA_ISOLATION", "strict"),
+        help="strict (default): the strongest level this host allows, at least user; "
+             "refuse to start without it. auto: the strongest level, none included "
+             "(make demo, local clusters). sandbox|user|none: exactly that "
+             "(env SIA_ISOLATION)")
+    iso.add_argument("--uid-range", type=_uid_range, default=DEFAULT_UID_RANGE,
+                     metavar="FIRST-LAST",
+                     help="per-job uids for tenants without a fixed one (default "
+                          f"{DEFAULT_UID_RANGE[0]}-{DEFAULT_UID_RANGE[1]})")
+    iso.add_argument("--tenant-user", type=_tenant_user, action="append", default=[],
+                     metavar="TENANT=UID[:GID]",
+                     help="run every job of TENANT as this uid/gid (repeatable; the Slurm "
+                          "way: its files keep one owner on every node)")
+    iso.add_argument("--memory-per-gpu", type=_mib, metavar="MIB",
+                     help="host memory limit per GPU a job holds here, unless its spec "
+                          "sets memory_mib_per_gpu (default: an equal share of 90%% of the "
+                          "host's memory)")
+    iso.add_argument("--pids-max", type=int, default=4096, metavar="N",
+                     help="processes and threads a job may have on this node (default 4096)")
+    iso.add_argument("--sandbox-ro", action="append", default=[], metavar="PATH",
+                     help="sandbox: also show the jobs PATH, read-only (e.g. the shared "
+                          "folder of training code; repeatable)")
+    iso.add_argument("--worker-env", action="append", default=[], metavar="PATTERN",
+                     help="pass the agent's variables matching PATTERN to workers, beside "
+                          f"{' '.join(DEFAULT_PASS_ENV)} (repeatable; never SIA_*)")
     p.add_argument("--tls-ca", metavar="FILE",
                    help="CA certificate (PEM) of the controller: connect with TLS")
     p.add_argument("--tls-cert", metavar="FILE",
@@ -98,6 +141,43 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
     add_logging_arguments(p)
     return p
+
+
+def _uid_range(text: str) -> tuple[int, int]:
+    try:
+        return parse_uid_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tenant_user(text: str) -> tuple[str, tuple[int, int]]:
+    tenant, sep, user = text.partition("=")
+    if not sep or not tenant:
+        raise argparse.ArgumentTypeError(f"expected TENANT=UID[:GID], got {text!r}")
+    try:
+        return tenant, parse_user(user)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _mib(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected MiB >= 1, got {text!r}")
+    return value
+
+
+def _default_memory_per_gpu(num_gpus: int) -> int | None:
+    """An equal share of 90 % of the host's memory per GPU (bytes); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return int(kib * 1024 * 0.9) // max(num_gpus, 1)
 
 
 class _StartupError(Exception):
@@ -123,14 +203,31 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _torch_backend(args: argparse.Namespace, inventory: NodeGpus) -> Any:
+    from sia_grpc.nodeagent.isolation.levels import IsolationUnavailable
+    from sia_grpc.nodeagent.isolation.node import Limits
+    from sia_grpc.nodeagent.isolation.setup import build_isolation
     from sia_grpc.nodeagent.torchbackend import TorchBackend, safe_name
 
-    workdir = args.workdir or (
-        Path(tempfile.gettempdir()) / f"sia-nodeagent-{safe_name(args.node_id)}")
+    workdir = (args.workdir or (
+        Path(tempfile.gettempdir()) / f"sia-nodeagent-{safe_name(args.node_id)}")).absolute()
+    memory = (args.memory_per_gpu << 20 if args.memory_per_gpu
+              else _default_memory_per_gpu(inventory.count))
+    log = structlog.get_logger().bind(node_id=args.node_id)
+    try:
+        isolation = build_isolation(
+            args.isolation, run_root=workdir / "run", node_id=args.node_id,
+            tenants=dict(args.tenant_user), uid_range=args.uid_range,
+            limits=Limits(memory_per_gpu=memory, pids_max=args.pids_max,
+                          sandbox_ro=tuple(args.sandbox_ro)), log=log)
+    except IsolationUnavailable as exc:
+        raise _StartupError(str(exc)) from None
+    log.info(f"isolation: {isolation.describe()}", isolation=str(isolation.level),
+             requested=args.isolation)
     return TorchBackend(inventory.gpu_type, inventory.count, workdir=workdir,
                         checkpoint_root=args.checkpoint_root, emulate=inventory.emulated,
                         stop_grace_s=args.stop_grace, profile_timeout_s=args.profile_timeout,
-                        node_id=args.node_id)
+                        node_id=args.node_id, isolation=isolation,
+                        pass_env=(*DEFAULT_PASS_ENV, *args.worker_env))
 
 
 async def _serve(configs: list[AgentConfig], backend: Any = None,
@@ -200,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(fmt=args.log_format, level=args.log_level)
         backend = _torch_backend(args, inventory) if args.backend == "torch" else None
     except ValueError as exc:  # also a bad SIA_LOG_FORMAT / SIA_LOG_LEVEL
+        print(f"sia nodeagent: {exc}", file=sys.stderr)
+        return 2
+    except _StartupError as exc:  # no isolation to be had: refused (fail closed)
         print(f"sia nodeagent: {exc}", file=sys.stderr)
         return 2
     try:

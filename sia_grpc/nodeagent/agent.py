@@ -591,6 +591,7 @@ class NodeAgent:
                 profiling=[pb.ProfilingPass(job_id=j, generation=g, local_gpu=gpu)
                            for j, g, gpu in dict.fromkeys(passes)],
                 draining=self.draining, instance_id=self.instance_id,
+                isolation=getattr(self.backend, "isolation_level", "modeled"),
                 # A leader below it, or at it without having sent it, steps down.
                 highest_term=self.term)
 

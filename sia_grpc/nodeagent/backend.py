@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sia_grpc.api import pb
+from sia_grpc.names import job_key
 
 __all__ = ["ExitCallback", "Launch", "WorkerBackend"]
 
@@ -33,6 +34,7 @@ class Launch:
     world: pb.WorldLayout
     restore_progress: float  # fraction 0..1 of the last checkpoint
     checkpoint_path: str = ""
+    job_uid: str = ""  # the job's server-assigned uid: its files are keyed by it
 
     @property
     def leader(self) -> bool:
@@ -50,7 +52,13 @@ class Launch:
     def from_directive(cls, d: pb.Directive) -> Launch:
         return cls(job_id=d.job_id, generation=d.generation, local_gpus=tuple(d.local_gpus),
                    spec=d.spec, allocation=d.allocation, world=d.world,
-                   restore_progress=d.restore_progress, checkpoint_path=d.checkpoint_path)
+                   restore_progress=d.restore_progress, checkpoint_path=d.checkpoint_path,
+                   job_uid=d.job_uid)
+
+    @property
+    def key(self) -> str:
+        """What the job's files on this node are keyed by (`names.job_key`)."""
+        return job_key(self.spec.tenant, self.job_id, self.job_uid)
 
 
 class WorkerBackend(Protocol):

@@ -34,7 +34,10 @@ __all__ = [
 DEFAULT_PACE_APPLICATION = "cifar10"
 
 # NVML device names -> the type names the shipped profiles and clusters use
-# (sia_grpc/data/artifact/README.md). First match wins.
+# (sia_grpc/data/artifact/README.md). First match wins. H100 and H200 are newer than
+# the profiles: they get a type of their own, one per model whatever the variant
+# ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe" -> h100), which no shipped profile
+# knows (`unknown_type_warning`; docs/gpu-check.md).
 _NVML_TYPES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(p, re.IGNORECASE), t) for p, t in (
         (r"\ba100\b", "dgx-ext"),
@@ -42,6 +45,8 @@ _NVML_TYPES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\bt4\b", "aws"),
         (r"\b2080\s*ti\b", "rtx"),
         (r"\brtx\s*6000\b", "quad"),
+        (r"\bh100\b", "h100"),
+        (r"\bh200\b", "h200"),
     ))
 
 
@@ -76,8 +81,9 @@ def parse_gpu_spec(text: str) -> tuple[str, int]:
 def gpu_type_for(device_name: str) -> str:
     """The scheduler's type name for an NVML device name: the profiles' name for
     known models (A100 -> dgx-ext, V100 -> azure, T4 -> aws, RTX 2080 Ti -> rtx,
-    Quadro RTX 6000 -> quad), else the name in lower case with dashes
-    ("NVIDIA H200" -> "h200")."""
+    Quadro RTX 6000 -> quad; every H100 -> h100, every H200 -> h200: types of their
+    own, with no shipped profile), else the name in lower case with dashes
+    ("NVIDIA GeForce RTX 4090" -> "geforce-rtx-4090")."""
     for pattern, gpu_type in _NVML_TYPES:
         if pattern.search(device_name):
             return gpu_type
@@ -96,7 +102,8 @@ def unknown_type_warning(gpu_type: str) -> str | None:
     if gpu_type in known:
         return None
     return (f"GPU type {gpu_type!r} has no shipped profile (known: {', '.join(known)}): "
-            f"only jobs whose type_batch_limits name {gpu_type!r} can run here; if these are "
+            f"only jobs whose type_batch_limits name {gpu_type!r} can run here, and the "
+            f"controller profiles each of them on it when it arrives; if these are "
             f"one of the known models, name them so (e.g. --gpus dgx-ext:N for A100s)")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,9 +24,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["EXIT_CANNOT_EXEC", "WorkerProcess", "describe_exit", "log_tail", "spawn_worker",
-           "wait_exit"]
+__all__ = ["EXIT_CANNOT_CONFINE", "EXIT_CANNOT_EXEC", "Confinement", "WorkerProcess",
+           "describe_exit", "log_tail", "spawn_worker", "wait_exit"]
 
 _POLL_S = 0.05  # exit polling, only where pidfd is not available
 
@@ -64,23 +66,59 @@ class WorkerProcess:
             self.popen.wait(timeout_s)
 
 
-# Run in the child before the worker's own program: the parent-death signal, a
-# check that the agent did not die before it took hold, the CPU affinity, then
-# exec. A separate interpreter (isolated, without site: ~10 ms) rather than a
-# `preexec_fn`, because a preexec_fn makes subprocess fork() instead of vfork(),
-# and fork() in a process running gRPC runs gRPC's fork handlers, which gRPC
-# supports only before any gRPC work (here a server is up).
+# Run in the child before the worker's own program, as the agent's user: a check
+# that the agent did not die before the child took hold, then what confines it
+# (`Confinement`): its cgroups (joined before anything else runs, so nothing of it
+# is ever outside them), the CPU affinity, the switch to the job's user (groups
+# dropped, then gid, then uid, all three of each, and checked), no new privileges,
+# the parent-death signal (after the switch: changing credentials clears it), a
+# private umask and folder; then exec, through the sandbox's argv when there is one.
+# Everything is imported before the switch: the job's user may not be able to read
+# this interpreter's standard library. A separate interpreter (isolated, without
+# site: ~10 ms) rather than a `preexec_fn`, because a preexec_fn makes subprocess
+# fork() instead of vfork(), and fork() in a process running gRPC runs gRPC's fork
+# handlers, which gRPC supports only before any gRPC work (here a server is up).
 _LAUNCHER = """
-import ctypes, os, sys
-parent, cpus, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
-except Exception as exc:
-    print(f"sia launcher: no parent-death signal: {exc}", file=sys.stderr, flush=True)
-if os.getppid() != parent:
+import ctypes, json, os, signal, sys
+cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+def fail(what):
+    print(f"sia launcher: {what}", file=sys.stderr, flush=True)
+    os._exit(126)
+if os.getppid() != cfg["parent"]:
     os._exit(1)
-if cpus:
-    os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+try:
+    for procs in cfg.get("cgroups", ()):
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+except OSError as exc:
+    fail(f"cannot join the job's cgroup: {exc}")
+if cfg.get("cpus"):
+    os.sched_setaffinity(0, cfg["cpus"])
+if "uid" in cfg:
+    uid, gid = cfg["uid"], cfg["gid"]
+    try:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        fail(f"cannot switch to the job's user {uid}:{gid}: {exc}")
+    if os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups():
+        fail("the switch to the job's user did not take")
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: its /proc is its own, not root's
+if cfg.get("no_new_privs") and libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+    fail("cannot set no_new_privs")
+if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+    print("sia launcher: no parent-death signal", file=sys.stderr, flush=True)
+if os.getppid() != cfg["parent"]:
+    os._exit(1)
+os.umask(cfg.get("umask", 0o022))
+if cfg.get("cwd"):
+    os.chdir(cfg["cwd"])
+if cfg.get("sandbox"):  # the sandbox's first step restores them (isolation/sandbox.py)
+    for name in ("SIGTERM", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+argv = cfg.get("sandbox", []) + argv
 try:
     os.execvp(argv[0], argv)
 except OSError as exc:
@@ -89,21 +127,47 @@ except OSError as exc:
 """
 _LINUX = sys.platform.startswith("linux")
 EXIT_CANNOT_EXEC = 127  # the launcher could not exec the command
+EXIT_CANNOT_CONFINE = 126  # the launcher could not confine the worker: it never ran
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What confines one worker (`isolation`): its user, the cgroup.procs files it
+    joins before it runs, its folder and the sandbox's argv to exec through."""
+
+    uid: int | None = None
+    gid: int | None = None
+    cgroups: tuple[str, ...] = ()
+    cwd: str | None = None
+    sandbox: tuple[str, ...] = ()
+
+    def launcher_config(self, parent: int, cpus: Sequence[int] | None) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"parent": parent, "cpus": list(cpus or ()),
+                               "cgroups": list(self.cgroups), "sandbox": list(self.sandbox)}
+        if self.uid is not None:
+            cfg.update(uid=self.uid, gid=self.gid if self.gid is not None else self.uid,
+                       no_new_privs=True, umask=0o077)
+        if self.cwd:
+            cfg["cwd"] = self.cwd
+        return cfg
 
 
 def spawn_worker(argv: Sequence[str], env: Mapping[str, str], log_path: Path, *,
-                 rank: int = 0, local_rank: int = 0,
-                 cpus: Sequence[int] | None = None) -> WorkerProcess:
+                 rank: int = 0, local_rank: int = 0, cpus: Sequence[int] | None = None,
+                 confine: Confinement | None = None) -> WorkerProcess:
     """Start `argv` with `env`, stdout and stderr appended to `log_path`, in its own
-    session, killed with the agent and pinned to `cpus` when given (both Linux
-    only). A command that cannot be executed exits with EXIT_CANNOT_EXEC (its
+    session, killed with the agent, pinned to `cpus` when given and confined by
+    `confine` (all Linux only). A command that cannot be executed exits with
+    EXIT_CANNOT_EXEC, one that could not be confined with EXIT_CANNOT_CONFINE (its
     log says why); OSError if even the launcher cannot start."""
     if not argv:
         raise ValueError("argv: empty")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if _LINUX:
-        full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()),
-                ",".join(str(c) for c in cpus or ()), *argv]
+        cfg = (confine or Confinement()).launcher_config(os.getpid(), cpus)
+        full = [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg), *argv]
+    elif confine is not None:
+        raise OSError("worker confinement needs Linux")
     else:
         full = list(argv)
     with open(log_path, "ab") as log:  # the child keeps its own descriptor

@@ -25,7 +25,16 @@ __all__ = ["MAX_SOCKET_PATH", "TelemetryAccumulator", "WorkerServiceServer", "so
 MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path is 108, with the NUL
 _UINT32_MAX = 2**32 - 1
 
-ReportHandler = Callable[[pb.WorkerReport], pb.WorkerReply]
+# (report, the bearer secret it came with: "" if none) -> reply
+ReportHandler = Callable[[pb.WorkerReport, str], pb.WorkerReply]
+
+
+def bearer(context: grpc.aio.ServicerContext) -> str:
+    """The `authorization: Bearer <secret>` a call carries, "" if none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer "):]
+    return ""
 
 
 def socket_path(workdir: Path) -> tuple[Path, Path | None]:
@@ -43,7 +52,7 @@ class _Servicer(WorkerServiceServicer):
 
     async def Report(self, request: pb.WorkerReport,
                      context: grpc.aio.ServicerContext) -> pb.WorkerReply:
-        return self._handler(request)
+        return self._handler(request, bearer(context))
 
 
 class WorkerServiceServer:
@@ -69,7 +78,9 @@ class WorkerServiceServer:
         await server.start()
         self._server = server
         with contextlib.suppress(OSError):
-            os.chmod(self.path, 0o600)  # the workers run as the agent's user
+            # The agent's alone: workers reach it through their generation's gate
+            # (`workergate`), which checks who they are.
+            os.chmod(self.path, 0o600)
 
     async def stop(self) -> None:
         server, self._server = self._server, None

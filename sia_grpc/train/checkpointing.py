@@ -3,7 +3,8 @@
 A checkpoint holds the library's own state under "sia" and every registered
 object's state_dict under its name. Rank 0 writes it (`sia_grpc.train.checkpoint`
 makes the file atomic); on resume rank 0 chooses the newest loadable checkpoint
-and every rank loads that one (the directory is shared).
+and every rank loads that one (the directory is shared). A refused (planted)
+newest file fails every rank's resume (`checkpoint.CheckpointRefused` on rank 0).
 """
 
 from __future__ import annotations
@@ -54,11 +55,21 @@ class Checkpointer:
             return None
         t0 = time.perf_counter()
         # Rank 0 chooses; everyone loads that one (the directory is shared).
-        found = None
+        found, refused = None, None
         if rank == 0:
-            found = ckpt.newest_loadable(self.directory,
-                                         self.generation if self.generation else None)
-        gen = all_reduce_sum([found[0] + 1 if found else 0.0], device)[0]
+            try:
+                found = ckpt.newest_loadable(self.directory,
+                                             self.generation if self.generation else None)
+            except ckpt.CheckpointRefused as e:
+                refused = e
+        # -1: rank 0 refused a planted file; every rank fails rather than waiting on it.
+        code = -1.0 if refused is not None else (found[0] + 1 if found else 0.0)
+        gen = all_reduce_sum([code], device)[0]
+        if refused is not None:
+            raise refused
+        if gen < 0:
+            raise RuntimeError(f"rank 0 refused the newest checkpoint in {self.directory} "
+                               "(it holds objects the loader does not allow; see rank 0's log)")
         if gen <= 0:
             return None
         gen = int(gen) - 1

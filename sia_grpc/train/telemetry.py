@@ -43,7 +43,7 @@ class AgentClient:
     def of(cls, env) -> AgentClient | None:
         """The client a worker's environment (`WorkerEnv`) names, or None: no agent."""
         if env.agent_socket:
-            return cls(env.agent_socket)
+            return cls(env.agent_socket, token=env.agent_token)
         if env.agent_address:
             return cls(address=env.agent_address, token=env.agent_token)
         return None

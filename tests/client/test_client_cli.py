@@ -212,8 +212,8 @@ def test_cluster_report(target, fake, capsys):
     assert "policy: sia  round: 60s" in out
     lines = out.splitlines()
     assert ["rtx", "2", "8", "4", "4"] in [ln.split() for ln in lines]  # type, nodes, gpus, ...
-    assert ["n0", "rtx", "READY", "4/4", "job-1"] in [ln.split() for ln in lines]
-    assert ["n1", "rtx", "READY", "0/4", "-"] in [ln.split() for ln in lines]
+    assert ["n0", "rtx", "READY", "4/4", "-", "job-1"] in [ln.split() for ln in lines]
+    assert ["n1", "rtx", "READY", "0/4", "-", "-"] in [ln.split() for ln in lines]
     assert lines[-4].split()[:2] == ["ROUND", "START"]
     assert lines[-1].split()[:6] == ["3", "2026-01-05T09:32:00Z", "timer", "3", "4", "0"]
 

@@ -108,3 +108,23 @@ def test_accumulator_without_reports_takes_nothing():
         num_nodes=1, num_replicas=1, atomic_batch_size=8, step_time_s=0.5, count=0)]))
     (s,) = acc.take().samples  # a sample without a count counts once; its type filled in
     assert (s.gpu_type, s.count, s.step_time_s) == ("rtx", 1, 0.5)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+                                  "NVIDIA H200", "NVIDIA H200 NVL"])
+def test_an_h100_is_its_own_type_with_no_shipped_profile(name):
+    """The decision for GPUs newer than the profiles (docs/gpu-check.md): an H100/H200
+    node registers as h100/h200 whatever the variant, the same type `--gpus h100:N`
+    declares; not renamed to a profiled type (its speed is not an A100's): the agent
+    warns that only jobs naming the type run there, each profiled on arrival."""
+    gpu_type = gpu_type_for(name)
+    assert gpu_type == ("h100" if "H100" in name else "h200")
+    assert parse_gpu_spec(f"{gpu_type.upper()}:8")[0] == gpu_type
+    found = NodeGpus(gpu_type, 8, "nvml", (name,) * 8)
+    assert resolve_inventory(nvml=lambda: found) == found
+    warning = unknown_type_warning(gpu_type)
+    assert f"only jobs whose type_batch_limits name {gpu_type!r} can run here" in warning
+    assert "profiles each of them on it when it arrives" in warning
+    # An operator's explicit rename is taken as given (the agent's --gpus TYPE:COUNT).
+    assert resolve_inventory(declared=parse_gpu_spec("dgx-ext:8"), nvml=lambda: found) == (
+        NodeGpus("dgx-ext", 8, "declared", (name,) * 8))

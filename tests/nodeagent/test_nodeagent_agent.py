@@ -47,7 +47,7 @@ async def test_registers_inventory_then_heartbeats_on_the_controllers_interval(
     s = await ctl.stream()
     assert s.register == pb.Register(
         node_id="node-a", gpus=[pb.GpuInventory(gpu_type="rtx", count=8)],
-        agent_version="test-1", instance_id=agent.instance_id)
+        agent_version="test-1", instance_id=agent.instance_id, isolation="modeled")
     assert len(agent.instance_id) == 32  # random: another agent's differs
     await until(lambda: agent.status is AgentStatus.REGISTERED)
     assert s.of("heartbeat") == []  # nothing before time moves

@@ -37,7 +37,7 @@ async def test_agent_runs_reports_and_stops_real_workers(controller, clock, tmp_
         s.directive(**run(1, spec=spec_running(command(worker, "train")), restore=0.25))
         (ack,) = await s.wait("ack")
         assert ack.ok, ack.error
-        ckpt = backend.checkpoint_root / "job-1"
+        ckpt = backend.checkpoint_root / "_" / "job-1"  # no tenant, no uid
         await ready_pids(ckpt, [0, 1])
         assert read_json(ckpt / "reply.json") == {"current": True}  # rank 0 reported
         await clock.advance(1.0)  # the agent's telemetry interval
@@ -104,6 +104,7 @@ async def test_emulating_agent_process_runs_and_stops_workers(controller, tmp_pa
         sys.executable, "-m", "sia_grpc.nodeagent", "--controller", f"127.0.0.1:{port}",
         "--node-id", "emu", "--backend", "torch", "--emulate", "rtx:2",
         "--workdir", str(tmp_path / "agent"), "--stop-grace", "5", "--log-format", "json",
+        "--isolation", "none",  # (tests/nodeagent/test_isolation.py: the other levels)
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     try:
         async with asyncio.timeout(60):
@@ -114,7 +115,7 @@ async def test_emulating_agent_process_runs_and_stops_workers(controller, tmp_pa
         s.directive(**run(1, spec=spec_running(command(worker, "train"))))
         (ack,) = await s.wait("ack")
         assert ack.ok, ack.error
-        pids = await ready_pids(tmp_path / "agent" / "checkpoints" / "job-1", [0, 1])
+        pids = await ready_pids(tmp_path / "agent" / "checkpoints" / "_" / "job-1", [0, 1])
         proc.send_signal(signal.SIGTERM)  # the agent checkpoints its jobs as it closes
         async with asyncio.timeout(WAIT_S):
             _, err = await proc.communicate()

@@ -52,7 +52,8 @@ async def backend(tmp_path: Path) -> AsyncIterator[TorchBackend]:
 
 
 def ckpt_of(b: TorchBackend, job_id: str) -> Path:
-    return b.checkpoint_root / job_id
+    """Its checkpoint folder: by tenant ("_": none) and uid (none: the job id)."""
+    return b.checkpoint_root / "_" / job_id
 
 
 async def test_env_contract_per_rank_on_emulated_gpus(backend, worker, tmp_path):
@@ -71,7 +72,9 @@ async def test_env_contract_per_rank_on_emulated_gpus(backend, worker, tmp_path)
             "RANK": str(2 + i), "WORLD_SIZE": "4", "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "node-a", "MASTER_PORT": str(l.world.master_port),
             contract.ENV_JOB_ID: "job-env", contract.ENV_GENERATION: "1",
-            contract.ENV_AGENT_SOCKET: str(backend.socket_path),
+            # its generation's gate, in its own folder, and the secret to report with
+            contract.ENV_AGENT_SOCKET: str(backend.channel("job-env")[0]),
+            contract.ENV_AGENT_TOKEN: env[contract.ENV_AGENT_TOKEN],
             contract.ENV_CHECKPOINT_DIR: str(ckpt), contract.ENV_GPU_TYPE: "rtx",
             contract.ENV_BATCH_SIZE: "128", contract.ENV_ATOMIC_BATCH_SIZE: "32",
             contract.ENV_ACCUM_STEPS: "1", contract.ENV_TARGET_EPOCHS: "2.5",
@@ -90,7 +93,7 @@ async def test_env_contract_per_rank_on_emulated_gpus(backend, worker, tmp_path)
 async def test_env_on_real_gpus_single_node(tmp_path, worker, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the agent's own GPUs
     monkeypatch.setenv("SIA_PROFILE", "1,2")  # never leaks from the agent's environment
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the agent's own setting
     b = make_backend(tmp_path, emulate=False, num_gpus=4)
     try:
         l = launch("job-gpu", command(worker, "env"), gpus=(3, 1), samples=5000)
@@ -104,8 +107,9 @@ async def test_env_on_real_gpus_single_node(tmp_path, worker, monkeypatch):
             assert env["CUDA_VISIBLE_DEVICES"] == "7,5"  # the job's GPUs, local-rank order
             assert env[contract.ENV_TARGET_SAMPLES] == "5000"
             assert contract.ENV_PACE not in env and contract.ENV_PROFILE not in env
-            assert env["OMP_NUM_THREADS"] == "7"  # untouched on real GPUs
-            assert env[contract.ENV_CHECKPOINT_DIR] == str(b.checkpoint_root / "job-gpu")
+            # Not the agent's: a worker gets only the allow-listed part of its environment.
+            assert "OMP_NUM_THREADS" not in env
+            assert env[contract.ENV_CHECKPOINT_DIR] == str(ckpt_of(b, "job-gpu"))
     finally:
         await b.close()
 
@@ -187,19 +191,23 @@ async def test_oom_report_goes_into_the_failure_message(backend, worker):
     assert "RuntimeError: CUDA out of memory" in e.message
 
 
-async def test_reports_of_other_generations_are_not_current(backend, worker):
+async def test_reports_count_for_the_generation_whose_secret_they_carry(backend, worker):
     await backend.start(launch("job-1", command(worker, "sleep"), generation=2), lambda e: None)
     await ready_pids(ckpt_of(backend, "job-1"), [0])
-    sock = backend.socket_path
-    assert (await report(sock, "job-1", 1)).current is False  # fenced
-    assert (await report(sock, "job-1", 3)).current is False  # not started here
-    assert (await report(sock, "nobody", 2)).current is False
-    assert (await report(sock, "job-1", 2)).current is True
-    # A start of a newer generation stops the old one first.
+    gen2 = backend.channel("job-1")
+    assert (await report(gen2, "job-1", 2)).current is True
+    # What the report names does not matter: the secret says who sent it.
+    assert (await report(gen2, "nobody", 7)).current is True
+    assert (await report((gen2[0], ""), "job-1", 2)).current is False  # no secret
+    assert (await report((gen2[0], "forged"), "job-1", 2)).current is False
+    assert backend.rejected_reports == 2
+    # A start of a newer generation stops the old one first: its secret is void.
     await backend.start(launch("job-1", command(worker, "sleep"), generation=3), lambda e: None)
     assert [(r.job_id, r.generation) for r in backend.running()] == [("job-1", 3)]
-    assert (await report(sock, "job-1", 2)).current is False
-    assert (await report(sock, "job-1", 3)).current is True
+    gen3 = backend.channel("job-1")
+    assert gen3[1] != gen2[1] and gen3[0] != gen2[0]
+    assert (await report((gen3[0], gen2[1]), "job-1", 3)).current is False
+    assert (await report(gen3, "job-1", 3)).current is True
     with pytest.raises(ValueError, match="already runs here"):
         await backend.start(launch("job-1", command(worker, "sleep"), generation=3),
                             lambda e: None)
@@ -207,7 +215,7 @@ async def test_reports_of_other_generations_are_not_current(backend, worker):
 
 async def test_rebatch_shows_up_in_the_next_reply_once(backend, worker):
     await backend.start(launch("job-1", command(worker, "sleep")), lambda e: None)
-    sock = backend.socket_path
+    sock = backend.channel("job-1")
     assert await report(sock, "job-1", 1) == pb.WorkerReply(current=True)
     new = pb.Allocation(gpu_type="rtx", num_gpus=1, num_nodes=1, num_replicas=1,
                         batch_size=96, atomic_batch_size=48, accum_steps=1)
@@ -222,7 +230,7 @@ async def test_rebatch_shows_up_in_the_next_reply_once(backend, worker):
 
 async def test_telemetry_merges_samples_and_keeps_the_latest(backend, worker):
     await backend.start(launch("job-1", command(worker, "sleep")), lambda e: None)
-    sock = backend.socket_path
+    sock = backend.channel("job-1")
     assert backend.telemetry() == []  # nothing reported yet
 
     def sample(atomic: int, step: float, count: int) -> pb.ThroughputSample:
@@ -356,7 +364,7 @@ AGENT = textwrap.dedent("""
         b = make_backend(Path({tmp!r}))
         await b.start(launch("orphan", command(Path({worker!r}), "ignore-term"), gpus=(0, 1)),
                       lambda e: None)
-        pids = await ready_pids(b.checkpoint_root / "orphan", [0, 1])
+        pids = await ready_pids(b.checkpoint_root / "_" / "orphan", [0, 1])
         print("PIDS", *pids, flush=True)
         await asyncio.sleep(3600)
 

@@ -37,8 +37,9 @@ def report(**kw):
         telemetry = kw.pop("telemetry", {})
         t = pb.Telemetry(job_id=os.environ["SIA_JOB_ID"],
                          generation=int(os.environ["SIA_GENERATION"]), **telemetry)
-        return WorkerServiceStub(ch).Report(pb.WorkerReport(telemetry=t, rank=rank, **kw),
-                                            timeout=10)
+        return WorkerServiceStub(ch).Report(
+            pb.WorkerReport(telemetry=t, rank=rank, **kw), timeout=10,
+            metadata=(("authorization", "Bearer " + os.environ["SIA_AGENT_TOKEN"]),))
 
 def on_term(signum, frame):
     open(os.path.join(out, f"terminated-{rank}"), "w").close()
@@ -184,13 +185,16 @@ async def until_dead(pids: list[int], timeout: float = WAIT_S) -> None:
             await asyncio.sleep(0.02)
 
 
-async def report(socket: Path, job_id: str, generation: int, **kw: Any) -> pb.WorkerReply:
-    """A Report to the agent's WorkerService, as a worker sends it (the real stub)."""
+async def report(channel: tuple[Path, str], job_id: str, generation: int,
+                 **kw: Any) -> pb.WorkerReply:
+    """A Report to the agent's WorkerService through a generation's gate with its
+    secret (`TorchBackend.channel`), as a worker sends it (the real stub)."""
+    socket, token = channel
     telemetry = kw.pop("telemetry", {})
     async with grpc.aio.insecure_channel(f"unix:{socket}") as ch:
         return await WorkerServiceStub(ch).Report(pb.WorkerReport(
             telemetry=pb.Telemetry(job_id=job_id, generation=generation, **telemetry), **kw),
-            timeout=10)
+            timeout=10, metadata=(("authorization", f"Bearer {token}"),) if token else ())
 
 
 def read_json(path: Path) -> Any:

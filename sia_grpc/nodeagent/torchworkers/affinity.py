@@ -57,9 +57,14 @@ class Affinity:
         if self.emulate:
             # CPU only, even on a machine with GPUs.
             return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(len(self.cpu_share(gpu)))}
-        return {"CUDA_VISIBLE_DEVICES": ",".join(self._device(g) for g in job_gpus)}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.device(g) for g in job_gpus)}
 
-    def _device(self, gpu: int) -> str:
+    def job_cpus(self, job_gpus: Sequence[int]) -> list[int]:
+        """The cores of a job on `job_gpus`: its GPUs' shares (its cgroup's cpuset)."""
+        return sorted({c for g in job_gpus for c in self.cpu_share(g)})
+
+    def device(self, gpu: int) -> str:
+        """The device index (as NVIDIA numbers them) of local GPU `gpu`."""
         if self.visible is not None and gpu < len(self.visible):
             return self.visible[gpu]
         return str(gpu)

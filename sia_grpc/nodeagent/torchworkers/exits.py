@@ -23,8 +23,9 @@ __all__ = ["group_exit", "oom_text"]
 _OK_EXITS = (c.EXIT_COMPLETED, c.EXIT_CHECKPOINTED)
 
 
-def group_exit(g: WorkerGroup) -> pb.JobExit:
-    """The group's JobExit; a worker still running counts as SIGKILLed."""
+def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
+    """The group's JobExit; a worker still running counts as SIGKILLed. `note`
+    (what the run's cgroup says: killed for memory) leads a failure's message."""
     launch = g.launch
     ckpt = g.accum.checkpoint_progress
     held = launch.restore_progress if ckpt is None else ckpt
@@ -36,6 +37,8 @@ def group_exit(g: WorkerGroup) -> pb.JobExit:
     if bad:
         out.kind, out.progress = pb.JobExit.KIND_FAILED, held
         out.message = _failure(g, bad, codes)
+        if note:
+            out.message = f"{note}; {out.message}"
     elif all(code == c.EXIT_COMPLETED for code in codes.values()):
         out.kind, out.progress = pb.JobExit.KIND_COMPLETED, 1.0
     elif g.stop_requested:

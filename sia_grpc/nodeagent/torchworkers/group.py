@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from sia_grpc.api import pb
 from sia_grpc.nodeagent.backend import ExitCallback, Launch
 from sia_grpc.nodeagent.torchworkers.exits import group_exit
-from sia_grpc.nodeagent.workers import WorkerProcess, describe_exit, spawn_worker
+from sia_grpc.nodeagent.workers import Confinement, WorkerProcess, describe_exit, spawn_worker
 from sia_grpc.nodeagent.workerservice import TelemetryAccumulator
 from sia_grpc.train import contract as c
 
@@ -33,15 +33,16 @@ def cannot_start(command: Sequence[str], exc: OSError) -> ValueError:
 
 
 def spawn_ranks(command: list[str], envs: Sequence[tuple[int, int, Mapping[str, str]]],
-                log_dir: Path, cpus: Callable[[int], list[int] | None]
-                ) -> list[WorkerProcess]:
+                log_dir: Path, cpus: Callable[[int], list[int] | None],
+                confine: Confinement | None = None) -> list[WorkerProcess]:
     """One worker per (rank, local GPU, environment), logging to `rank-<r>.log`, on
-    `cpus(gpu)`; ValueError (none left running) if one cannot start."""
+    `cpus(gpu)`, confined by `confine`; ValueError (none left running) if one
+    cannot start."""
     procs: list[WorkerProcess] = []
     try:
         for i, (rank, gpu, env) in enumerate(envs):
             procs.append(spawn_worker(command, env, log_dir / f"rank-{rank}.log", rank=rank,
-                                      local_rank=i, cpus=cpus(gpu)))
+                                      local_rank=i, cpus=cpus(gpu), confine=confine))
     except OSError as exc:
         for p in procs:
             p.kill_and_reap()
@@ -73,6 +74,14 @@ class WorkerGroup:
     oom: pb.OomEvent | None = None
     restore_noted: bool = False
     supervisor: asyncio.Task[None] | None = None
+    # Isolation: the run's space (`isolation.node.Space`), its gate to WorkerService
+    # and the secret its workers report with; `leave` ends what is left of the run
+    # and says what the exit must add (e.g. killed for memory) and whether its GPUs
+    # are free (`TorchBackend._leave`).
+    space: Any = None
+    gate: Any = None
+    token: str = ""
+    leave: Callable[[WorkerGroup], Awaitable[tuple[str, bool]]] | None = None
 
     def kill(self) -> None:
         """SIGKILL every worker's process group now (close: nothing is reported)."""
@@ -126,8 +135,10 @@ class WorkerGroup:
                     p.kill_and_reap()
                 else:
                     p.signal_group(signal.SIGKILL)  # sweep what it forked
-            exit_ = group_exit(self)
-            release(self)
+            note, free = ("", True) if self.leave is None else await self.leave(self)
+            exit_ = group_exit(self, note)
+            if free:
+                release(self)
             if not self.result.done():
                 self.result.set_result(exit_)
             self.log.info("workers ended", kind=pb.JobExit.Kind.Name(exit_.kind),

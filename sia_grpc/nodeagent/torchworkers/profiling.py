@@ -18,7 +18,13 @@ from sia_grpc.api import pb
 from sia_grpc.nodeagent.torchworkers.environment import free_port
 from sia_grpc.nodeagent.torchworkers.exits import oom_text
 from sia_grpc.nodeagent.torchworkers.group import cannot_start
-from sia_grpc.nodeagent.workers import WorkerProcess, describe_exit, log_tail, spawn_worker
+from sia_grpc.nodeagent.workers import (
+    Confinement,
+    WorkerProcess,
+    describe_exit,
+    log_tail,
+    spawn_worker,
+)
 from sia_grpc.nodeagent.workerservice import TelemetryAccumulator
 from sia_grpc.train import contract as c
 
@@ -42,12 +48,13 @@ class ProfileRun:
     oom: pb.OomEvent | None = None
 
     async def run(self, command: list[str], env: Mapping[str, str], log_path: Path, *,
-                  cpus: list[int] | None, timeout_s: float,
-                  sizes: Sequence[int]) -> pb.Telemetry:
+                  cpus: list[int] | None, timeout_s: float, sizes: Sequence[int],
+                  confine: Confinement | None = None) -> pb.Telemetry:
         """Run the pass to its end: its Telemetry, or RuntimeError saying why not."""
         try:
             try:
-                self.proc = proc = spawn_worker(command, env, log_path, cpus=cpus)
+                self.proc = proc = spawn_worker(command, env, log_path, cpus=cpus,
+                                                confine=confine)
             except OSError as exc:
                 raise cannot_start(command, exc) from None
             self.log.info("profiling", pid=proc.pid, sizes=list(sizes), log=str(log_path))

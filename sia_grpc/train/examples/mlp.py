@@ -38,10 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     st.init()
+    # The replica's GPU when there is one (st.init selected cuda:LOCAL_RANK), else the CPU.
+    device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+              else torch.device("cpu"))
     torch.manual_seed(args.seed)  # the same initial model on every replica
     data = make_dataset(n=args.samples, seed=args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, 8))
+                                torch.nn.Linear(args.hidden, 8)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
     model = st.AdaptiveDataParallel(model, optimizer, scheduler)
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         total = correct = 0
         loss_sum = 0.0
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             out = model(x)
             loss = torch.nn.functional.cross_entropy(out, y)

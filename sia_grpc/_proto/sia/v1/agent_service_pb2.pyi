@@ -52,7 +52,7 @@ class ProfilingPass(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., local_gpu: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining", "instance_id", "highest_term")
+    __slots__ = ("node_id", "gpus", "agent_version", "running", "profiling", "draining", "instance_id", "highest_term", "isolation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Register(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_TERM_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInventory]
     agent_version: str
@@ -69,7 +70,8 @@ class Register(_message.Message):
     draining: bool
     instance_id: str
     highest_term: int
-    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ..., instance_id: _Optional[str] = ..., highest_term: _Optional[int] = ...) -> None: ...
+    isolation: str
+    def __init__(self, node_id: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuInventory, _Mapping]]] = ..., agent_version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., profiling: _Optional[_Iterable[_Union[ProfilingPass, _Mapping]]] = ..., draining: _Optional[bool] = ..., instance_id: _Optional[str] = ..., highest_term: _Optional[int] = ..., isolation: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
@@ -192,7 +194,7 @@ class WorldLayout(_message.Message):
     def __init__(self, world_size: _Optional[int] = ..., rank_offset: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("round", "directive_id", "job_id", "generation", "action", "spec", "local_gpus", "world", "allocation", "checkpoint_path", "restore_progress")
+    __slots__ = ("round", "directive_id", "job_id", "generation", "action", "spec", "local_gpus", "world", "allocation", "checkpoint_path", "restore_progress", "job_uid")
     class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ACTION_UNSPECIFIED: _ClassVar[Directive.Action]
@@ -212,6 +214,7 @@ class Directive(_message.Message):
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     RESTORE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    JOB_UID_FIELD_NUMBER: _ClassVar[int]
     round: int
     directive_id: int
     job_id: str
@@ -223,21 +226,24 @@ class Directive(_message.Message):
     allocation: _job_pb2.Allocation
     checkpoint_path: str
     restore_progress: float
-    def __init__(self, round: _Optional[int] = ..., directive_id: _Optional[int] = ..., job_id: _Optional[str] = ..., generation: _Optional[int] = ..., action: _Optional[_Union[Directive.Action, str]] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., local_gpus: _Optional[_Iterable[int]] = ..., world: _Optional[_Union[WorldLayout, _Mapping]] = ..., allocation: _Optional[_Union[_job_pb2.Allocation, _Mapping]] = ..., checkpoint_path: _Optional[str] = ..., restore_progress: _Optional[float] = ...) -> None: ...
+    job_uid: str
+    def __init__(self, round: _Optional[int] = ..., directive_id: _Optional[int] = ..., job_id: _Optional[str] = ..., generation: _Optional[int] = ..., action: _Optional[_Union[Directive.Action, str]] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., local_gpus: _Optional[_Iterable[int]] = ..., world: _Optional[_Union[WorldLayout, _Mapping]] = ..., allocation: _Optional[_Union[_job_pb2.Allocation, _Mapping]] = ..., checkpoint_path: _Optional[str] = ..., restore_progress: _Optional[float] = ..., job_uid: _Optional[str] = ...) -> None: ...
 
 class ProfileRequest(_message.Message):
-    __slots__ = ("job_id", "generation", "spec", "local_gpu", "local_batch_sizes")
+    __slots__ = ("job_id", "generation", "spec", "local_gpu", "local_batch_sizes", "job_uid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     LOCAL_GPU_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    JOB_UID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     generation: int
     spec: _job_pb2.JobSpec
     local_gpu: int
     local_batch_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., local_gpu: _Optional[int] = ..., local_batch_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    job_uid: str
+    def __init__(self, job_id: _Optional[str] = ..., generation: _Optional[int] = ..., spec: _Optional[_Union[_job_pb2.JobSpec, _Mapping]] = ..., local_gpu: _Optional[int] = ..., local_batch_sizes: _Optional[_Iterable[int]] = ..., job_uid: _Optional[str] = ...) -> None: ...
 
 class Drain(_message.Message):
     __slots__ = ("reason", "cancel")

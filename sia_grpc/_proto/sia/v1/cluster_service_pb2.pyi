@@ -32,7 +32,7 @@ class GpuSlot(_message.Message):
     def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "gpu_type", "num_gpus", "state", "gpus", "agent_version", "last_heartbeat", "drain_reason")
+    __slots__ = ("name", "gpu_type", "num_gpus", "state", "gpus", "agent_version", "last_heartbeat", "drain_reason", "isolation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Node(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu_type: str
     num_gpus: int
@@ -49,7 +50,8 @@ class Node(_message.Message):
     agent_version: str
     last_heartbeat: _timestamp_pb2.Timestamp
     drain_reason: str
-    def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuSlot, _Mapping]]] = ..., agent_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_reason: _Optional[str] = ...) -> None: ...
+    isolation: str
+    def __init__(self, name: _Optional[str] = ..., gpu_type: _Optional[str] = ..., num_gpus: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuSlot, _Mapping]]] = ..., agent_version: _Optional[str] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drain_reason: _Optional[str] = ..., isolation: _Optional[str] = ...) -> None: ...
 
 class GpuTypeSummary(_message.Message):
     __slots__ = ("gpu_type", "nodes", "gpus", "allocated")

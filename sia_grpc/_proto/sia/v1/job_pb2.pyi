@@ -42,8 +42,15 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "application", "command", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "batch_size", "max_batch_size", "type_batch_limits", "epochs", "samples", "pipeline_gpus", "restart_cost_s", "tenant", "labels", "queue", "priority")
+    __slots__ = ("name", "application", "command", "adaptivity", "min_gpus", "max_gpus", "num_gpus", "allowed_gpu_types", "batch_size", "max_batch_size", "type_batch_limits", "epochs", "samples", "pipeline_gpus", "restart_cost_s", "tenant", "labels", "queue", "priority", "env", "memory_mib_per_gpu")
     class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +76,8 @@ class JobSpec(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_PER_GPU_FIELD_NUMBER: _ClassVar[int]
     name: str
     application: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -88,7 +97,9 @@ class JobSpec(_message.Message):
     labels: _containers.ScalarMap[str, str]
     queue: str
     priority: str
-    def __init__(self, name: _Optional[str] = ..., application: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., adaptivity: _Optional[_Union[Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., epochs: _Optional[float] = ..., samples: _Optional[int] = ..., pipeline_gpus: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    env: _containers.ScalarMap[str, str]
+    memory_mib_per_gpu: int
+    def __init__(self, name: _Optional[str] = ..., application: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., adaptivity: _Optional[_Union[Adaptivity, str]] = ..., min_gpus: _Optional[int] = ..., max_gpus: _Optional[int] = ..., num_gpus: _Optional[int] = ..., allowed_gpu_types: _Optional[_Iterable[str]] = ..., batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., type_batch_limits: _Optional[_Iterable[_Union[_goodput_pb2.TypeBatchLimits, _Mapping]]] = ..., epochs: _Optional[float] = ..., samples: _Optional[int] = ..., pipeline_gpus: _Optional[int] = ..., restart_cost_s: _Optional[float] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., queue: _Optional[str] = ..., priority: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., memory_mib_per_gpu: _Optional[int] = ...) -> None: ...
 
 class GpuRef(_message.Message):
     __slots__ = ("node", "index")
@@ -151,13 +162,15 @@ class JobStatus(_message.Message):
     def __init__(self, state: _Optional[_Union[JobState, str]] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., restarts: _Optional[int] = ..., progress: _Optional[float] = ..., goodput: _Optional[float] = ..., reason: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., generation: _Optional[int] = ..., message: _Optional[str] = ..., throughput: _Optional[float] = ..., restart_seconds: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "status", "revision")
+    __slots__ = ("job_id", "spec", "status", "revision", "uid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     status: JobStatus
     revision: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+    uid: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[_Union[JobStatus, _Mapping]] = ..., revision: _Optional[int] = ..., uid: _Optional[str] = ...) -> None: ...

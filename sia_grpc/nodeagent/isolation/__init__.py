@@ -1,0 +1,1 @@
+"""Per-job isolation on the node agent."""
