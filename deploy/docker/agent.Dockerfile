@@ -30,15 +30,22 @@ COPY sia_grpc ./sia_grpc
 RUN python -m pip install ".[train]" "nvidia-ml-py==12.570.172" \
  && python -c "import torch, pynvml, sia_grpc.nodeagent.torchbackend" \
  && rm -rf /src
-# The same non-root uid/gid as the controller image and the Kubernetes manifests.
-RUN groupadd --system --gid 10001 sia \
- && useradd --system --uid 10001 --gid sia --home-dir /var/lib/sia --no-create-home \
-            --shell /usr/sbin/nologin sia \
- && install -d -o sia -g sia -m 0750 /var/lib/sia /var/lib/sia/agent
+# The work directory's parents: root's, and searchable by the jobs' uids, which pass
+# through them to their own run folders (the agent makes /var/lib/sia/agent 0711).
+# setpriv and mount (util-linux) run the DaemonSet's start-up step
+# (deploy/k8s/base/nodeagent-daemonset.yaml). No bubblewrap: a pod cannot give the
+# sandbox level (the DaemonSet runs --isolation user and says why).
+RUN install -d -o root -g root -m 0755 /var/lib/sia \
+ && install -d -o root -g root -m 0711 /var/lib/sia/agent \
+ && command -v setpriv && command -v mount
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
-USER 10001:10001
+# Root, as the DaemonSet runs it: the agent isolates each job under a uid and a
+# cgroup of its own, which takes root (with only the capabilities the DaemonSet
+# grants). As any other user it refuses to start (exit 2) unless given
+# --isolation none. Its jobs run as root only at --isolation none.
+USER 0:0
 WORKDIR /var/lib/sia/agent
 # No port: the agent dials the controller. Multi-node jobs' workers listen on the
 # MASTER_PORT the controller picks (the DaemonSet uses the host's network for that).

@@ -158,7 +158,10 @@ async def test_a_cancel_stops_the_workers_only_once_the_job_is_cancelled_in_the_
     async with LocalCluster({"rtx": (1, 4)}, rate=RATE,
                             config=replace(config, early_round_delay=0.5)) as lc, \
             AsyncSiaClient(lc.target) as sia:
-        job_id = await _queued_job(lc, sia)
+        # The early round may place the job before a poll sees it QUEUED: wait
+        # for its workers alone.
+        await lc.wait_registered(1)
+        job_id = (await sia.submit(RIGID)).job_id
         (agent,) = lc.agents.values()
         await _until(lambda: [r.job_id for r in agent.backend.running()] == [job_id])
         held = HeldWrite(lc.controller._store, state=pb.JOB_STATE_CANCELLED)

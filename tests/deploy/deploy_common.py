@@ -25,6 +25,12 @@ SECURITY_FLAGS = frozenset({"--tls-cert", "--tls-key", "--tls-client-ca", "--tok
 SECURITY_SETTINGS = frozenset({"tls_cert", "tls_key", "tls_client_ca", "tokens_file",
                                "allow_insecure", "agent_listen"})
 
+# The capabilities the node agent's isolation uses (sia_grpc/nodeagent/isolation/,
+# workers.py; deploy/systemd/sia-nodeagent.service says what each is for): the unit
+# and the DaemonSet leave the running agent exactly these (Kubernetes' spelling).
+# cgroup v1 adds SYS_ADMIN (its devices allow-list), a drop-in on systemd.
+AGENT_CAPS = frozenset({"SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"})
+
 
 def yaml_files() -> list[Path]:
     """Every YAML file under deploy/k8s except the kustomizations."""

@@ -1,5 +1,6 @@
 """deploy/docker: the images cannot be built here (no Docker daemon), so these check
-what can be checked without one: pinned bases, a non-root user, the entry points
+what can be checked without one: pinned bases, the controller's non-root user (the
+agent's root, as its isolation needs), the entry points
 the project really installs, the files copied exist and pass the ignore files."""
 
 from __future__ import annotations
@@ -37,10 +38,22 @@ def test_base_images_are_pinned(name: str) -> None:
         assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), image
 
 
-@pytest.mark.parametrize("name", IMAGES)
-def test_runs_as_a_fixed_non_root_user(name: str) -> None:
-    users = [rest for op, rest in instructions(name) if op == "USER"]
+def test_controller_runs_as_a_fixed_non_root_user() -> None:
+    users = [rest for op, rest in instructions("controller") if op == "USER"]
     assert users and users[-1].split(":")[0] == "10001"
+
+
+def test_agent_runs_as_root_with_what_its_start_up_step_needs() -> None:
+    """The agent isolates jobs under uids and cgroups of their own, which takes root
+    (the DaemonSet grants it only the capabilities that uses); its start-up step
+    (deploy/k8s/base/nodeagent-daemonset.yaml) needs setpriv and mount."""
+    users = [rest for op, rest in instructions("agent") if op == "USER"]
+    assert users and users[-1] == "0:0", "say so explicitly"
+    runs = " ".join(rest for op, rest in instructions("agent") if op == "RUN")
+    assert "command -v setpriv" in runs and "command -v mount" in runs
+    assert "useradd" not in runs
+    # The work directory's parent is searchable by the jobs' uids.
+    assert "-m 0755 /var/lib/sia " in runs and "-m 0711 /var/lib/sia/agent" in runs
 
 
 def test_entry_points_are_the_installed_scripts() -> None:

@@ -2,15 +2,19 @@
 (kubernetes-validate, offline, strict: an unknown field fails), the kustomizations
 hold together, and the workloads are what docs/operations.md promises: one
 controller with Recreate on SQLite (the base, production), or a leader and a standby
-on PostgreSQL (components/ha: dev, production-ha); hardened containers, health
-probes on the service port, and container args that the real CLIs accept."""
+on PostgreSQL (components/ha: dev, production-ha); hardened containers (the node
+agent: root with exactly the capabilities its isolation uses, --isolation user),
+health probes on the service port, and container args that the real CLIs accept."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import json
+import os
+import re
 import shutil
+import stat
 import subprocess
 import tomllib
 from importlib import resources
@@ -23,6 +27,7 @@ import pytest
 import referencing
 import yaml
 from deploy_common import (
+    AGENT_CAPS,
     BASE,
     DEPLOY,
     HA,
@@ -265,13 +270,20 @@ def test_controller_is_a_single_writer() -> None:
     check_single_writer(BASE_DOCS)
 
 
+def is_agent(doc: dict[str, Any]) -> bool:
+    return doc.get("kind") == "DaemonSet" and doc["metadata"]["name"] == "sia-nodeagent"
+
+
 def check_hardened(doc: dict[str, Any], spec: dict[str, Any]) -> None:
     name = f"{doc['kind']}/{doc['metadata']['name']}"
     pod = spec.get("securityContext", {})
-    assert pod.get("runAsNonRoot") is True, name
     assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, name
     assert spec.get("automountServiceAccountToken") is False, name
     assert not spec.get("hostPID") and not spec.get("hostIPC"), name
+    if is_agent(doc):
+        check_agent_privileges(doc, spec)
+        return
+    assert pod.get("runAsNonRoot") is True, name
     for c in containers(spec):
         sc = c.get("securityContext", {})
         where = f"{name} container {c['name']}"
@@ -282,6 +294,140 @@ def check_hardened(doc: dict[str, Any], spec: dict[str, Any]) -> None:
         assert sc.get("capabilities") == {"drop": ["ALL"]}, where
         assert sc.get("seccompProfile") == {"type": "RuntimeDefault"}, where
         assert sc.get("runAsUser", pod.get("runAsUser", 0)) != 0, where
+
+
+# ---------------------------------------------------------------- the agent's privileges
+
+# What the container holds beyond AGENT_CAPS, only for its start-up step: the cgroup
+# remount (SYS_ADMIN) and setpriv's cut of the bounding set (SETPCAP).
+START_UP_CAPS = frozenset({"SYS_ADMIN", "SETPCAP"})
+APPARMOR = "container.apparmor.security.beta.kubernetes.io/"
+
+
+def check_agent_privileges(doc: dict[str, Any], spec: dict[str, Any]) -> None:
+    """The node agent runs as root, as its isolation needs, with no more than it
+    needs: no privileged container, no host devices or hostPath, exactly AGENT_CAPS
+    (plus the start-up step's two), the runtime's seccomp profile."""
+    pod = spec.get("securityContext", {})
+    assert pod.get("runAsNonRoot") is not True
+    assert "fsGroup" not in pod and "supplementalGroups" not in pod
+    (c,) = spec["containers"]
+    assert not spec.get("initContainers")
+    sc = c["securityContext"]
+    assert sc["runAsUser"] == 0 and sc.get("runAsNonRoot") is False
+    assert sc.get("privileged") is False
+    assert sc.get("readOnlyRootFilesystem") is True
+    assert sc.get("seccompProfile") == {"type": "RuntimeDefault"}
+    assert "procMount" not in sc and "seLinuxOptions" not in sc
+    caps = sc["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    assert len(caps["add"]) == len(set(caps["add"]))
+    assert set(caps["add"]) == AGENT_CAPS | START_UP_CAPS, caps["add"]
+    assert not [a for a in caps["add"] if a.startswith("CAP_")], "Kubernetes' spelling"
+    # The API refuses allowPrivilegeEscalation: false with CAP_SYS_ADMIN; it is not
+    # to be had by spelling the capability SYS_ADMIN instead.
+    assert sc.get("allowPrivilegeEscalation") is ("SYS_ADMIN" in caps["add"])
+    # AppArmor off for the agent only (the default profile denies the remount).
+    notes = doc["spec"]["template"]["metadata"].get("annotations", {})
+    apparmor = {k: v for k, v in notes.items() if k.startswith(APPARMOR)}
+    assert apparmor == {APPARMOR + c["name"]: "unconfined"}
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+    assert start_up_script(c) is not None
+
+
+def start_up_script(c: dict[str, Any]) -> str:
+    """The DaemonSet's start-up step: tini as PID 1, then `sh -c SCRIPT`, whose last
+    word execs the agent with the container's args."""
+    command = c["command"]
+    assert command[:5] == ["tini", "--", "/bin/sh", "-c", command[4]], command
+    assert command[5:] == ["sia-nodeagent"], "$0 of the script"
+    return command[4]
+
+
+def _agent_container(docs: list[dict[str, Any]] = BASE_DOCS) -> dict[str, Any]:
+    (c,) = pod_spec(one(docs, "DaemonSet", "sia-nodeagent"))["containers"]
+    return c
+
+
+def test_the_agent_keeps_exactly_the_isolation_capabilities() -> None:
+    """The capabilities setpriv leaves the agent are AGENT_CAPS, the systemd unit's."""
+    script = start_up_script(_agent_container())
+    (keep,) = re.findall(r"^caps=(\S+)$", script, re.M)
+    items = keep.split(",")
+    assert items[0] == "-all"
+    assert {i.lstrip("+").upper() for i in items[1:]} == AGENT_CAPS
+    assert '--bounding-set="$caps"' in script and "--inh-caps=-all" in script
+    assert re.search(r'sia-nodeagent --backend torch "\$@"\s*$', script)
+    assert "$(" not in script, "Kubernetes would expand $(...) in a command"
+
+
+def _run_start_up(tmp_path: Path, mountinfo: str) -> tuple[list[str], list[str], list[str]]:
+    """The start-up script, with `mount`, `chmod` and `setpriv` replaced by stubs that
+    record their arguments, reading `mountinfo` instead of /proc/self/mountinfo."""
+    script = start_up_script(_agent_container())
+    info = tmp_path / "mountinfo"
+    info.write_text(mountinfo)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for tool in ("mount", "chmod", "setpriv"):
+        stub = stubs / tool
+        stub.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> "{tmp_path}/{tool}.log"\n')
+        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    assert "/proc/self/mountinfo" in script
+    out = subprocess.run(
+        ["/bin/sh", "-c", script.replace("/proc/self/mountinfo", str(info)), "sia-nodeagent",
+         "--controller=x:50052", "--isolation=user"],
+        env={**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+
+    def log(tool: str) -> list[str]:
+        path = tmp_path / f"{tool}.log"
+        return path.read_text().splitlines() if path.exists() else []
+    return log("mount"), log("chmod"), log("setpriv")
+
+
+_V2_MOUNTINFO = """\
+1 0 0:1 / / rw - overlay overlay rw
+2 1 0:2 / /proc rw,nosuid - proc proc rw
+3 1 0:3 / /sys ro,nosuid - sysfs sysfs ro
+4 3 0:4 / /sys/fs/cgroup ro,nosuid,nodev,noexec - cgroup2 cgroup rw,nsdelegate
+5 1 0:5 / /tmp rw - tmpfs tmpfs rw
+"""
+_V1_MOUNTINFO = """\
+1 0 0:1 / / rw - overlay overlay rw
+3 1 0:3 / /sys ro,nosuid - sysfs sysfs ro
+4 3 0:4 / /sys/fs/cgroup ro - tmpfs tmpfs ro,mode=755
+5 4 0:5 /kubepods/pod1/c1 /sys/fs/cgroup/memory ro shared:9 - cgroup cgroup rw,memory
+6 4 0:6 /kubepods/pod1/c1 /sys/fs/cgroup/devices ro - cgroup cgroup rw,devices
+7 4 0:7 /kubepods/pod1/c1 /sys/fs/cgroup/cpu,cpuacct ro - cgroup cgroup rw,cpu,cpuacct
+"""
+
+
+def test_start_up_on_cgroup_v2_drops_sys_admin(tmp_path: Path) -> None:
+    mounts, chmods, setpriv = _run_start_up(tmp_path, _V2_MOUNTINFO)
+    assert mounts == ["-o", "remount,bind,rw", "/sys/fs/cgroup"]
+    assert chmods == ["1777", "/tmp", "/dev/shm"]
+    bounding = setpriv[0].removeprefix("--bounding-set=").split(",")
+    assert bounding[0] == "-all"
+    assert {b.lstrip("+").upper() for b in bounding[1:]} == AGENT_CAPS
+    assert setpriv[1:] == ["--inh-caps=-all", "--", "sia-nodeagent", "--backend", "torch",
+                           "--controller=x:50052", "--isolation=user"]
+
+
+def test_start_up_on_cgroup_v1_keeps_sys_admin_for_the_devices_list(tmp_path: Path) -> None:
+    mounts, _, setpriv = _run_start_up(tmp_path, _V1_MOUNTINFO)
+    remounted = [m for m in mounts if m.startswith("/")]
+    assert remounted == ["/sys/fs/cgroup/memory", "/sys/fs/cgroup/devices",
+                         "/sys/fs/cgroup/cpu,cpuacct"]
+    bounding = setpriv[0].removeprefix("--bounding-set=").split(",")
+    assert {b.lstrip("+").upper() for b in bounding[1:]} == AGENT_CAPS | {"SYS_ADMIN"}
+
+
+def test_agent_isolation_level_is_user() -> None:
+    ns = parse(nodeagent_parser(), without_flags(_agent_args(), SECURITY_FLAGS,
+                                                 nodeagent_parser()))
+    assert ns.isolation == "user"
 
 
 TOOL_DOCS = [d for p in sorted((K8S / "tools").glob("*.yaml")) for d in documents(p)]

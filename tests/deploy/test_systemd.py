@@ -1,6 +1,8 @@
 """deploy/systemd: the units parse, are hardened as docs/operations.md says, and
 their ExecStart lines (with the example configuration) are accepted by the real
-CLI parsers; the example controller.toml loads."""
+CLI parsers; the example controller.toml loads. The node agent runs as root with
+exactly the capabilities its isolation uses, its own cgroup subtree and
+--isolation strict."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from deploy_common import (
+    AGENT_CAPS,
     DEPLOY,
     SECURITY_FLAGS,
     SECURITY_SETTINGS,
@@ -81,15 +84,97 @@ def exec_start(path: Path) -> list[str]:
 @pytest.mark.parametrize("name", UNITS)
 def test_unit_is_hardened(name: str) -> None:
     service = unit(UNITS[name])["Service"]
-    assert service["User"] == "sia" or service.get("DynamicUser") == "yes"
     for key, value in {"NoNewPrivileges": "yes", "PrivateTmp": "yes",
                        "ProtectSystem": "strict", "Restart": "on-failure",
                        "KillSignal": "SIGTERM", "KillMode": "mixed",
-                       "CapabilityBoundingSet": ""}.items():
+                       "AmbientCapabilities": ""}.items():
         assert service.get(key) == value, f"{name}: {key}={service.get(key)!r}"
-    assert "sia" in service["StateDirectory"].split()
     assert service.get("ProtectHome") in ("yes", "read-only")
     assert service["ExecStart"].split()[0].startswith("/opt/sia/bin/")
+
+
+def test_controller_runs_unprivileged() -> None:
+    service = unit(UNITS["controller"])["Service"]
+    assert service["User"] == "sia" or service.get("DynamicUser") == "yes"
+    assert service["CapabilityBoundingSet"] == ""
+    assert service["ProtectControlGroups"] == "yes"
+    assert "sia" in service["StateDirectory"].split()
+
+
+def test_agent_runs_as_root_with_exactly_the_isolation_capabilities() -> None:
+    """Switching a job's workers to its uid, its cgroups and its folders take root;
+    root keeps only what the isolation uses (deploy_common.AGENT_CAPS)."""
+    path = UNITS["nodeagent"]
+    for key in ("User", "Group", "DynamicUser"):
+        assert not values(path, key), f"sia-nodeagent.service still sets {key}="
+    bounding = values(path, "CapabilityBoundingSet")
+    assert len(bounding) == 1, bounding  # one list, no ~inverted or merged one
+    assert set(bounding[0].split()) == {f"CAP_{c}" for c in AGENT_CAPS}
+    assert values(path, "AmbientCapabilities") == [""]
+    # cgroup v1's SYS_ADMIN is a documented drop-in, never in the unit itself.
+    assert "CapabilityBoundingSet=CAP_SYS_ADMIN" in path.read_text()
+
+
+def test_agent_manages_its_own_cgroup_subtree() -> None:
+    path = UNITS["nodeagent"]
+    service = unit(path)["Service"]
+    assert service["Delegate"] == "yes"
+    assert service.get("ProtectControlGroups", "no") == "no"
+    # /sys read-only, but the cgroup filesystem, which the agent writes.
+    assert "/sys" in " ".join(values(path, "ReadOnlyPaths")).split()
+    assert "/sys/fs/cgroup" in " ".join(values(path, "ReadWritePaths")).split()
+
+
+def test_agent_leaves_bubblewrap_what_the_sandbox_needs() -> None:
+    """bwrap mounts a fresh /proc in the job's user and pid namespaces, which the
+    kernel refuses when locked mounts cover parts of the /proc it would reveal
+    (ProtectKernelTunables=, ProtectProc=, ProcSubset=); and it makes namespaces."""
+    service = unit(UNITS["nodeagent"])["Service"]
+    for key, harmless in {"ProtectKernelTunables": "no", "ProtectProc": "default",
+                          "ProcSubset": "all", "RestrictNamespaces": "no",
+                          "PrivateUsers": "no"}.items():
+        assert service.get(key, harmless) == harmless, f"{key}={service.get(key)}"
+
+
+def test_agent_state_directory_lets_job_users_through() -> None:
+    """Job uids reach their 0700 run folders under the work directory: it and its
+    parents must be searchable by them (0711), and /var/lib/sia is not the agent's
+    to re-own (the controller's unit owns it where both run)."""
+    service = unit(UNITS["nodeagent"])["Service"]
+    assert service["StateDirectory"].split() == ["sia/agent"]
+    assert service["StateDirectoryMode"] == "0711"
+    ns = parse(nodeagent_parser(), _agent_args_without_missing_security())
+    assert str(ns.workdir) == "/var/lib/sia/agent"
+
+
+def test_agent_isolation_is_strict_and_a_refusal_is_not_restarted() -> None:
+    path = UNITS["nodeagent"]
+    args = exec_start(path)[1:]
+    assert "--isolation" in flags_in(args)
+    ns = parse(nodeagent_parser(), _agent_args_without_missing_security())
+    assert ns.isolation == "strict"
+    assert "SIA_ISOLATION=strict" in values(path, "Environment")
+    # strict refusing to start exits 2: systemd must not restart it in a loop.
+    assert "2" in unit(path)["Service"]["RestartPreventExitStatus"].split()
+    # The example env file documents the setting without overriding the unit's.
+    example = (SYSTEMD / "nodeagent.env").read_text()
+    assert "#SIA_ISOLATION=strict" in example
+    assert "SIA_ISOLATION" not in env_file(SYSTEMD / "nodeagent.env")
+
+
+def test_example_isolation_flags_parse() -> None:
+    """The commented SIA_AGENT_ARGS example in nodeagent.env is what the agent takes."""
+    from sia_grpc.nodeagent.__main__ import _check_args
+
+    (line,) = [line for line in (SYSTEMD / "nodeagent.env").read_text().splitlines()
+               if line.startswith("#SIA_AGENT_ARGS=")]
+    extra = line.split("=", 1)[1].split()
+    assert {"--tenant-user", "--memory-per-gpu", "--sandbox-ro"} <= set(flags_in(extra))
+    p = nodeagent_parser()
+    ns = parse(p, [*_agent_args_without_missing_security(), *extra])
+    _check_args(p, ns)
+    assert ns.tenant_user == [("team-a", (1500, 1500))]
+    assert ns.memory_per_gpu == 65536 and ns.sandbox_ro == ["/shared/code"]
 
 
 def test_controller_reload_sends_sighup() -> None:
@@ -102,7 +187,8 @@ def test_agent_stop_timeout_covers_checkpointing() -> None:
     ns = parse(nodeagent_parser(), _agent_args_without_missing_security())
     assert int(service["TimeoutStopSec"]) >= ns.stop_grace + 30
     # The checkpoint directory is writable despite ProtectSystem=strict, and mounted.
-    assert str(ns.checkpoint_root) in service["ReadWritePaths"].split()
+    assert str(ns.checkpoint_root) in " ".join(values(UNITS["nodeagent"],
+                                                      "ReadWritePaths")).split()
     assert str(ns.checkpoint_root) in unit(UNITS["nodeagent"])["Unit"]["RequiresMountsFor"]
     assert str(ns.workdir).startswith("/var/lib/sia/")
 
