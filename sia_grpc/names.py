@@ -17,6 +17,14 @@ def is_name(text: str, max_len: int | None = None) -> bool:
     return bool(NAME.match(text)) and (max_len is None or len(text) <= max_len)
 
 
+def scoped_job_id(tenant: str, name: str) -> str:
+    """A job's id in the controller: the name its tenant gave it, scoped by the tenant
+    (`team-a/train-1`), so that two tenants may each have a `train-1` and no answer
+    says whether another tenant holds a name. A job with no tenant keeps its name.
+    Names have no `/`, so the scoped id is unambiguous."""
+    return f"{tenant}/{name}" if tenant else name
+
+
 def job_key(tenant: str, job_id: str, job_uid: str) -> str:
     """What a job's files are keyed by, on the nodes and in the checkpoint root:
     `<tenant>/<uid>`, the server-assigned uid that no later job gets (a job id may

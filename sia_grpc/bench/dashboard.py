@@ -106,9 +106,9 @@ async def _in_browser(driver: Any, dash: Dashboard, client: AsyncSiaClient, jobs
     await js(_OBSERVE)
     latencies = []
     for k in range(samples):
-        job_id = f"latency-{k}"
         sent = time.time()
-        await client.submit(_spec(jobs + k), job_id=job_id)
+        # (the id the controller gives: scoped by the token's tenant)
+        job_id = (await client.submit(_spec(jobs + k), job_id=f"latency-{k}")).job_id
         await _until(lambda j=job_id: js("return window.__seen[arguments[0]] !== undefined", j),
                      30)
         latencies.append(await js("return window.__seen[arguments[0]]", job_id) - sent * 1e3)

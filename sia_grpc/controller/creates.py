@@ -18,6 +18,7 @@ from sia_grpc.api.errors import (
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.store import StoreError
 from sia_grpc.controller.validation import Resolved, admit_to_queue, check_job_id, resolve
+from sia_grpc.names import MAX_ID, scoped_job_id
 
 log = structlog.get_logger("sia.controller")
 
@@ -47,10 +48,15 @@ class Creates:
             raise
 
     async def _create(self, request: pb.CreateJobRequest, resolved: Resolved) -> pb.Job:
-        job = pb.Job(job_id=request.job_id or f"{request.spec.name or 'job'}-"
-                     f"{uuid.uuid4().hex[:8]}", spec=request.spec, uid=uuid.uuid4().hex)
-        if not request.job_id and len(job.job_id) > 63:
-            job.job_id = f"job-{uuid.uuid4().hex[:12]}"
+        name = request.job_id or f"{request.spec.name or 'job'}-{uuid.uuid4().hex[:8]}"
+        if not request.job_id and len(name) > MAX_ID:
+            name = f"job-{uuid.uuid4().hex[:12]}"
+        # Ids and request ids are scoped by the tenant (names.scoped_job_id): another
+        # tenant's `train-1` or request id is no conflict, and no error names it.
+        tenant = request.spec.tenant
+        job_id = scoped_job_id(tenant, name)
+        request_id = scoped_job_id(tenant, request.request_id) if request.request_id else ""
+        job = pb.Job(job_id=job_id, spec=request.spec, uid=uuid.uuid4().hex)
         now = self.clock.time()
         # As the state machine will have it, so the store, WatchJobs and the reply
         # agree with `sia ls` from the start (it profiles first).
@@ -60,7 +66,7 @@ class Creates:
         job.status.update_time.CopyFrom(job.status.create_time)
         fut = asyncio.get_running_loop().create_future()
         # Group commit: concurrent creates share one transaction.
-        self._creates.append((job, request.request_id, fut))
+        self._creates.append((job, request_id, fut))
         if self._create_flush is None or self._create_flush.done():
             self._create_flush = asyncio.create_task(self._flush_creates())
         stored, created = await fut
@@ -69,10 +75,10 @@ class Creates:
             self.post(sm.JobCreated(now, stored, resolved))
             log.debug("job created", job_id=stored.job_id, application=stored.spec.application)
             return stored
-        if request.job_id and stored.job_id != request.job_id:
+        if request.job_id and stored.job_id != job_id:
             raise already_exists("request", request.request_id,
                                  f"request_id: already used for job {stored.job_id!r}, "
-                                 f"not {request.job_id!r}")
+                                 f"not {job_id!r}")
         self._pending_creates[request.spec.tenant] -= 1  # a repeat: nothing new to count
         current = self.state.job(stored.job_id)
         return pb.Job.FromString(current.SerializeToString()) if current else stored

@@ -22,6 +22,7 @@ from sia_grpc.api.errors import (
 )
 from sia_grpc.controller.store import StoreError
 from sia_grpc.controller.views import round_for
+from sia_grpc.names import scoped_job_id
 from sia_grpc.security import auth
 
 if TYPE_CHECKING:
@@ -57,15 +58,32 @@ class JobService(api.JobServiceServicer):
         self.c = controller
 
     # Authorization: the caller (auth.current(), set by the interceptor) sees only
-    # its tenant's jobs unless it is an admin. Another tenant's job answers
-    # NOT_FOUND, exactly as a job that does not exist, so job ids do not leak.
+    # its tenant's jobs unless it is an admin. Ids are scoped by tenant
+    # (names.scoped_job_id): a caller names its own tenant's job by its name or its
+    # full id, any job by its full id; another tenant's job answers NOT_FOUND, with
+    # the same words as a job that does not exist, so job ids do not leak.
 
     async def _own_job(self, job_id: str) -> pb.Job:
-        job = await self.c.get_job(job_id)
         caller = auth.current()
+        try:
+            job = await self.c.get_job(_scoped(job_id, caller.tenant))
+        except ApiError as err:
+            if err.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            job = self._only_job_named(job_id) if caller.admin else None
+            if job is None:
+                raise not_found("job", job_id) from None
         if not caller.admin and job.spec.tenant != caller.tenant:
             raise not_found("job", job_id)
         return job
+
+    def _only_job_named(self, name: str) -> pb.Job | None:
+        """For an admin: the one job of any tenant with this name, if exactly one."""
+        if "/" in name:
+            return None
+        found = [r.job for r in self.c.state.jobs.values()
+                 if r.job.job_id.rpartition("/")[2] == name]
+        return pb.Job.FromString(found[0].SerializeToString()) if len(found) == 1 else None
 
     @rpc
     async def CreateJob(self, request, context):
@@ -106,18 +124,22 @@ class JobService(api.JobServiceServicer):
 
     @rpc
     async def CancelJob(self, request, context):
-        await self._own_job(request.job_id)
-        return await self.c.cancel_job(request.job_id)
+        job = await self._own_job(request.job_id)
+        return await self.c.cancel_job(job.job_id)
 
     @rpc
     async def DeleteJob(self, request, context):
-        await self._own_job(request.job_id)
-        await self.c.delete_job(request.job_id)
+        job = await self._own_job(request.job_id)
+        await self.c.delete_job(job.job_id)
         return pb.DeleteJobResponse()
 
     async def WatchJobs(self, request, context):
+        caller = auth.current()
+        if request.job_id:
+            request = pb.WatchJobsRequest.FromString(request.SerializeToString())
+            request.job_id = _scoped(request.job_id, caller.tenant)
         try:
-            async for ev in self.c.watch_jobs(request, auth.current()):
+            async for ev in self.c.watch_jobs(request, caller):
                 yield ev
         except ApiError as err:
             await context.abort_with_status(err.to_status())
@@ -170,6 +192,12 @@ class ClusterService(api.ClusterServiceServicer):
                 yield round_for(rnd, tenant)
         except ApiError as err:  # the controller stepped down: NOT_LEADER
             await context.abort_with_status(err.to_status())
+
+
+def _scoped(job_id: str, tenant: str) -> str:
+    """The controller's id of the job a caller with `tenant` names: a full id
+    (`tenant/name`) as it is, a bare name as the caller's own tenant's."""
+    return job_id if "/" in job_id else scoped_job_id(tenant, job_id)
 
 
 def _tenant_view() -> str | None:

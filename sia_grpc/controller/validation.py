@@ -155,6 +155,10 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
         if not is_name(key, MAX_ID) or len(value) > 256:
             raise bad(f"labels[{key!r}]", "keys are names ([A-Za-z0-9._-]), values at most 256")
     _check_env(spec.env, path)
+    mem = spec.memory_mib_per_gpu
+    if mem and not _MIN_MEMORY_MIB <= mem <= _MAX_MEMORY_MIB:
+        raise bad("memory_mib_per_gpu", f"must be within [{_MIN_MEMORY_MIB}, "
+                  f"{_MAX_MEMORY_MIB}] MiB (0: the node's share), got {mem}")
     return Resolved(
         adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,
         pipeline_gpus=pipeline,
@@ -193,6 +197,9 @@ def profile_batch_sizes(lo: int, hi: int, count: int = 10) -> list[int]:
     return sorted({min(hi, max(lo, round(lo * ratio**k))) for k in range(count)})
 
 
+# A job's memory per GPU (the nodes' share caps it too): below 64 MiB not even the
+# worker's Python starts; 4 TiB per GPU is beyond any machine's share.
+_MIN_MEMORY_MIB, _MAX_MEMORY_MIB = 64, 4 << 20
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MAX_ENV = 64
 # Set by the agent for every worker (sia_grpc.train.contract, torch.distributed): a

@@ -11,10 +11,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, seconds, state_name
 from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
 from sia_grpc.dashboard.model import UNITS, JobRecord, Model, Rate, Restart, Step, Use
+
+
+def job_href(job_id: str) -> str:
+    """The job page's link: an id may hold '/' (`tenant/name`), one path segment."""
+    return "/jobs/" + escape(quote(job_id, safe=""))
+
 
 # Okabe & Ito's palette (less black): told apart with each common colour-vision
 # deficiency. Each colour comes with the text colour that reads on it.
@@ -141,7 +148,7 @@ def _gpu_cell(n: pb.Node, slot: pb.GpuSlot, names: dict[str, str]) -> str:
     bg, fg = job_colour(slot.job_id)
     label = names.get(slot.job_id) or slot.job_id
     return (f'<a class="gpu held" data-job="{escape(slot.job_id)}" '
-            f'href="/jobs/{escape(slot.job_id)}" style="background:{bg};color:{fg}" '
+            f'href="{job_href(slot.job_id)}" style="background:{bg};color:{fg}" '
             f'title="{escape(where)}: {escape(slot.job_id)} ({escape(label)})">'
             f'{escape(label)}</a>')
 
@@ -195,7 +202,7 @@ def job_row(rec: JobRecord, now: float) -> str:
         text, key = cell(j, now)
         text = escape(str(text))
         if name == "ID":
-            text = f'<a href="/jobs/{escape(j.job_id)}">{text}</a>'
+            text = f'<a href="{job_href(j.job_id)}">{text}</a>'
         cls = f' class="{name.lower()}"'
         cells.append(f'<td{cls} data-sort="{escape(str(key))}">{text}</td>')
     state = state_name(j.status.state)
@@ -503,7 +510,7 @@ def _move_item(m: pb.RoundMove) -> str:
     if m.job_id == OTHER_TENANT:
         job = '<span class="other">another tenant\'s job</span>'
     else:
-        job = (f'<a href="/jobs/{escape(m.job_id)}" title="{escape(m.job_id)}">'
+        job = (f'<a href="{job_href(m.job_id)}" title="{escape(m.job_id)}">'
                f'{escape(m.name or m.job_id)}</a>')
     before = allocation_text(m.before) if m.HasField("before") else "-"
     after = allocation_text(m.after) if m.HasField("after") else "queued"

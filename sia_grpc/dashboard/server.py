@@ -61,8 +61,10 @@ class Dashboard:
     async def start(self) -> None:
         app = web.Application()
         app.add_routes([web.get("/", self._cluster), web.get("/jobs", self._jobs),
-                        web.get("/jobs/{job}", self._job),
-                        web.get("/jobs/{job}/detail", self._job_detail),
+                        # A job id may hold one '/' (`tenant/name`): links quote
+                        # it, but a typed `/jobs/team-a/train-1` finds it too.
+                        web.get("/jobs/{job:[^/]+(?:/[^/]+)?}/detail", self._job_detail),
+                        web.get("/jobs/{job:[^/]+(?:/[^/]+)?}", self._job),
                         web.get("/rounds", self._rounds), web.get("/queues", self._queues),
                         web.get("/events", self._events), web.get("/healthz", self._health),
                         web.static("/static", STATIC)])

@@ -92,6 +92,8 @@ class TorchBackend:
     GPUs share (default: the agent's affinity).
     """
 
+    held_back_retry_s = 10.0  # how often GPUs held back try their release again
+
     def __init__(self, gpu_type: str, num_gpus: int, *, workdir: str | os.PathLike[str],
                  checkpoint_root: str | os.PathLike[str] | None = None,
                  emulate: bool = False, stop_grace_s: float = DEFAULT_STOP_GRACE_S,
@@ -210,6 +212,7 @@ class TorchBackend:
             if self._server is not None:
                 await self._server.stop()
             self._workdir_lock.release()
+        self.isolation.close()
         if groups:
             self._log.info("workers killed on close", jobs=[g.launch.job_id for g in groups])
 
@@ -395,7 +398,11 @@ class TorchBackend:
         iso = self.isolation
         limits = iso.limits
         if spec.memory_mib_per_gpu:
-            limits = dataclasses.replace(limits, memory_per_gpu=spec.memory_mib_per_gpu << 20)
+            # A job may ask for less than the node's share per GPU, never more: the
+            # share is what keeps one job from starving the node's others.
+            asked = spec.memory_mib_per_gpu << 20
+            limits = dataclasses.replace(limits, memory_per_gpu=(
+                asked if limits.memory_per_gpu is None else min(asked, limits.memory_per_gpu)))
         try:
             return iso.enter(key, spec.tenant, label, num_gpus=len(gpus), gpus=devices,
                              cpus=self._affinity.job_cpus(gpus),
@@ -429,23 +436,32 @@ class TorchBackend:
         held = await self._close_space(g.space, g.token, g.gate)
         note = memory_note(g.space)
         if held:
-            self._hold_back(g.launch.local_gpus, g.launch.job_id, g.space)
+            self._hold_back(g.launch.local_gpus, g.launch.job_id, g.space, group=g)
             note = "; ".join(n for n in (note, "processes of the job did not end when "
                                          "killed: its GPUs are held back") if n)
         return note, not held
 
-    def _hold_back(self, gpus: Sequence[int], job: str, space: Space) -> None:
+    def _hold_back(self, gpus: Sequence[int], job: str, space: Space,
+                   group: WorkerGroup | None = None) -> None:
+        """Processes of a run would not die: its GPUs go to no one until they do. A
+        generation's group stays listed as running (the controller places nothing
+        there meanwhile) until then."""
         for gpu in gpus:
             self._held_back[gpu] = job
         self._log.error("GPUs held back: processes of the job did not end when killed; "
                         "they go to no other job until they do", job_id=job, gpus=list(gpus))
-        asyncio.get_running_loop().create_task(self._retry_release(gpus, space))
+        asyncio.get_running_loop().create_task(self._retry_release(gpus, space, group))
 
-    async def _retry_release(self, gpus: Sequence[int], space: Space) -> None:
+    async def _retry_release(self, gpus: Sequence[int], space: Space,
+                             group: WorkerGroup | None) -> None:
         while not self._closed and not await self.isolation.leave(space):
-            await asyncio.sleep(10.0)
+            await asyncio.sleep(self.held_back_retry_s)
+        if self._closed:
+            return
         for gpu in gpus:
             self._held_back.pop(gpu, None)
+        if group is not None:
+            self._release(group)
         self._log.info("held-back GPUs released: the job's processes are gone", gpus=list(gpus))
 
     # -- WorkerService ------------------------------------------------------------------

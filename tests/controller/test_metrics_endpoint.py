@@ -203,9 +203,10 @@ async def test_a_solve_that_times_out_counts_its_wait_not_zero() -> None:
         families = await asyncio.to_thread(scrape, lc.controller.metrics_port)
     assert values(families["sia_rounds"], "outcome", "_total")["error"] >= 1
     solve = families["sia_solve_duration_seconds"]
-    count = values(solve, suffix="_count")[None]
-    assert count >= 1
-    assert values(solve, suffix="_sum")[None] >= count * config.solve_timeout
+    assert values(solve, suffix="_count")[None] >= 1
+    # At least the timed-out solve's wait (a round with less to solve may finish
+    # under the 1 ms, so not every solve counted need have waited it).
+    assert values(solve, suffix="_sum")[None] >= config.solve_timeout
 
 
 @pytest.mark.timeout(60)

@@ -46,6 +46,8 @@ def good(**kw) -> pb.JobSpec:
     ({"samples": 1 << 50}, "spec.samples"),
     ({"restart_cost_s": -1.0}, "spec.restart_cost_s"),
     ({"tenant": "a b"}, "spec.tenant"),
+    ({"memory_mib_per_gpu": 1}, "spec.memory_mib_per_gpu"),
+    ({"memory_mib_per_gpu": (4 << 20) + 1}, "spec.memory_mib_per_gpu"),
 ])
 def test_each_bad_field_is_named(kw, field):
     with pytest.raises(ApiError) as err:

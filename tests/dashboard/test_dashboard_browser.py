@@ -7,6 +7,7 @@ has a hard limit; none is timed."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
 from conftest import rigid, spec, until
@@ -184,7 +185,8 @@ async def test_a_round_lists_the_job_it_moved_and_its_link_opens_the_job_page(si
     assert trigger == rnd.trigger and before == f"2 rtx on {node}"
     assert after.startswith("2 rtx on ") and node not in after
     await browser.js(f"document.querySelector('{moved} a').click();")
-    await browser.until(f"location.pathname === '/jobs/{job}'", "the job's page")
+    path = "/jobs/" + quote(job, safe="")  # a scoped id's '/' is quoted
+    await browser.until(f"location.pathname === '{path}'", "the job's page")
     await browser.until("document.readyState === 'complete'", "the job's page to load")
     assert job in await browser.js("return document.querySelector('h1').textContent")
 

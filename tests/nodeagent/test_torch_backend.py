@@ -392,3 +392,29 @@ async def test_workers_die_with_a_killed_agent(tmp_path, worker):
         proc.kill()
         proc.wait()
         stdout.close()
+
+
+async def test_gpus_held_back_go_to_no_one_until_the_processes_go(backend, worker):
+    """Rule: a GPU whose job's processes would not die goes to no other job, and is
+    listed as that job's until they do; then it is free and the job is gone."""
+    real_leave, tries, gone = backend.isolation.leave, [], asyncio.Event()
+
+    async def stubborn(space):  # something in the run's cgroup lives on until `gone`
+        tries.append(space)
+        return gone.is_set() and await real_leave(space)
+
+    backend.isolation.leave = stubborn
+    backend.held_back_retry_s = 0.05
+    await backend.start(launch("job-1", command(worker, "train"), gpus=(0,)), lambda e: None)
+    await ready_pids(ckpt_of(backend, "job-1"), [0])
+    ended = await backend.stop("job-1")
+    assert "held back" in ended.message
+    assert [r.job_id for r in backend.running()] == ["job-1"]
+    with pytest.raises(ValueError, match="GPU 0 is held back"):
+        backend.check(launch("job-2", command(worker, "sleep"), gpus=(0,)))
+    gone.set()
+    async with asyncio.timeout(WAIT_S):
+        while backend.running():
+            await asyncio.sleep(0.02)
+    assert len(tries) >= 2
+    backend.check(launch("job-2", command(worker, "sleep"), gpus=(0,)))  # free again

@@ -211,6 +211,38 @@ async def test_tenant_isolation(controller, pki, tokens):
         await a.cancel(ja)  # its own: fine
 
 
+async def test_job_ids_are_scoped_by_tenant_and_leak_nothing(controller, pki, tokens):
+    """Two tenants may each name a job `train-1`; whether another tenant holds a name
+    or a request id is never said (defect: CreateJob answered ALREADY_EXISTS for
+    another tenant's id where GetJob said NOT_FOUND)."""
+    async with client(controller, pki, tokens.a) as a, client(controller, pki, tokens.b) as b, \
+            client(controller, pki, tokens.admin) as admin:
+        ja = await a.submit(spec(), job_id="train-1", request_id="r-1")
+        jb = await b.submit(spec("team-b"), job_id="train-1", request_id="r-1")
+        assert (ja.job_id, jb.job_id) == ("team-a/train-1", "team-b/train-1")
+        # A names its own job by its name or its full id.
+        assert (await a.get("train-1")).job_id == (await a.get("team-a/train-1")).job_id
+        # A repeat of A's own request is the same job; a new id under A's used name is
+        # A's own conflict.
+        assert (await a.submit(spec(), job_id="train-1", request_id="r-1")).job_id == ja.job_id
+        with pytest.raises(ApiError) as err:
+            await a.submit(spec(), job_id="train-1")
+        assert err.value.code == grpc.StatusCode.ALREADY_EXISTS
+        # B asking for A's job by its full id hears exactly what it hears for a job that
+        # never was.
+        answers = []
+        for job_id in ("team-a/train-1", "team-a/never-was"):
+            with pytest.raises(ApiError) as err:
+                await b.get(job_id)
+            answers.append((err.value.code, err.value.message.replace(job_id, "ID")))
+        assert answers[0] == answers[1] and answers[0][0] == grpc.StatusCode.NOT_FOUND
+        # The admin sees both, and names either by its full id.
+        assert {j.job_id async for j in admin.list()} == {ja.job_id, jb.job_id}
+        assert (await admin.get("team-b/train-1")).spec.tenant == "team-b"
+        await b.cancel("train-1")
+        assert (await a.get("train-1")).status.state != pb.JOB_STATE_CANCELLED
+
+
 async def test_the_cluster_view_hides_other_tenants_job_ids(controller, pki, tokens):
     """Regression (defect: `sia cluster` listed another tenant's job on its GPUs)."""
     ok = await connect(f"127.0.0.1:{controller.agent_port}", channel_credentials(

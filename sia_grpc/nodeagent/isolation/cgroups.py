@@ -570,3 +570,12 @@ def sweep_stale(support: CgroupSupport, base: str) -> list[str]:
         else:
             _LOG.warning("stale job cgroup %s still holds %s: left", job, sorted(job.pids()))
     return swept
+
+
+def remove_base(support: CgroupSupport, base: str) -> None:
+    """At agent close: remove <agent cg>/<base>/ where no job cgroup is left in it
+    (one held back stays, for the next agent's sweep)."""
+    _check_name(base)
+    for d in _unique(dict(support.agent_dirs)):
+        with contextlib.suppress(OSError):
+            os.rmdir(_job_parent(support, d, base))

@@ -13,7 +13,7 @@ Two ways, as operators know them:
   exclusive `flock` on `<claims>/<uid>`, which the kernel drops if the agent
   dies, and "runs no process" covers what a dead agent's job left). The job keeps it for
   every generation it runs on this node; when its last one ended and its files
-  were handed back (`confine.JobFiles.hand_back`), the uid is free for another job.
+  were handed back (`files.JobFolders.leave`), the uid is free for another job.
 
 A tenant with no mapping gets a uid from the range; no range and no mapping is a
 configuration error for an isolating agent. The group is the uid's own (gid = uid)

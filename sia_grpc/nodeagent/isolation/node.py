@@ -103,6 +103,13 @@ class NodeIsolation:
             return []
         return cg.sweep_stale(self.cgroups, self.base)
 
+    def close(self) -> None:
+        """The agent stops, its runs ended: what it made for them on the host goes
+        (its job cgroups' folder, its socket folder)."""
+        if self.cgroups is not None and self.isolates:
+            cg.remove_base(self.cgroups, self.base)
+        self.folders.close()
+
     def enter(self, key: str, tenant: str, label: str, *, num_gpus: int,
               gpus: Sequence[str], cpus: Sequence[int] | None, checkpoint_dir: Path,
               limits: Limits | None = None) -> Space:
@@ -165,6 +172,7 @@ class NodeIsolation:
             return
         del self._runs[key]
         user = None if self.users is None else self.users.holder_of(key)
-        self.folders.leave(key, checkpoint_dir, hand_back=user is not None and user.dynamic)
+        self.folders.leave(key, checkpoint_dir, freed_uid=(
+            user.uid if user is not None and user.dynamic else None))
         if self.users is not None:
             self.users.release(key)

@@ -70,6 +70,7 @@ def build_isolation(request: str, *, run_root: Path, node_id: str,
     iso.users = UserPolicy(tenants=dict(tenants or {}), uid_range=uid_range)
     iso.cgroups, iso.bwrap = cgroups, host.bwrap
     if why := _trial(iso):
+        iso.close()  # (what the trial made on the host; a later trial makes it again)
         if level is Level.SANDBOX and request in ("strict", "auto"):
             iso.level = Level.USER
             if not (why_user := _trial(iso)):
@@ -90,8 +91,12 @@ def _trial(iso: NodeIsolation) -> str:
     key = f"_trial/{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="sia-trial-") as tmp:
         os.chmod(tmp, 0o711)
-        space = iso.enter(key, "", f"t{os.getpid()}", num_gpus=1, gpus=(), cpus=None,
-                          checkpoint_dir=Path(tmp) / "ckpt" / "_trial" / "x")
+        try:
+            space = iso.enter(key, "", f"t{os.getpid()}", num_gpus=1, gpus=(), cpus=None,
+                              checkpoint_dir=Path(tmp) / "ckpt" / "_trial" / "x")
+        except (cg.CgroupError, OSError) as err:
+            # (the classic: cgroup v1's devices.allow without CAP_SYS_ADMIN)
+            return f"a job's space could not be made: {err}"
         log = Path(tmp) / "trial.log"
         try:
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **space.env()}

@@ -25,7 +25,8 @@ _OK_EXITS = (c.EXIT_COMPLETED, c.EXIT_CHECKPOINTED)
 
 def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
     """The group's JobExit; a worker still running counts as SIGKILLed. `note`
-    (what the run's cgroup says: killed for memory) leads a failure's message."""
+    (what the run's end found: killed for memory, GPUs held back) leads its message,
+    whatever the kind."""
     launch = g.launch
     ckpt = g.accum.checkpoint_progress
     held = launch.restore_progress if ckpt is None else ckpt
@@ -37,8 +38,6 @@ def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
     if bad:
         out.kind, out.progress = pb.JobExit.KIND_FAILED, held
         out.message = _failure(g, bad, codes)
-        if note:
-            out.message = f"{note}; {out.message}"
     elif all(code == c.EXIT_COMPLETED for code in codes.values()):
         out.kind, out.progress = pb.JobExit.KIND_COMPLETED, 1.0
     elif g.stop_requested:
@@ -49,6 +48,8 @@ def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
         out.kind, out.progress = pb.JobExit.KIND_FAILED, held
         out.message = (f"workers exited {c.EXIT_CHECKPOINTED} (checkpointed) without being "
                        f"asked to stop; log {g.log_dir}")
+    if note:
+        out.message = f"{note}; {out.message}" if out.message else note
     return out
 
 

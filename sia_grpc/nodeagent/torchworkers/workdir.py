@@ -3,8 +3,10 @@
     agent.sock, agent.lock                  the WorkerService socket; one agent per workdir
     jobs/<job>/gen-<generation>/rank-<r>.log    each worker's stdout and stderr
     jobs/<job>/profile-gen-<g>-gpu-<i>.log      a profiling pass
-    checkpoints/<job>/                      SIA_CHECKPOINT_DIR, unless the directive
+    run/<tenant>/<job uid>/                 a job's HOME, TMPDIR and gate sockets
+    checkpoints/<tenant>/<job uid>/         SIA_CHECKPOINT_DIR, unless the directive
                                             names one or --checkpoint-root moves it
+                                            (isolation/files.py has the owners, modes)
 """
 
 from __future__ import annotations
