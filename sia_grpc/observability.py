@@ -210,6 +210,10 @@ _GAUGES: tuple[tuple[str, str, str, str, str | tuple[str, ...] | None], ...] = (
     ("sia.jobs", "jobs_by_state", "{job}", "Jobs by state (the CLI's names)", "state"),
     ("sia.nodes", "nodes_by_state", "{node}", "Nodes by state (READY, DRAINING, LOST)",
      "state"),
+    # A node that separates nothing ("none") among a cluster's nodes should page.
+    ("sia.nodes.isolation", "nodes_by_isolation", "{node}",
+     "Nodes not LOST by how their agent separates jobs (none, user, sandbox; modeled: "
+     "runs no job code; unknown: an agent too old to say)", "isolation"),
     ("sia.gpus.allocated", "gpus_allocated", "{gpu}", "GPUs held by jobs, by type",
      "gpu_type"),
     ("sia.gpus.capacity", "gpus_capacity", "{gpu}",

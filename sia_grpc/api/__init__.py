@@ -61,6 +61,10 @@ SERVICE_NAMES = tuple(
 # id): part of the contract, since clients (the dashboard) draw such GPUs apart.
 OTHER_TENANT = "(other tenant)"
 
+# The isolation levels a node agent registers (`Register.isolation`), weakest first
+# (nodeagent/isolation/levels.py's `Level` values).
+ISOLATION_LEVELS = ("none", "user", "sandbox")
+
 # One vocabulary for states everywhere a person reads them (CLI, SDK, errors, logs,
 # metrics): RUNNING, not JOB_STATE_RUNNING.
 TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,

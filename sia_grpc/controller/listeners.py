@@ -41,6 +41,7 @@ class Listeners:
             # Every state, 0 included: a series that vanished would hide from alerts.
             jobs_by_state=lambda: dict.fromkeys(_JOB_STATES, 0) | self.state.jobs_by_state(),
             nodes_by_state=lambda: dict.fromkeys(_NODE_STATES, 0) | self.state.nodes_by_state(),
+            nodes_by_isolation=lambda: self.state.nodes_by_isolation(),
             gpus_allocated=lambda: self.state.gpus_allocated(),
             gpus_capacity=lambda: self.state.gpus_capacity(),
             agents_connected=lambda: len(self._agents),

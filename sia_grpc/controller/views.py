@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 
-from sia_grpc.api import OTHER_TENANT, node_state_name, pb, state_name
+from sia_grpc.api import ISOLATION_LEVELS, OTHER_TENANT, node_state_name, pb, state_name
 from sia_grpc.api.convert import queues_to_pb
 from sia_grpc.controller.queueing import borrowed, scheduled_in, units
 from sia_grpc.controller.records import timestamp
@@ -48,6 +48,15 @@ class Views:
         for n in list(self.nodes.values()):  # also read from the metrics thread
             name = node_state_name(n.state)
             out[name] = out.get(name, 0) + 1
+        return out
+
+    def nodes_by_isolation(self) -> dict[str, int]:
+        """Nodes not LOST by their agent's isolation level (every level, 0 included)."""
+        out = dict.fromkeys(ISOLATION_LEVELS, 0)
+        for n in list(self.nodes.values()):  # also read from the metrics thread
+            if n.state != pb.NODE_STATE_LOST:
+                level = n.isolation or "unknown"
+                out[level] = out.get(level, 0) + 1
         return out
 
     def queue_max_wait(self, now: float) -> float:

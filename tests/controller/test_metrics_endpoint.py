@@ -95,6 +95,8 @@ async def test_a_live_cluster_scraped_over_http() -> None:
     assert values(families["sia_queue_max_wait_seconds"])[None] > 0  # the waiting job
     assert values(families["sia_agents_connected"]) == {None: 2}
     assert values(families["sia_nodes"], "state") == {"READY": 2, "LOST": 0, "DRAINING": 0}
+    assert values(families["sia_nodes_isolation"], "isolation") == {
+        "none": 0, "user": 0, "sandbox": 0, "modeled": 2}
     assert values(families["sia_gpus_capacity"], "gpu_type") == {"rtx": 4, "aws": 2}
     assert values(families["sia_gpus_allocated"], "gpu_type") == {"rtx": 4, "aws": 0}
     assert values(families["sia_solve_timeout_seconds"]) == {None: CONFIG.solve_timeout}

@@ -23,7 +23,19 @@ def test_two_agents_on_one_machine_never_hand_out_the_same_uid(tmp_path):
     assert ua.uid != ub.uid and ua.dynamic and ub.dynamic
     assert a.acquire("t/1", "t") == ua  # the same job keeps its user
     a.release("t/1")
-    assert b.acquire("u/2", "u").uid == ua.uid  # released: free for anyone again
+    assert b.acquire("t/1", "t").uid == ua.uid  # released: free for anyone again
+
+
+def test_the_same_job_picks_the_same_uid_on_two_nodes(tmp_path):
+    """Two agents of one job (two machines: claims apart) pick the same uid, so its
+    files on shared storage keep one owner."""
+    keys = [f"t/{i:032x}" for i in range(5)]
+    for key in keys:
+        a = UserPolicy(uid_range=(200_000, 265_535), claims=str(tmp_path / "a"))
+        b = UserPolicy(uid_range=(200_000, 265_535), claims=str(tmp_path / "b"))
+        assert a.acquire(key, "t").uid == b.acquire(key, "t").uid
+        a.release(key)
+        b.release(key)
 
 
 @settings(max_examples=30, deadline=None)
@@ -53,7 +65,7 @@ def test_a_uid_that_still_runs_a_process_is_not_handed_out(tmp_path):
             if os.stat(f"/proc/{left.pid}").st_uid == RANGE[0]:
                 break
             time.sleep(0.01)
-        policy = UserPolicy(uid_range=RANGE, claims=str(tmp_path))
+        policy = UserPolicy(uid_range=(RANGE[0], RANGE[0] + 1), claims=str(tmp_path))
         assert policy.acquire("t/1", "t").uid == RANGE[0] + 1
     finally:
         left.kill()

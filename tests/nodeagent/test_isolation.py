@@ -210,6 +210,28 @@ async def test_an_agent_that_cannot_isolate_refuses_to_start(tmp_path):
     assert "--isolation none" in code[1]
 
 
+async def test_an_agent_whose_cgroups_fail_its_trial_refuses_with_the_reason(tmp_path):
+    """Root with the unit's six capabilities and not CAP_SYS_ADMIN: on cgroup v1 the
+    devices controller refuses the job cgroup's rules. The agent must say so and exit
+    2 (no restart), not die with a traceback; where the host allows it, it starts."""
+    import subprocess
+
+    caps = "-all,+setuid,+setgid,+chown,+fowner,+dac_override,+kill"
+    proc = await asyncio.to_thread(subprocess.Popen, [
+        "setpriv", "--bounding-set", caps, sys.executable, "-m", "sia_grpc.nodeagent",
+        "--controller", "127.0.0.1:1", "--backend", "torch", "--emulate", "rtx:1",
+        "--workdir", str(tmp_path / "w")], stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = await asyncio.to_thread(proc.communicate)
+        assert "Traceback" not in err
+        return  # isolated and running (trying to reach the controller)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and "a trial job failed" in err
+
+
 def _run_agent_as_nobody(tmp_path: Path) -> tuple[int, str]:
     import subprocess
 
@@ -223,10 +245,11 @@ def _run_agent_as_nobody(tmp_path: Path) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("level", LEVELS)
-async def test_profiling_and_a_move_between_two_agents_under_different_users(base, level,
-                                                                            exits):
-    """Profiling under isolation, then a job checkpointed on one agent and resumed on
-    another (one machine, two agents, a uid each)."""
+async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_users(
+        base, level, exits):
+    """Profiling under isolation, a resize (1 GPU to 2 on one agent: a new generation
+    in a new cgroup, the same uid), then the job checkpointed on that agent and resumed
+    on another (one machine, two agents, a uid each)."""
     a = isolated(base, level)
     b_base = base / "other"
     b_base.mkdir(mode=0o711)
@@ -249,14 +272,24 @@ async def test_profiling_and_a_move_between_two_agents_under_different_users(bas
         stopped = await a.stop("mover")  # checkpoints on the way out
         assert stopped.kind == KIND.KIND_CHECKPOINTED, stopped.message
         assert any(ckpt.glob("ckpt-gen*.pt"))
+        resized = dataclasses.replace(
+            job("mover", "team-a", mlp("4"), uid="f" * 32, gpus=(0, 1)), generation=2,
+            restore_progress=stopped.progress)
+        await a.start(resized, exits.append)
+        async with asyncio.timeout(120):
+            while not any(t.generation == 2 for t in a.telemetry()):
+                await asyncio.sleep(0.2)
+        stopped = await a.stop("mover")
+        assert stopped.kind == KIND.KIND_CHECKPOINTED, stopped.message
+        assert not exits
         second = dataclasses.replace(job("mover", "team-a", mlp("4"), uid="f" * 32),
-                                     generation=2, restore_progress=stopped.progress)
+                                     generation=3, restore_progress=stopped.progress)
         await b.start(second, exits.append)
         async with asyncio.timeout(180):
             while not exits:
                 await asyncio.sleep(0.1)
         assert exits[0].kind == KIND.KIND_COMPLETED, exits[0].message
-        log = (b.workdir / "jobs" / safe_name("mover") / "gen-2" / "rank-0.log").read_text()
+        log = (b.workdir / "jobs" / safe_name("mover") / "gen-3" / "rank-0.log").read_text()
         assert "restored" in log.lower() or stopped.progress > 0
     finally:
         await a.close()

@@ -7,8 +7,9 @@ Two ways, as operators know them:
   Slurm way): every job of that tenant runs as it, on every node, so its files
   keep one owner across nodes and a shared checkpoint filesystem needs no chown.
 * **A uid per job from a range** (`uid_range`, the systemd DynamicUser /
-  HTCondor slot-user way): the lowest uid of the range that names no account in
-  the password database, runs no process, and no agent on this machine has
+  HTCondor slot-user way): the first uid, from a place in the range the job's key
+  picks (so one job's nodes mostly agree), that names no account in the password
+  database, runs no process, and no agent on this machine has
   claimed (several agents share a machine, one per GPU type: a claim is an
   exclusive `flock` on `<claims>/<uid>`, which the kernel drops if the agent
   dies, and "runs no process" covers what a dead agent's job left). The job keeps it for
@@ -26,6 +27,7 @@ import contextlib
 import fcntl
 import os
 import pwd
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -116,7 +118,7 @@ class UserPolicy:
             uid, gid = self.tenants[tenant]
             user = JobUser(uid, gid, dynamic=False)
         else:
-            user = JobUser(*([self._free_uid()] * 2), dynamic=True)
+            user = JobUser(*([self._free_uid(key)] * 2), dynamic=True)
         self._held[key] = user
         return user
 
@@ -130,14 +132,21 @@ class UserPolicy:
     def holder_of(self, key: str) -> JobUser | None:
         return self._held.get(key)
 
-    def _free_uid(self) -> int:
+    def _free_uid(self, key: str) -> int:
+        """The first free uid of the range from a place the job's key picks: the
+        agents of one job's nodes (same key, same range) mostly pick the same uid, so
+        its ranks' files on shared storage keep one owner; it is no promise (a uid
+        taken on one node moves that node's pick on), which is why shared storage
+        wants a tenant's fixed uid."""
         if self.uid_range is None:
             raise ValueError("no uid for this job: its tenant has no uid in "
                              "[isolation.tenants] and no per-job uid_range is configured")
         taken = {u.uid for u in self._held.values()} | _uids_running()
         lo, hi = self.uid_range
+        size = hi - lo + 1
+        start = zlib.crc32(key.encode()) % size
         os.makedirs(self.claims, mode=0o700, exist_ok=True)
-        for uid in range(lo, hi + 1):
+        for uid in (lo + (start + i) % size for i in range(size)):
             if (uid not in taken and uid != self.agent_uid and not _is_account(uid)
                     and self._claim(uid)):
                 return uid
