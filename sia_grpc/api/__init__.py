@@ -9,31 +9,19 @@ The modules are generated from `protos/sia/v1/` (`make protos`).
 from __future__ import annotations
 
 import enum
-from types import SimpleNamespace
 
 from sia_grpc._proto.sia.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
     cluster_service_pb2,
     cluster_service_pb2_grpc,
-    goodput_pb2,
-    job_pb2,
     job_service_pb2,
     job_service_pb2_grpc,
     policy_service_pb2,
     policy_service_pb2_grpc,
-    queue_pb2,
-    worker_service_pb2,
     worker_service_pb2_grpc,
 )
-
-_MESSAGE_MODULES = (goodput_pb2, job_pb2, job_service_pb2, cluster_service_pb2,
-                    agent_service_pb2, policy_service_pb2, worker_service_pb2, queue_pb2)
-
-# Every message and enum value of the package, flat: pb.JobSpec, pb.JOB_STATE_QUEUED.
-pb = SimpleNamespace(**{name: getattr(m, name) for m in _MESSAGE_MODULES
-                        for name in dir(m) if not name.startswith("_")
-                        and name not in ("DESCRIPTOR",) and name[0].isupper()})
+from sia_grpc.api import pb  # every message and enum value, flat: pb.JobSpec
 
 JobServiceStub = job_service_pb2_grpc.JobServiceStub
 JobServiceServicer = job_service_pb2_grpc.JobServiceServicer
