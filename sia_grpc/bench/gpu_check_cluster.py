@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sia_grpc.bench.gpu_check_steps import RECORD, Plan, failed, mlp_spec, skipped
-from sia_grpc.demo.training import stop_agents
+from sia_grpc.testing.localcluster import stop_agents
 
 NODES = ("check-a", "check-b")
 

@@ -28,9 +28,7 @@ Slurm job's submission to the end of its last copy.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import os
 import shlex
@@ -202,8 +200,9 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
                truth: str, interval_s: float = 1.0, timeout_s: float = 900.0) -> ArmResult:
     """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it)."""
     from sia_grpc.bench.replay import trace_spec
-    from sia_grpc.cli import main as sia
-    from sia_grpc.client.spec import spec_to_mapping
+    from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
+    from sia_grpc.slurm.commands import SlurmError
+    from sia_grpc.slurm.submit import submit_job
 
     token = workdir / "workers.token"
     token.write_text("replay\n")
@@ -225,15 +224,15 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
     def submit(job: TraceJob) -> int:
         spec = workdir / f"{job.name}.json"
         spec.write_text(json.dumps(spec_to_mapping(trace_spec(job))))
-        out = io.StringIO()
-        with lock, contextlib.redirect_stdout(out):
-            rc = sia(["slurm", "submit", "--checkpoint-dir", str(workdir / job.name),
-                      "--report-to", f"127.0.0.1:{reports.port}", "--report-token-file",
-                      str(token), "--output", str(workdir / f"{job.name}-%j.out"), str(spec),
-                      "--", *_worker(job, scale, truth)])
-            if rc != 0:
-                raise RuntimeError(f"sia slurm submit {job.name} failed ({rc})")
-            job_id = int(out.getvalue().strip())
+        with lock:
+            try:  # (what `sia slurm submit` does)
+                job_id = submit_job(
+                    load_spec(spec), _worker(job, scale, truth),
+                    checkpoint_dir=str(workdir / job.name),
+                    report_to=f"127.0.0.1:{reports.port}", report_token_file=str(token),
+                    output=str(workdir / f"{job.name}-%j.out"))
+            except (SpecError, SlurmError, OSError) as err:
+                raise RuntimeError(f"sia slurm submit {job.name} failed: {err}") from err
             _model_submission(slurm, job_id, modeled)
         return job_id
 

@@ -5,7 +5,8 @@ delete, watch, cluster, queues, and (admin) drain, undrain and forget.
 `func(args) -> exit code`. Failures print one `error: ...` line to stderr and
 return 1 (2 for a spec file that cannot be used), never a traceback. The
 formatting lives in small pure functions so that it can be tested without a
-controller.
+controller; what the dashboard and the demos show too (GPUs, nodes, ages, reasons,
+the `ls` and `cluster` tables) is `api/present.py`'s.
 
 `-o json` (and `-o yaml`, the same document) is the proto3 JSON mapping of the
 messages (`google.protobuf.json_format`, field names as in the .proto files, every
@@ -23,7 +24,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -32,6 +33,17 @@ from google.protobuf import json_format
 
 from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.api.errors import ApiError
+from sia_grpc.api.present import (
+    cluster_report,
+    format_counts,
+    format_gpus,
+    format_nodes,
+    format_time,
+    job_reason,
+    jobs_table,
+    sorted_jobs,
+    table,
+)
 from sia_grpc.cli import argparsing
 from sia_grpc.cli.argparsing import UsageError
 from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient
@@ -57,98 +69,6 @@ def parse_state(text: str) -> int:
             f"unknown state {text!r} (one of {names})") from None
 
 
-def format_gpus(job: pb.Job) -> str:
-    """"4×rtx" for a job holding four rtx GPUs, "-" for one holding none."""
-    alloc = job.status.allocation
-    return f"{alloc.num_gpus}×{alloc.gpu_type}" if alloc.num_gpus else "-"
-
-
-def format_nodes(job: pb.Job) -> str:
-    """The nodes the job's GPUs are on, in allocation order: "n0,n1"."""
-    nodes = dict.fromkeys(g.node for g in job.status.allocation.gpus)
-    return ",".join(nodes) or "-"
-
-
-def format_age(seconds: float) -> str:
-    """kubectl's AGE: "45s", "5m30s", "2h", "3d4h", "400d" (a negative age, a clock
-    ahead of ours, is "0s")."""
-    s = max(int(seconds), 0)
-    m, h, d = s // 60, s // 3600, s // 86400
-    if s < 120:
-        return f"{s}s"
-    if m < 10:
-        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
-    if m < 180:
-        return f"{m}m"
-    if h < 8:
-        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
-    if h < 48:
-        return f"{h}h"
-    if d < 8:
-        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
-    if d < 365 * 2:
-        return f"{d}d"
-    return f"{d // 365}y{d % 365}d" if d < 365 * 8 and d % 365 else f"{d // 365}y"
-
-
-def format_time(ts: Any) -> str:
-    """A Timestamp as "2026-01-05T09:30:00Z" (UTC, whole seconds), "-" when unset."""
-    if not ts.seconds and not ts.nanos:
-        return "-"
-    when = datetime.datetime.fromtimestamp(ts.seconds, datetime.UTC)
-    return when.replace(tzinfo=None).isoformat() + "Z"
-
-
-def table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
-    """Left-aligned columns two spaces apart."""
-    cells = [list(map(str, header)), *([str(c) for c in row] for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in cells)
-
-
-def sorted_jobs(jobs: Iterable[pb.Job]) -> list[pb.Job]:
-    """Oldest first: by create time, then job id (jobs created in one instant)."""
-    def key(job: pb.Job) -> tuple[int, int, str]:
-        t = job.status.create_time
-        return t.seconds, t.nanos, job.job_id
-    return sorted(jobs, key=key)
-
-
-def _age(job: pb.Job, now: float) -> str:
-    t = job.status.create_time
-    return format_age(now - t.seconds - t.nanos / 1e9) if t.seconds else "-"
-
-
-# The `sia ls` columns: (header, only with -o wide, cell of a job at time `now`).
-_JOB_COLUMNS: list[tuple[str, bool, Callable[[pb.Job, float], Any]]] = [
-    ("ID", False, lambda j, now: j.job_id),
-    ("NAME", False, lambda j, now: j.spec.name or "-"),
-    ("TENANT", False, lambda j, now: j.spec.tenant or "-"),
-    ("QUEUE", True, lambda j, now: j.spec.queue or "default"),
-    ("PRIORITY", True, lambda j, now: j.spec.priority or "-"),
-    ("APPLICATION", True, lambda j, now: j.spec.application or "-"),
-    ("STATE", False, lambda j, now: state_name(j.status.state)),
-    ("GPUS", False, lambda j, now: format_gpus(j)),
-    ("NODES", False, lambda j, now: format_nodes(j)),
-    ("BATCH", True, lambda j, now: j.status.allocation.batch_size or "-"),
-    ("PROGRESS", False, lambda j, now: f"{j.status.progress * 100:.0f}%"),
-    ("GOODPUT", True, lambda j, now: f"{j.status.goodput:.3g}"),
-    ("RESTARTS", False, lambda j, now: j.status.restarts),
-    ("GENERATION", True, lambda j, now: j.status.generation),
-    ("AGE", False, _age),
-    ("REASON", False, lambda j, now: j.status.message or j.status.reason),
-]
-
-
-def jobs_table(jobs: Iterable[pb.Job], *, now: float, wide: bool = False) -> str:
-    """The `sia ls` table, oldest job first; AGE is from `now` (seconds since the
-    epoch). `wide` adds the application, batch size, goodput and generation."""
-    columns = [(name, cell) for name, wide_only, cell in _JOB_COLUMNS if wide or not wide_only]
-    return table([name for name, _ in columns],
-                 [[cell(job, now) for _, cell in columns] for job in sorted_jobs(jobs)])
-
-
 def event_line(ev: pb.JobEvent) -> str:
     """One `sia watch` line (off a terminal, or with --events)."""
     job, st = ev.job, ev.job.status
@@ -157,56 +77,8 @@ def event_line(ev: pb.JobEvent) -> str:
              f"gpus={format_gpus(job)}", f"nodes={format_nodes(job)}",
              f"batch={st.allocation.batch_size or '-'}", f"progress={st.progress * 100:.0f}%",
              f"restarts={st.restarts}"]
-    reason = st.message or st.reason
+    reason = job_reason(job)
     return " ".join(parts) + (f" reason={reason!r}" if reason else "")
-
-
-def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
-                   wide: bool = False) -> str:
-    """`sia cluster`: GPUs by type, nodes with their allocation, and recent rounds
-    (oldest first, with their start times). `wide` adds each node's agent version
-    and last heartbeat, and each round's phases and end time."""
-    out = [f"policy: {cluster.policy or '-'}  round: {cluster.round_duration_s:g}s", ""]
-    out.append(table(["GPU TYPE", "NODES", "GPUS", "ALLOCATED", "FREE"],
-                     [[t.gpu_type, t.nodes, t.gpus, t.allocated, t.gpus - t.allocated]
-                      for t in cluster.types]))
-    node_rows = []
-    for n in cluster.nodes:
-        jobs = dict.fromkeys(s.job_id for s in n.gpus if s.job_id)
-        used = sum(1 for s in n.gpus if s.job_id)
-        state = node_state_name(n.state)
-        if n.drain_reason:
-            state += f" ({n.drain_reason})"
-        row = [n.name, n.gpu_type, state, f"{used}/{n.num_gpus}", n.isolation or "-"]
-        row += [n.agent_version or "-", format_time(n.last_heartbeat)] if wide else []
-        node_rows.append([*row, ",".join(jobs) or "-"])
-    node_header = ["NODE", "TYPE", "STATE", "GPUS USED", "ISOLATION"]
-    node_header += ["AGENT", "LAST HEARTBEAT"] if wide else []
-    out += ["", table([*node_header, "JOBS"], node_rows), ""]
-    rounds = list(rounds)
-    if not rounds:
-        out.append("no scheduling rounds yet")
-        return "\n".join(out)
-    header = ["ROUND", "START", "TRIGGER", "JOBS", "GPUS", "MOVED", "SOLVE MS", "TOTAL MS"]
-    header += ["ESTIMATE MS", "PLACE MS", "DISPATCH MS", "OBJECTIVE", "END"] if wide else []
-    rows = []
-    for r in rounds:
-        # A skipped round has no number (0): its NOTE says why it did not run.
-        row = [r.round or "-", format_time(r.start_time), r.trigger or "-", r.jobs,
-               r.gpus_allocated, r.jobs_moved, f"{r.solve_ms:.1f}", f"{r.total_ms:.1f}"]
-        row += [f"{r.estimate_ms:.1f}", f"{r.place_ms:.1f}", f"{r.dispatch_ms:.1f}",
-                f"{r.objective:.4g}", format_time(r.end_time)] if wide else []
-        rows.append([*row, r.note])
-    out.append(table([*header, "NOTE"], rows))
-    return "\n".join(out)
-
-
-def format_counts(gpus: Any, extra: str = "", *, zeros: bool = False) -> str:
-    """{"rtx": 8, "a100": 4} as "4 a100, 8 rtx" (zeros left out, unless `zeros`: a
-    limit of 0 says something), then `extra`; "-" for nothing."""
-    parts = [f"{n} {t}" for t, n in sorted(gpus.items()) if n or zeros]
-    parts += [extra] if extra else []
-    return ", ".join(parts) or "-"
 
 
 def queues_report(resp: pb.ListQueuesResponse) -> str:

@@ -69,7 +69,7 @@ def _tokens_add(args: argparse.Namespace) -> int:
 
 
 def _tokens_list(args: argparse.Namespace) -> int:
-    from sia_grpc.cli.jobs import table
+    from sia_grpc.api.present import table
     from sia_grpc.security.tokens import list_tokens
 
     tokens = list_tokens(args.file)

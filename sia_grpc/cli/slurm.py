@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from sia_grpc.cli.argparsing import UsageError, command, subcommand
@@ -13,8 +12,7 @@ PREFIX = "sia slurm submit"
 
 def _submit(args: argparse.Namespace) -> int:
     from sia_grpc.client.spec import load_spec
-    from sia_grpc.slurm.commands import Slurm
-    from sia_grpc.slurm.submit import batch_script, ticket_for
+    from sia_grpc.slurm.submit import submit_job, ticket_for
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if cmd and cmd[0].startswith("-") and cmd is args.cmd:
@@ -22,22 +20,12 @@ def _submit(args: argparse.Namespace) -> int:
                          f"command after `--`")
     spec = load_spec(args.spec)
     ticket = ticket_for(spec)
-    env = {"PATH": os.environ.get("PATH", "")}
-    if args.checkpoint_dir:
-        env["SIA_CHECKPOINT_DIR"] = os.path.abspath(args.checkpoint_dir)
-    if args.report_to:
-        if not args.report_token_file:
-            raise UsageError("--report-to needs --report-token-file (the bridge's workers' "
-                             "token)")
-        with open(args.report_token_file) as f:
-            env.update(SIA_AGENT_ADDRESS=args.report_to, SIA_AGENT_TOKEN=f.read().strip())
-    script = batch_script(cmd or list(spec.command), env)
-    sbatch = ["--export=NONE", f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
-    for flag in ("partition", "account", "output"):
-        value = getattr(args, flag)
-        if value:
-            sbatch.append(f"--{flag}={value}")
-    print(Slurm().submit(script, ticket, sbatch))
+    if args.report_to and not args.report_token_file:
+        raise UsageError("--report-to needs --report-token-file (the bridge's workers' "
+                         "token)")
+    print(submit_job(spec, cmd, ticket=ticket, checkpoint_dir=args.checkpoint_dir,
+                     report_to=args.report_to, report_token_file=args.report_token_file,
+                     partition=args.partition, account=args.account, output=args.output))
     return 0
 
 

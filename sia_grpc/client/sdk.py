@@ -56,9 +56,10 @@ from sia_grpc.api import (
     pb,
     state_name,
 )
+from sia_grpc.api.addresses import Resolve
+from sia_grpc.api.addresses import resolve as dns_resolve
 from sia_grpc.api.errors import ApiError
-from sia_grpc.client.failover import Attempts, FailoverStub, Resolve, Targets
-from sia_grpc.client.failover import resolve as dns_resolve
+from sia_grpc.client.failover import Attempts, FailoverStub, Targets
 from sia_grpc.client.spec import spec_from_mapping
 from sia_grpc.security.tls import PemSource, channel_credentials
 
@@ -328,10 +329,6 @@ class SiaClient:
         self.close()
 
     # -- calls --
-
-    def _call_timeout(self, deadline: float | None) -> float:
-        left = _remaining(deadline)
-        return self._timeout if left is None else min(self._timeout, left)
 
     def _write(self, method: Callable[..., Any], request: Any, *,
                idempotent: bool = False) -> Any:

@@ -15,9 +15,10 @@ from sia_grpc.api.errors import (
     invalid,
     unavailable,
 )
+from sia_grpc.api.validation import Resolved, resolve
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.store import StoreError
-from sia_grpc.controller.validation import Resolved, admit_to_queue, check_job_id, resolve
+from sia_grpc.controller.validation import admit_to_queue, check_job_id
 from sia_grpc.names import MAX_ID, scoped_job_id
 
 log = structlog.get_logger("sia.controller")

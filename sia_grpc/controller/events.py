@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sia_grpc.api import pb
+from sia_grpc.api.validation import Resolved
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.validation import Resolved
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult

@@ -5,21 +5,30 @@ call it after each event, so a rule broken anywhere is caught where it breaks.""
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sia_grpc.api import pb, state_name
-from sia_grpc.controller.records import live_rendezvous
+from sia_grpc.controller.records import JobRec, NodeRec, live_rendezvous
 from sia_grpc.controller.transitions import REASONS, TERMINAL, WAITING
-
-if TYPE_CHECKING:
-    from sia_grpc.controller.state import ControllerState
 
 
 class InvariantError(AssertionError):
     """The controller's books broke a rule (`check_invariants`)."""
 
 
-def check_invariants(self: ControllerState) -> None:
+class Books(Protocol):
+    """What `check_invariants` reads of `ControllerState` (which calls it, so this
+    module does not import it: `state` imports `invariants`, never the reverse)."""
+
+    jobs: dict[str, JobRec]
+    nodes: dict[str, NodeRec]
+    active_by_tenant: collections.Counter[str]
+    _pending_acks: dict[int, tuple[str, str, int, pb.ControllerMessage]]
+    _stops_due: collections.Counter[tuple[str, str]]
+    _moving: dict[str, int]
+
+
+def check_invariants(self: Books) -> None:
     """Raise `InvariantError` naming the first rule the books break.
 
     The rules hold after every event, whatever order events arrive in; the

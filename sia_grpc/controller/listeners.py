@@ -13,10 +13,9 @@ from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, read_queues_file
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
-from sia_grpc.controller.queueing import scheduled_in
 from sia_grpc.controller.stores import is_postgres
 from sia_grpc.observability import PREEMPTION_REASONS, RENEW_FAILURES, MetricsServer
-from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues import QueueSet, scheduled_in
 from sia_grpc.security import auth
 from sia_grpc.security.tls import ReloadingCertificates, is_loopback, read_pem
 from sia_grpc.security.tokens import TokenError, TokenStore

@@ -1,7 +1,7 @@
-"""Queues in the controller (docs/operations.md, "Queues"): which queue and priority
-class a job is scheduled in, and what a round did to the queues: the guarantee rows
-that bound it, the jobs preempted so that a queue gets its guarantee back (reclaims),
-and the rule a waiting job is held by.
+"""Queues in the controller (docs/operations.md, "Queues"): what a round did to the
+queues: the guarantee rows that bound it, the jobs preempted so that a queue gets its
+guarantee back (reclaims), and the rule a waiting job is held by. (Which queue and
+priority class a job is scheduled in: `policy.queues.scheduled_in`.)
 
 Pure functions of the round's inputs and result; the state machine calls them
 (`rounds.Rounds`). A reclaim is a job of a queue above its guarantee that lost its
@@ -15,9 +15,8 @@ import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sia_grpc.api import pb
 from sia_grpc.api.convert import row_binds
-from sia_grpc.policy.queues import DEFAULT_QUEUE, QueueSet
+from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 UNITS = "units"  # the "type" of a type-flexible guarantee row: "guarantee research/units"
@@ -26,21 +25,6 @@ UNITS = "units"  # the "type" of a type-flexible guarantee row: "guarantee resea
 _NO_GPUS = "waiting: no GPUs free"
 
 Held = dict[str, collections.Counter]  # queue -> GPU type -> GPUs
-
-
-def scheduled_in(queues: QueueSet, spec: pb.JobSpec) -> tuple[str, str, str]:
-    """(queue, priority class, note) a job is scheduled with: its own while the
-    configuration has them; a queue or class that a reload removed gives the default
-    one, and a note saying so (its reasons carry it, docs/operations.md)."""
-    queue, priority, notes = spec.queue or DEFAULT_QUEUE, spec.priority, []
-    if queue not in {q.name for q in queues.queues}:
-        notes.append(f"queue {queue!r} is no longer configured: scheduled in {DEFAULT_QUEUE}")
-        queue = DEFAULT_QUEUE
-    if priority and priority not in {c.name for c in queues.priority_classes}:
-        notes.append(f"priority class {priority!r} is no longer configured: scheduled as "
-                     f"{queues.default_priority}")
-        priority = ""
-    return queue, priority, "; ".join(notes)
 
 
 @dataclass(frozen=True)

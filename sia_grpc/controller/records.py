@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from google.protobuf import timestamp_pb2
 
 from sia_grpc.api import pb
+from sia_grpc.api.validation import Resolved
 from sia_grpc.controller.transitions import TERMINAL
-from sia_grpc.controller.validation import Resolved
 from sia_grpc.models.bootstrap import ThroughputEstimator
 from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Config, GpuId

@@ -31,7 +31,7 @@ from sia_grpc.controller.transitions import TERMINAL, set_state
 from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import NEUTRAL_GRAD
 from sia_grpc.policy.cluster import Cluster, Node
-from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues import QueueSet, scheduled_in
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 # The moved jobs a round records (Round.moves; jobs_moved counts them all): enough to
@@ -146,7 +146,7 @@ class Rounds:
             rec = self.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
-            queue, _, note = queueing.scheduled_in(self.queues, rec.job.spec)
+            queue, _, note = scheduled_in(self.queues, rec.job.spec)
             if note:
                 reason = f"{reason} ({note})"
             new = res.allocations.get(job_id)
@@ -222,7 +222,7 @@ class Rounds:
             local_bsz_limits={t: res.local_bsz_limits[t] for t in types
                               if t in res.local_bsz_limits})
         created = seconds(rec.job.status.create_time)
-        queue, priority, _ = queueing.scheduled_in(self.queues, rec.job.spec)
+        queue, priority, _ = scheduled_in(self.queues, rec.job.spec)
         runs = rec.alloc is not None and not rec.moving
         return PolicyJob(
             job_id=rec.job_id, model=model, adaptivity=res.adaptivity, min_gpus=res.min_gpus,

@@ -4,9 +4,10 @@ it asks, then calls the controller's public methods; typed errors become statuse
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import structlog
@@ -26,9 +27,44 @@ from sia_grpc.names import scoped_job_id
 from sia_grpc.security import auth
 
 if TYPE_CHECKING:
-    from sia_grpc.controller.server import Controller
+    from sia_grpc.controller.config import ControllerConfig
+    from sia_grpc.controller.state import ControllerState
+    from sia_grpc.security.tokens import Principal
 
 log = structlog.get_logger("sia.controller")
+
+
+class ControllerApi(Protocol):
+    """What the services call on the controller: its public methods
+    (`server.Controller`, which makes the services: `server` imports this module,
+    never the reverse)."""
+
+    config: ControllerConfig
+    state: ControllerState
+    rounds: collections.deque[pb.Round]
+
+    async def create_job(self, request: pb.CreateJobRequest,
+                         bound_queues: tuple[str, ...] = ()) -> pb.Job: ...
+
+    async def get_job(self, job_id: str) -> pb.Job: ...
+
+    async def list_jobs(self, *, states: tuple[int, ...], tenant: str | None, page_size: int,
+                        page_token: str) -> tuple[list[pb.Job], str]: ...
+
+    async def cancel_job(self, job_id: str) -> pb.Job: ...
+
+    async def delete_job(self, job_id: str) -> None: ...
+
+    def watch_jobs(self, request: pb.WatchJobsRequest,
+                   caller: Principal | None = None) -> AsyncIterator[pb.JobEvent]: ...
+
+    async def set_drain(self, node: str, reason: str | None) -> pb.Node: ...
+
+    async def forget_node(self, node: str) -> pb.Node: ...
+
+    def watch_rounds(self) -> AsyncIterator[pb.Round]: ...
+
+    def agent_stream(self, requests, context) -> AsyncIterator[pb.ControllerMessage]: ...
 
 
 def rpc(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
@@ -54,7 +90,7 @@ def rpc(method: Callable[..., Awaitable]) -> Callable[..., Awaitable]:
 
 
 class JobService(api.JobServiceServicer):
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ControllerApi) -> None:
         self.c = controller
 
     # Authorization: the caller (auth.current(), set by the interceptor) sees only
@@ -146,7 +182,7 @@ class JobService(api.JobServiceServicer):
 
 
 class ClusterService(api.ClusterServiceServicer):
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ControllerApi) -> None:
         self.c = controller
 
     @rpc
@@ -215,7 +251,7 @@ def _admin_only(what: str) -> None:
 
 
 class AgentService(api.AgentServiceServicer):
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ControllerApi) -> None:
         self.c = controller
 
     async def Connect(self, request_iterator, context):

@@ -40,6 +40,7 @@ import secrets
 from collections.abc import Sequence
 
 from sia_grpc.api import pb
+from sia_grpc.api.validation import resolve
 from sia_grpc.controller.agents import Agents
 from sia_grpc.controller.events import (
     Action,
@@ -79,7 +80,6 @@ from sia_grpc.controller.records import (
 )
 from sia_grpc.controller.rounds import Rounds
 from sia_grpc.controller.transitions import REASONS, TERMINAL, set_state
-from sia_grpc.controller.validation import resolve
 from sia_grpc.controller.views import Views
 from sia_grpc.policy.queues import QueueSet
 
@@ -235,7 +235,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                 self._check_liveness(event.at, out)
             case QueuesLoaded():
                 # Jobs keep what they hold; the next round schedules by the new queues
-                # (a job whose queue is gone: in the default one, `queueing.scheduled_in`).
+                # (a job whose queue is gone: in the default one, `policy.queues.scheduled_in`).
                 self.queues = event.queues
             case SolveFinished():
                 self._solved(event, out)

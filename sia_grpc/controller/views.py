@@ -7,9 +7,10 @@ import collections
 
 from sia_grpc.api import ISOLATION_LEVELS, OTHER_TENANT, node_state_name, pb, state_name
 from sia_grpc.api.convert import queues_to_pb
-from sia_grpc.controller.queueing import borrowed, scheduled_in, units
+from sia_grpc.controller.queueing import borrowed, units
 from sia_grpc.controller.records import timestamp
 from sia_grpc.controller.transitions import TERMINAL, WAITING
+from sia_grpc.policy.queues import scheduled_in
 
 
 class Views:

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sia_grpc.api import OTHER_TENANT, TERMINAL_STATES, node_state_name, pb, seconds, state_name
-from sia_grpc.cli.jobs import format_age, format_counts, format_gpus, format_nodes
+from sia_grpc.api.present import format_counts, format_gpus, format_nodes, job_age, job_reason
 from sia_grpc.dashboard.model import UNITS, JobRecord, Model, Rate, Restart, Step, Use
 
 
@@ -134,8 +134,12 @@ def _node_row(n: pb.Node, names: dict[str, str]) -> str:
         f'<span class="badge {state}">{escape(state.upper())}'
         f'{": " + escape(n.drain_reason) if n.drain_reason else ""}</span>')
     cells = "".join(_gpu_cell(n, slot, names) for slot in n.gpus)
-    return (f'<tr class="node {state}" data-node="{escape(n.name)}" data-state="{state}">'
-            f'<th>{escape(n.name)}{badge}</th><td class="cells">{cells}</td></tr>')
+    level = n.isolation or "unknown"
+    iso = (f'<span class="isolation {escape(level)}" title="how this node\'s agent '
+           f'separates jobs (docs/agent.md, Isolation)">{escape(level)}</span>')
+    return (f'<tr class="node {state}" data-node="{escape(n.name)}" data-state="{state}" '
+            f'data-isolation="{escape(level)}"><th>{escape(n.name)}{badge}{iso}</th>'
+            f'<td class="cells">{cells}</td></tr>')
 
 
 def _gpu_cell(n: pb.Node, slot: pb.GpuSlot, names: dict[str, str]) -> str:
@@ -167,15 +171,9 @@ _COLUMNS: list[tuple[str, Any]] = [
                               j.status.allocation.batch_size)),
     ("PROGRESS", lambda j, now: (f"{j.status.progress * 100:.0f}%", j.status.progress)),
     ("RESTARTS", lambda j, now: (j.status.restarts, j.status.restarts)),
-    ("AGE", lambda j, now: (_age(j, now), -seconds(j.status.create_time))),
-    ("REASON", lambda j, now: (j.status.message or j.status.reason or "",
-                               j.status.message or j.status.reason)),
+    ("AGE", lambda j, now: (job_age(j, now), -seconds(j.status.create_time))),
+    ("REASON", lambda j, now: (job_reason(j), job_reason(j))),
 ]
-
-
-def _age(job: pb.Job, now: float) -> str:
-    created = seconds(job.status.create_time)
-    return format_age(now - created) if created else "-"
 
 
 def jobs_page(model: Model, now: float) -> str:
@@ -221,7 +219,7 @@ def job_page(rec: JobRecord, model: Model, now: float) -> str:
 def job_detail(rec: JobRecord, model: Model, now: float) -> str:
     j, st = rec.job, rec.job.status
     state = state_name(st.state)
-    why = st.message or st.reason
+    why = job_reason(j)
     question = ("Why is it waiting?" if st.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING)
                 else "How it ended" if st.state in TERMINAL_STATES else "Why this allocation?")
     facts = [("state", f'<b class="state {state.lower()}">{state}</b>'),

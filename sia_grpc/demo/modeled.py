@@ -97,7 +97,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
 
     from sia_grpc import api
     from sia_grpc.api import pb
-    from sia_grpc.cli.jobs import cluster_report, jobs_table
+    from sia_grpc.api.present import cluster_report, jobs_table
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.controller.config import ControllerConfig
     from sia_grpc.dashboard.server import beside

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import TextIO
 
 from sia_grpc.api import pb, state_name
-from sia_grpc.cli.jobs import cluster_report, format_gpus, jobs_table
+from sia_grpc.api.present import cluster_report, format_gpus, jobs_table
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.client.sdk import is_terminal
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.server import Controller
 from sia_grpc.dashboard.server import beside
+from sia_grpc.testing.localcluster import stop_agents
 
 # (node name, GPU type, emulated GPUs): the paper's fastest and a mid-range type.
 NODES = (("a100-0", "dgx-ext", 2), ("rtx-0", "rtx", 2))
@@ -68,18 +69,6 @@ def job_spec(job: DemoJob, gpu_types: list[str]) -> pb.JobSpec:
         spec.type_batch_limits.add(gpu_type=t, min_local_batch_size=8,
                                    max_local_batch_size=job.max_batch_size // 2)
     return spec
-
-
-async def stop_agents(agents: Sequence[subprocess.Popen], grace_s: float = 30.0) -> None:
-    """SIGTERM to each agent (it checkpoints and stops its workers), SIGKILL to any
-    still running `grace_s` later."""
-    for p in agents:
-        p.terminate()
-    for p in agents:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(p.wait, grace_s)
-        if p.poll() is None:
-            p.kill()
 
 
 def _spawn_agent(target: str, node: str, gpu_type: str, gpus: int,

@@ -388,14 +388,9 @@ class JobGoodputModel:
         return ("rows", est.uid, est.version, self._bounds_key, gpu_types, nodes.tobytes(),
                 reps.tobytes())
 
-    def row_plans(self, gpu_types: tuple[str, ...]) -> tuple[np.ndarray, ...]:
-        """Per row: (mode, own params (7,), ref params (7,), lo, hi, known) for
-        configurations of the given types; unknown types get placeholder values
-        and known=False."""
-        return _stacked_plans([(self, gpu_types)])
-
     def _type_plan(self, gpu_type: str) -> tuple:
-        """`row_plans`' entry for a row of `gpu_type`."""
+        """A row of `gpu_type`'s plan: (mode, own params (7,), ref params (7,), lo, hi,
+        known); a type it cannot estimate gets placeholder values and known=False."""
         limits = self.local_bsz_limits.get(gpu_type)
         plan = self.estimator.time_fn(gpu_type) if limits is not None else None
         return (_PLACEHOLDER if plan is None else
@@ -562,7 +557,8 @@ def _grids_for(items, keys=None) -> list[BatchGrid]:
 
 def _stacked_plans(parts: list[tuple[JobGoodputModel, tuple[str, ...]]]
                    ) -> tuple[np.ndarray, ...]:
-    """`row_plans` of every (model, row types) part, stacked in order. One entry per
+    """The rows' plans (`_type_plan`) of every (model, row types) part, stacked in
+    order: per row, (mode, own params (7,), ref params (7,), lo, hi, known). One entry per
     (part, type) and one index per row, so that the arrays are built once for all
     parts: per part, six small arrays cost more than its rows' plans."""
     entries: list[tuple] = []

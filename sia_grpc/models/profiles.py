@@ -60,8 +60,6 @@ APPLICATIONS: Mapping[str, Application] = MappingProxyType({
         Application("gpt_pmp", 2, 30.0, 1.2),
     )
 })
-DEFAULT_RESTART_DELAY = 30.0
-DEFAULT_SLOWDOWN = 1.2
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,8 +34,8 @@ import structlog
 
 from sia_grpc import __version__
 from sia_grpc.api import AgentServiceStub, pb
-from sia_grpc.client.failover import Resolve, expand, normalize
-from sia_grpc.client.failover import resolve as dns_resolve
+from sia_grpc.api.addresses import Resolve, expand, normalize
+from sia_grpc.api.addresses import resolve as dns_resolve
 from sia_grpc.clock import Clock, MonotonicClock
 from sia_grpc.nodeagent.backend import Launch, WorkerBackend
 from sia_grpc.security.tls import probe_tls
@@ -68,7 +68,7 @@ class AgentConfig:
     node_id: str
     # "host:port", or several comma-separated (a controller pair: the agent finds the
     # leader, following a standby's NOT_LEADER answer, else trying the next one); a
-    # host name with several DNS records counts as several (client/failover.py)
+    # host name with several DNS records counts as several (api/addresses.py)
     controller: str
     gpu_type: str
     num_gpus: int
@@ -291,7 +291,7 @@ class NodeAgent:
             maxlen=TERMS_KEPT)
         self.rejected: collections.deque[tuple[pb.Directive, str]] = collections.deque(
             maxlen=TERMS_KEPT)
-        # The controller addresses, config.controllers resolved (client/failover.py's
+        # The controller addresses, config.controllers resolved (api/addresses.py's
         # `expand`: address -> the name to verify its certificate against), resolved
         # before the first stream and again once every one has failed.
         self._resolve = resolve

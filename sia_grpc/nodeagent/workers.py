@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ class WorkerProcess:
     rank: int  # global rank (0 for a profiling pass)
     local_rank: int
     log_path: Path
-    exited_at: float | None = field(default=None)  # loop time of its exit
 
     @property
     def pid(self) -> int:

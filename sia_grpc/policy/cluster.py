@@ -231,15 +231,6 @@ class Cluster:
         fits = rem == 0 and m <= len(self.vnodes[gpu_type])
         return Config(gpu_type, m, num_gpus) if fits else None
 
-    def scaled(self, k: int) -> Cluster:
-        """The same cluster with every node repeated `k` times."""
-        if k < 1:
-            raise ValueError(f"scale: must be >= 1, got {k}")
-        return Cluster.of(
-            Node(f"{n.name}" if i == 0 else f"{n.name}.{i}", n.gpu_type, n.num_gpus)
-            for n in self.nodes for i in range(k)
-        )
-
 
 def paper_hetero_cluster(scale: int = 1) -> Cluster:
     """The paper's heterogeneous 64-GPU cluster: 6×4 aws (t4), 3×8 rtx, 2×8 dgx-ext (a100)."""

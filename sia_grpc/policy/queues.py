@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from sia_grpc.names import MAX_ID, is_name
 from sia_grpc.policy.errors import FieldError
@@ -42,7 +42,8 @@ from sia_grpc.policy.errors import FieldError
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = "default"
 
-__all__ = ["DEFAULT_PRIORITY", "DEFAULT_QUEUE", "PriorityClass", "Queue", "QueueSet", "partitioned"]
+__all__ = ["DEFAULT_PRIORITY", "DEFAULT_QUEUE", "PriorityClass", "Queue", "QueueSet", "partitioned",
+           "scheduled_in"]
 
 
 def _frozen(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -266,3 +267,25 @@ def partitioned(queues: QueueSet, gpu_types: Sequence[str]) -> QueueSet:
     return dataclasses.replace(queues, queues=tuple(
         dataclasses.replace(q, guarantee={}, guarantee_units=0.0, borrow_limit={
             t: q.guarantee.get(t, 0) for t in gpu_types}) for q in queues.queues))
+
+
+class Placed(Protocol):
+    """What `scheduled_in` reads of a job's spec (a `sia.v1.JobSpec`)."""
+
+    queue: str
+    priority: str
+
+
+def scheduled_in(queues: QueueSet, spec: Placed) -> tuple[str, str, str]:
+    """(queue, priority class, note) a job is scheduled with: its own while the
+    configuration has them; a queue or class that a reload removed gives the default
+    one, and a note saying so (its reasons carry it, docs/operations.md)."""
+    queue, priority, notes = spec.queue or DEFAULT_QUEUE, spec.priority, []
+    if queue not in {q.name for q in queues.queues}:
+        notes.append(f"queue {queue!r} is no longer configured: scheduled in {DEFAULT_QUEUE}")
+        queue = DEFAULT_QUEUE
+    if priority and priority not in {c.name for c in queues.priority_classes}:
+        notes.append(f"priority class {priority!r} is no longer configured: scheduled as "
+                     f"{queues.default_priority}")
+        priority = ""
+    return queue, priority, "; ".join(notes)

@@ -78,9 +78,6 @@ class Principal:
     def admin(self) -> bool:
         return self.role == "admin"
 
-    def may_use(self, queue: str) -> bool:
-        return not self.queues or queue in self.queues
-
 
 ANONYMOUS_ADMIN = Principal(tenant="", role="admin", name="anonymous")
 

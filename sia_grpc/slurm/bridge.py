@@ -33,7 +33,7 @@ Optimizer = Callable[[pb.OptimizeRequest], pb.OptimizeResponse]
 
 def in_process_optimizer() -> Optimizer:
     """The policy service's own call, in this process."""
-    from sia_grpc.controller.policy_service import optimize_request
+    from sia_grpc.api.optimize import optimize_request
 
     return optimize_request
 

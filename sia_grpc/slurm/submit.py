@@ -1,7 +1,9 @@
-"""What `sia slurm submit` hands to sbatch: a batch script and the job's ticket."""
+"""What `sia slurm submit` hands to sbatch: a batch script and the job's ticket
+(`submit_job`: the whole submission, for the command line and the Slurm bench)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -9,9 +11,10 @@ from collections.abc import Mapping, Sequence
 
 from sia_grpc.api import pb
 from sia_grpc.client.spec import SpecError
+from sia_grpc.slurm.commands import Slurm
 from sia_grpc.slurm.translate import Ticket, policy_job, spec_mapping
 
-__all__ = ["batch_script", "ticket_for"]
+__all__ = ["batch_script", "submit_job", "ticket_for"]
 
 
 def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
@@ -36,3 +39,31 @@ def batch_script(command: Sequence[str], env: Mapping[str, str],
             f"(docs/slurm.md).\n{exports}"
             f'eval "$({shlex.quote(python)} -m sia_grpc.slurm env)"\n'
             f"exec {shlex.join(command)}\n")
+
+
+def submit_job(spec: pb.JobSpec, command: Sequence[str], *, ticket: Ticket | None = None,
+               checkpoint_dir: str | None = None, report_to: str | None = None,
+               report_token_file: str | None = None, partition: str | None = None,
+               account: str | None = None, output: str | None = None) -> int:
+    """`sia slurm submit`: sbatch a held job for the bridge to place, running `command`
+    (default: the spec's), from the current folder; returns its Slurm job id.
+    `ticket`: `ticket_for(spec)`, made here unless given (the command line makes it
+    first: a bad spec is the first thing it reports). `report_to` (the bridge's
+    WorkerService) needs `report_token_file`, the file holding its workers' token.
+    SpecError, SlurmError or OSError if it cannot."""
+    if ticket is None:
+        ticket = ticket_for(spec)
+    env = {"PATH": os.environ.get("PATH", "")}
+    if checkpoint_dir:
+        env["SIA_CHECKPOINT_DIR"] = os.path.abspath(checkpoint_dir)
+    if report_to:
+        if not report_token_file:
+            raise ValueError("report_to needs report_token_file")
+        with open(report_token_file) as f:
+            env.update(SIA_AGENT_ADDRESS=report_to, SIA_AGENT_TOKEN=f.read().strip())
+    script = batch_script(list(command) or list(spec.command), env)
+    sbatch = ["--export=NONE", f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
+    for flag, value in (("partition", partition), ("account", account), ("output", output)):
+        if value:
+            sbatch.append(f"--{flag}={value}")
+    return Slurm().submit(script, ticket, sbatch)

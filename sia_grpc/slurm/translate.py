@@ -22,14 +22,13 @@ from typing import Any
 from sia_grpc.api import pb
 from sia_grpc.api.convert import queues_to_pb
 from sia_grpc.api.errors import ApiError
+from sia_grpc.api.validation import resolve
 from sia_grpc.client.spec import SpecError, spec_from_mapping, spec_to_mapping
-from sia_grpc.controller.queueing import scheduled_in
-from sia_grpc.controller.validation import resolve
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, application
 from sia_grpc.models.efficiency import grad_params_at_progress
 from sia_grpc.models.profiles import load_seed_profiles, load_validation
 from sia_grpc.nodeagent.gpus import gpu_type_for
-from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues import QueueSet, scheduled_in
 from sia_grpc.slurm.ticket import COMMENT_TAG, Shape, Ticket, job_environment
 
 __all__ = [
@@ -217,7 +216,7 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         spec.queue = slurm_queue
     try:
         res = resolve(spec)
-    except ApiError as err:  # the controller's checks, as a user's error here
+    except ApiError as err:  # the contract's checks (the controller's too), as a user's error
         field, _, detail = err.message.partition(": ")
         raise SpecError(err.field or field, detail if err.field else err.message) from None
     if spec.application not in SUPPORTED_APPLICATIONS:

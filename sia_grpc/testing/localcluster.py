@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sia_grpc.clock import ScaledClock
@@ -24,6 +24,18 @@ from sia_grpc.nodeagent import AgentConfig, NodeAgent
 def node_names(spec: Mapping[str, tuple[int, int]]) -> list[tuple[str, str, int]]:
     """`{"rtx": (3, 8)}` → [("rtx-0", "rtx", 8), ...]: the nodes of a cluster spec."""
     return [(f"{t}-{i}", t, per) for t, (count, per) in spec.items() for i in range(count)]
+
+
+async def stop_agents(agents: Sequence[subprocess.Popen], grace_s: float = 30.0) -> None:
+    """SIGTERM to each agent process (it checkpoints and stops its workers), SIGKILL
+    to any still running `grace_s` later (`sia demo`, `make gpu-check`)."""
+    for p in agents:
+        p.terminate()
+    for p in agents:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(p.wait, grace_s)
+        if p.poll() is None:
+            p.kill()
 
 
 @dataclass

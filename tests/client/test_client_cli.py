@@ -14,7 +14,7 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from sia_grpc.api import pb
+from sia_grpc.api import pb, present
 from sia_grpc.cli import jobs as client_cli
 from sia_grpc.cli import run
 from sia_grpc.client import SiaClient
@@ -227,7 +227,7 @@ def test_cluster_report(target, fake, capsys):
 
 def test_a_skipped_round_is_listed_without_a_number():
     skipped = pb.Round(trigger="drain", note="skipped: no ready node (1 draining)")
-    lines = client_cli.cluster_report(pb.Cluster(policy="sia"), [skipped]).splitlines()
+    lines = present.cluster_report(pb.Cluster(policy="sia"), [skipped]).splitlines()
     assert lines[-1].split()[:3] == ["-", "-", "drain"] and lines[-1].endswith("draining)")
 
 
@@ -275,9 +275,9 @@ def test_not_found_is_one_line(target, capsys):
 
 def test_formatting_without_a_controller():
     job = pb.Job(job_id="j", status=pb.JobStatus(state=pb.JOB_STATE_QUEUED))
-    assert client_cli.format_gpus(job) == "-" and client_cli.format_nodes(job) == "-"
-    assert client_cli.table(["A", "LONG"], [["xyz", 1]]) == "A    LONG\nxyz  1"
-    report = client_cli.cluster_report(pb.Cluster(), [])
+    assert present.format_gpus(job) == "-" and present.format_nodes(job) == "-"
+    assert present.table(["A", "LONG"], [["xyz", 1]]) == "A    LONG\nxyz  1"
+    report = present.cluster_report(pb.Cluster(), [])
     assert report.endswith("no scheduling rounds yet")
     assert client_cli.parse_state("JOB_STATE_RUNNING") == pb.JOB_STATE_RUNNING
 
@@ -288,7 +288,7 @@ def test_formatting_without_a_controller():
     (47 * 3600, "47h"), (2 * 86400, "2d"), (3 * 86400 + 4 * 3600, "3d4h"), (400 * 86400, "400d"),
     (3 * 365 * 86400 + 86400, "3y1d"), (9 * 365 * 86400, "9y")])
 def test_age_is_kubectl_style(seconds, age):
-    assert client_cli.format_age(seconds) == age
+    assert present.format_age(seconds) == age
 
 
 def test_version_is_the_installed_package_version(capsys):

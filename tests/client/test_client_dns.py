@@ -1,8 +1,8 @@
 """One host name with several DNS records is several controller addresses
-(`client/failover.py`: `expand`, `Targets`), and with TLS a channel to a resolved or
-redirected IP verifies the certificate against the name given. Real gRPC servers on
-ephemeral ports; a resolver injected where the test needs records of its own, the
-real one (getaddrinfo) on `localhost`."""
+(`api/addresses.py`: `expand`; `client/failover.py`: `Targets`), and with TLS a
+channel to a resolved or redirected IP verifies the certificate against the name
+given. Real gRPC servers on ephemeral ports; a resolver injected where the test needs
+records of its own, the real one (getaddrinfo) on `localhost`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import grpc
 import pytest
 
 from sia_grpc.api import add_ClusterServiceServicer_to_server, add_JobServiceServicer_to_server
+from sia_grpc.api.addresses import expand, normalize
+from sia_grpc.api.addresses import resolve as dns_resolve
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient, SiaClient
-from sia_grpc.client.failover import Targets, expand, normalize
-from sia_grpc.client.failover import resolve as dns_resolve
+from sia_grpc.client.failover import Targets
 from sia_grpc.nodeagent import AgentConfig
 from sia_grpc.testing.tls import self_signed
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sia_grpc.api import pb
 from sia_grpc.api.errors import ApiError
-from sia_grpc.controller.validation import resolve
+from sia_grpc.api.validation import resolve
 
 
 def good(**kw) -> pb.JobSpec:

@@ -87,14 +87,14 @@ def test_keep_only_forgets_jobs_deleted_while_away_and_rounds_are_not_repeated()
 
 
 def cluster() -> pb.Cluster:
-    def node(name, state, holders, reason=""):
+    def node(name, state, holders, reason="", isolation="sandbox"):
         return pb.Node(name=name, gpu_type="rtx", num_gpus=len(holders), state=state,
-                       drain_reason=reason,
+                       drain_reason=reason, isolation=isolation,
                        gpus=[pb.GpuSlot(index=i, job_id=h) for i, h in enumerate(holders)])
     return pb.Cluster(policy="sia", round_duration_s=60, nodes=[
         node("n0", pb.NODE_STATE_READY, ["j1", "j1", OTHER_TENANT, ""]),
-        node("n1", pb.NODE_STATE_DRAINING, ["", ""], "replace GPU 3"),
-        node("n2", pb.NODE_STATE_LOST, ["", ""], "missed heartbeats")],
+        node("n1", pb.NODE_STATE_DRAINING, ["", ""], "replace GPU 3", "none"),
+        node("n2", pb.NODE_STATE_LOST, ["", ""], "missed heartbeats", "")],
         types=[pb.GpuTypeSummary(gpu_type="rtx", nodes=3, gpus=8, allocated=3)])
 
 
@@ -107,6 +107,9 @@ def test_the_cluster_grid_marks_holders_other_tenants_and_drained_and_lost_nodes
         ("held", "j1"), ("held", "j1"), ("other", OTHER_TENANT), ("free", ""),
         ("free", ""), ("free", ""), ("free", ""), ("free", "")]
     assert re.findall(r'<tr class="node (\w+)"', html) == ["ready", "draining", "lost"]
+    # Each node says how its agent separates jobs; none stands out.
+    assert re.findall(r'data-isolation="(\w+)"', html) == ["sandbox", "none", "unknown"]
+    assert '<span class="isolation none"' in html
     assert "DRAINING: replace GPU 3" in html and "LOST: missed heartbeats" in html
     assert '<b class="allocated">3</b> allocated · <b class="free">5</b> free' in html
     bg, fg = render.job_colour("j1")

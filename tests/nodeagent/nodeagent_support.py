@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from sia_grpc.api import AgentServiceServicer, pb
-from sia_grpc.client.failover import resolve as dns_resolve
+from sia_grpc.api.addresses import resolve as dns_resolve
 from sia_grpc.emulation import AppTruth
 from sia_grpc.nodeagent import AgentConfig, ManualClock, NodeAgent
 from sia_grpc.testing.ports import free_port

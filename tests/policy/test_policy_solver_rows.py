@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from instances import VALUE_MODELS, random_problem
 from test_policy_solvers import brute_force, close
 
 from sia_grpc.bench.solver_rows import (
@@ -19,7 +20,6 @@ from sia_grpc.bench.solver_rows import (
     random_current,
 )
 from sia_grpc.policy.errors import FieldError
-from sia_grpc.policy.instances import VALUE_MODELS, random_problem
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import path_name, solve, solve_reference
 

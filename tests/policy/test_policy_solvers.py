@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from sia_grpc.policy.errors import FieldError
-from sia_grpc.policy.instances import (
+from instances import (
     DEGENERATE_KINDS,
     VALUE_MODELS,
     bench_problem,
@@ -24,6 +22,8 @@ from sia_grpc.policy.instances import (
     paper_types,
     random_problem,
 )
+
+from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import _solve as solve_module  # owns _DP_WORK, read by solve
 from sia_grpc.policy.solvers import path_name, solve, solve_reference, solve_separable

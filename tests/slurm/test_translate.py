@@ -263,7 +263,7 @@ def test_a_job_an_operator_holds_is_left_alone():
 
 
 def test_with_queues_a_jobs_slurm_account_names_its_queue_unless_its_spec_does():
-    from sia_grpc.controller.policy_service import optimize_request
+    from sia_grpc.api.optimize import optimize_request
     from sia_grpc.policy.queues import QueueSet
 
     queues = QueueSet.from_mapping({"queue": [{"name": "gold", "guarantee": {"rtx": 2}},

@@ -9,21 +9,38 @@ log tail (and an out-of-memory report, if a worker sent one) in the message.
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from sia_grpc.api import pb
 from sia_grpc.nodeagent.workers import WorkerProcess, describe_exit, log_tail
 from sia_grpc.train import contract as c
 
 if TYPE_CHECKING:
-    from sia_grpc.nodeagent.torchworkers.group import WorkerGroup
+    from sia_grpc.nodeagent.backend import Launch
+    from sia_grpc.nodeagent.workerservice import TelemetryAccumulator
 
-__all__ = ["group_exit", "oom_text"]
+__all__ = ["Ended", "group_exit", "oom_text"]
+
+
+class Ended(Protocol):
+    """What `group_exit` reads of a worker group (`group.WorkerGroup`, which calls
+    it: `group` imports this module, never the reverse)."""
+
+    launch: Launch
+    procs: list[WorkerProcess]
+    exits: list[WorkerProcess]  # in exit order
+    accum: TelemetryAccumulator
+    log_dir: Path
+    stop_grace_s: float
+    stop_requested: bool
+    killed_after_grace: set[int]  # ranks
+    oom: pb.OomEvent | None
 
 _OK_EXITS = (c.EXIT_COMPLETED, c.EXIT_CHECKPOINTED)
 
 
-def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
+def group_exit(g: Ended, note: str = "") -> pb.JobExit:
     """The group's JobExit; a worker still running counts as SIGKILLed. `note`
     (what the run's end found: killed for memory, GPUs held back) leads its message,
     whatever the kind."""
@@ -53,7 +70,7 @@ def group_exit(g: WorkerGroup, note: str = "") -> pb.JobExit:
     return out
 
 
-def _failure(g: WorkerGroup, bad: list[WorkerProcess], codes: dict[int, int]) -> str:
+def _failure(g: Ended, bad: list[WorkerProcess], codes: dict[int, int]) -> str:
     first = bad[0]
     what = f"rank {first.rank} {describe_exit(codes[first.rank])}"
     if first.rank in g.killed_after_grace:

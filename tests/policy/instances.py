@@ -1,4 +1,4 @@
-"""Random `ChoiceProblem` instances shaped like Sia's ILP, for tests and benchmarks.
+"""Random `ChoiceProblem` instances shaped like Sia's ILP, for the solver tests.
 
 Columns follow Sia's configuration set per GPU type -- 1, 2, 4, ... R GPUs on one
 node, then whole-node multiples 2R, 3R, ... -- truncated at a per-job maximum
