@@ -91,7 +91,7 @@ class Targets:
         """After a failed call: to the leader a standby named (True: retry now), or,
         on another UNAVAILABLE or a try that timed out (a hung controller), to the
         next address (False: after the backoff; all of them failed: `stale`)."""
-        if _code(err) not in _MOVE_ON:
+        if rpc_code(err) not in _MOVE_ON:
             return False
         info = ApiError.from_rpc_error(err)
         leader = info.metadata.get("leader", "") if info.reason == NOT_LEADER else ""
@@ -109,7 +109,7 @@ class Targets:
 
     def not_leader(self, err: grpc.RpcError) -> bool:
         """Whether `err` is a standby's refusal (nothing was done: safe to send again)."""
-        return (_code(err) == grpc.StatusCode.UNAVAILABLE
+        return (rpc_code(err) == grpc.StatusCode.UNAVAILABLE
                 and ApiError.from_rpc_error(err).reason == NOT_LEADER)
 
 
@@ -143,7 +143,8 @@ def leader_name(leader: str, standby: str, name: str | None) -> str | None:
     return name or (via[0] if via else None)
 
 
-def _code(err: grpc.RpcError) -> grpc.StatusCode:
+def rpc_code(err: grpc.RpcError) -> grpc.StatusCode:
+    """The status code of a failed call (UNKNOWN for an error that carries none)."""
     code = getattr(err, "code", None)
     return code() if callable(code) else grpc.StatusCode.UNKNOWN
 
@@ -178,7 +179,7 @@ class Attempts:
             return None  # a write that may have happened: the caller decides
         if self.targets.several or refused:
             left = None if self.deadline is None else self.deadline - time.monotonic()
-            if _code(err) not in _MOVE_ON or (left is not None and left <= 0):
+            if rpc_code(err) not in _MOVE_ON or (left is not None and left <= 0):
                 return None
             if left is None and attempt >= 2 * self.backoff.retries + 2:
                 return None  # one address, refused again and again, and no deadline

@@ -1,9 +1,9 @@
 """A small in-memory stand-in for the controller, served by a real gRPC server on an
 ephemeral port, so the client is tested over the wire.
 
-It validates a little (min_gpus > max_gpus), honours request_id, pages ListJobs and
-streams WatchJobs with store revisions; tests inject outages (`fail`), broken
-streams (`break_watch_after`) and state changes (`set_state`).
+It validates a little (min_gpus > max_gpus), honours request_id, pages ListJobs,
+streams WatchJobs with store revisions and WatchRounds; tests inject outages (`fail`),
+broken streams (`break_watch_after`) and state changes (`set_state`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import socket
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -199,6 +200,13 @@ class FakeController(JobServiceServicer, ClusterServiceServicer):
     def ListRounds(self, request, context):
         self._enter("ListRounds", context)
         return pb.ListRoundsResponse(rounds=self.rounds[-(request.limit or 20):])
+
+    def WatchRounds(self, request, context):
+        """The rounds so far, then none: the stream stays open until the client leaves."""
+        self._enter("WatchRounds", context)
+        yield from self.rounds
+        while context.is_active():
+            time.sleep(0.02)
 
 
 @pytest.fixture

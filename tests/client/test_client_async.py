@@ -93,6 +93,15 @@ async def test_watch_resumes_after_the_last_revision(client, fake, sleeps):
     assert [r.since_revision for r in fake.watch_requests] == [1, 2] and len(sleeps) == 1
 
 
+async def test_watch_rounds_reopens_a_broken_stream(client, fake, sleeps):
+    fake.fail["WatchRounds"] = 1
+    rounds = client.watch_rounds()
+    async with contextlib.aclosing(rounds):
+        got = [(await anext(rounds)).round for _ in range(3)]
+    assert got == [1, 2, 3]
+    assert fake.calls["WatchRounds"] == 2 and sleeps == pytest.approx([0.1])
+
+
 async def test_handle_wait_and_watch(client, fake):
     handle = await client.submit(SPEC)
     loop = asyncio.get_running_loop()

@@ -182,6 +182,14 @@ def test_watch_gives_up_after_read_retries(target, fake):
     assert err.value.code == grpc.StatusCode.UNAVAILABLE and fake.calls["WatchJobs"] == 3
 
 
+def test_watch_rounds_reopens_a_broken_stream(client, fake, sleeps):
+    fake.fail["WatchRounds"] = 1
+    rounds = client.watch_rounds()
+    assert [r.round for r in itertools.islice(rounds, 3)] == [1, 2, 3]
+    rounds.close()
+    assert fake.calls["WatchRounds"] == 2 and sleeps == pytest.approx([0.1])
+
+
 def test_handle_watch_yields_versions_until_terminal(client, fake):
     handle = client.submit(SPEC)
     following = {pb.JOB_STATE_QUEUED: pb.JOB_STATE_RUNNING,
