@@ -50,6 +50,24 @@ def _training(args: argparse.Namespace) -> int:
     return run(as_json=args.json)
 
 
+_LEVELS = ("none", "user", "sandbox")  # (sia_grpc.bench.isolation.LEVELS)
+
+
+def _levels(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out or any(x not in _LEVELS for x in out):
+        raise argparse.ArgumentTypeError(f"--levels: expected some of {','.join(_LEVELS)} "
+                                         f"— got {text!r}")
+    return list(dict.fromkeys(out))
+
+
+def _isolation(args: argparse.Namespace) -> int:
+    from sia_grpc.bench.isolation import run
+
+    return run(levels=args.levels, repeats=args.repeats, steady_s=args.steady,
+               as_json=args.json)
+
+
 def _control_plane(args: argparse.Namespace) -> int:
     from sia_grpc.bench.control_plane import run
     from sia_grpc.controller.store import is_postgres
@@ -147,6 +165,17 @@ def add_commands(sub: Any) -> None:
     tr = command(bench_sub, "training", "resize latency and profiling time of real workers "
                                         "through the agent's torch back-end", _training)
     tr.add_argument("--json", action="store_true")
+    iso = command(bench_sub, "isolation", "what node isolation (none, user, sandbox) costs "
+                                          "a job's start, resize, stop and steps, with real "
+                                          "workers on emulated GPUs", _isolation)
+    iso.add_argument("--levels", type=_levels, default=list(_LEVELS),
+                     help="the levels to measure, those the host gives (default "
+                          "none,user,sandbox; user and sandbox need root)")
+    iso.add_argument("--repeats", type=count, default=5,
+                     help="fresh jobs per level, each started, resized and stopped (default 5)")
+    iso.add_argument("--steady", type=positive(float), default=3.0, metavar="SECONDS",
+                     help="training time per job for the steady step time (default 3)")
+    iso.add_argument("--json", action="store_true", help="print the results as JSON")
     cp = command(bench_sub, "control-plane",
                  "round latency and CreateJob throughput over loopback", _control_plane)
     cp.add_argument("--agents", type=count, default=128)

@@ -170,16 +170,6 @@ def _mib(text: str) -> int:
     return value
 
 
-def _default_memory_per_gpu(num_gpus: int) -> int | None:
-    """An equal share of 90 % of the host's memory per GPU (bytes); None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    return int(kib * 1024 * 0.9) // max(num_gpus, 1)
-
-
 class _StartupError(Exception):
     pass
 
@@ -204,14 +194,14 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def _torch_backend(args: argparse.Namespace, inventory: NodeGpus) -> Any:
     from sia_grpc.nodeagent.isolation.levels import IsolationUnavailable
-    from sia_grpc.nodeagent.isolation.node import Limits
+    from sia_grpc.nodeagent.isolation.node import Limits, default_memory_per_gpu
     from sia_grpc.nodeagent.isolation.setup import build_isolation
     from sia_grpc.nodeagent.torchbackend import TorchBackend, safe_name
 
     workdir = (args.workdir or (
         Path(tempfile.gettempdir()) / f"sia-nodeagent-{safe_name(args.node_id)}")).absolute()
     memory = (args.memory_per_gpu << 20 if args.memory_per_gpu
-              else _default_memory_per_gpu(inventory.count))
+              else default_memory_per_gpu(inventory.count))
     log = structlog.get_logger().bind(node_id=args.node_id)
     try:
         isolation = build_isolation(

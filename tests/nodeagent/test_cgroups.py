@@ -65,7 +65,7 @@ def make_job(support: CgroupSupport, base: str) -> Iterator[Callable[..., JobCgr
         yield make
     finally:
         for job in made:
-            assert job._wait_sync(5.0), job.pids()
+            assert job.kill_and_wait_sync(5.0), job.pids()
             assert job.remove()
 
 

@@ -108,7 +108,37 @@ def test_what_a_freed_uid_left_in_scratch_folders_is_removed_and_nothing_else(tm
     for p in mine:
         os.chown(p, JOB_UID, JOB_UID, follow_symlinks=False)
     (scratch / "others").write_text("someone else's")
-    assert remove_owned(JOB_UID, (str(scratch),)) == len(mine)
+    # The entries at the top it owns, with what is under them (not "shared/h": in
+    # another's folder, which would take a walk of the whole tree).
+    assert remove_owned(JOB_UID, (str(scratch),)) == 3
     assert sorted(p.name for p in scratch.iterdir()) == ["others", "shared"]
-    assert list((scratch / "shared").iterdir()) == []
     _unchanged(victim)
+
+
+def test_the_sandbox_never_binds_the_folder_the_agent_started_in_or_the_root(monkeypatch):
+    """Defect: under `python -m` sys.path[0] is the agent's cwd; started from `/`, the
+    sandbox bound the whole host."""
+    import sys
+
+    from sia_grpc.nodeagent.isolation.sandbox import python_paths
+
+    monkeypatch.setattr(sys, "path", ["/", "/srv/somewhere-else", *sys.path[1:], "/"])
+    paths = python_paths()
+    assert "/" not in paths and paths  # the prefixes are still there
+    assert not any(p == "/srv/somewhere-else" for p in paths)  # (not a folder here)
+
+
+@needs_root
+def test_handing_back_takes_only_what_the_freed_uid_owns(tmp_path):
+    """A job moved on (another agent here, or shared storage) owns its checkpoint
+    folder under a new uid: the old agent's late hand-back must not take it."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "sub").mkdir(parents=True)
+    (ckpt / "old").write_text("x")
+    (ckpt / "sub" / "new").write_text("y")
+    os.chown(ckpt / "old", JOB_UID, JOB_UID)
+    for p in (ckpt, ckpt / "sub", ckpt / "sub" / "new"):
+        os.chown(p, JOB_UID + 1, JOB_UID + 1)
+    chown_tree(ckpt, 0, 0, owned_by=JOB_UID)
+    assert (ckpt / "old").stat().st_uid == 0
+    assert {p.stat().st_uid for p in (ckpt, ckpt / "sub", ckpt / "sub" / "new")} == {JOB_UID + 1}

@@ -175,6 +175,7 @@ async def test_a_job_over_its_memory_limit_is_killed_and_says_so(base, level, ex
 @pytest.mark.parametrize("level", LEVELS)
 async def test_a_reused_job_id_sees_nothing_of_the_old_job(base, level, exits):
     b = isolated(base, level)
+    b.isolation.linger_s = 0.2  # (a job's uid and folders outlive its last run that long)
     try:
         first = job("again", "team-a", [sys.executable, "-c", (
             "import os; d = os.environ['SIA_CHECKPOINT_DIR']; "
@@ -186,8 +187,10 @@ async def test_a_reused_job_id_sees_nothing_of_the_old_job(base, level, exits):
         assert exits[0].kind == KIND.KIND_COMPLETED, exits[0].message
         old = base / "ckpt" / "team-a" / ("d" * 32)
         assert any(old.iterdir())  # it left checkpoints
-        st = old.stat()
-        assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)  # handed back
+        async with asyncio.timeout(30):  # handed back once the linger is over
+            while old.stat().st_uid != os.geteuid():
+                await asyncio.sleep(0.05)
+        assert old.stat().st_mode & 0o777 == 0o700
         # Deleted, and created again under the same id: a new uid, a new, empty folder.
         second = job("again", "team-a", [sys.executable, "-c", (
             "import os, sys; d = os.environ['SIA_CHECKPOINT_DIR']; "
@@ -272,6 +275,8 @@ async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_
         stopped = await a.stop("mover")  # checkpoints on the way out
         assert stopped.kind == KIND.KIND_CHECKPOINTED, stopped.message
         assert any(ckpt.glob("ckpt-gen*.pt"))
+        owner = ckpt.stat().st_uid
+        assert owner != os.geteuid()  # the job's, lingering for its next run here
         resized = dataclasses.replace(
             job("mover", "team-a", mlp("4"), uid="f" * 32, gpus=(0, 1)), generation=2,
             restore_progress=stopped.progress)
@@ -282,6 +287,7 @@ async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_
         stopped = await a.stop("mover")
         assert stopped.kind == KIND.KIND_CHECKPOINTED, stopped.message
         assert not exits
+        assert ckpt.stat().st_uid == owner  # the resize kept the job's uid and files
         second = dataclasses.replace(job("mover", "team-a", mlp("4"), uid="f" * 32),
                                      generation=3, restore_progress=stopped.progress)
         await b.start(second, exits.append)

@@ -503,7 +503,7 @@ class JobCgroups:
                 last_kill = loop.time()
         return True
 
-    def _wait_sync(self, timeout_s: float) -> bool:
+    def kill_and_wait_sync(self, timeout_s: float) -> bool:
         """kill_and_wait(), blocking (sweep_stale(), at start, before the loop runs)."""
         start = last_kill = time.monotonic()
         self.kill()
@@ -565,7 +565,7 @@ def sweep_stale(support: CgroupSupport, base: str) -> list[str]:
     swept = []
     for name in sorted(names):
         job = JobCgroups.attach(support, base, name)
-        if job._wait_sync(5.0) and job.remove():
+        if job.kill_and_wait_sync(5.0) and job.remove():
             swept.append(name)
         else:
             _LOG.warning("stale job cgroup %s still holds %s: left", job, sorted(job.pids()))

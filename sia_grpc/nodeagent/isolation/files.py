@@ -15,11 +15,11 @@ so a job created later under a deleted job's id starts empty.
 
 Hand-over: a job that moves here from another node (or runs here under a new
 uid) finds its checkpoint folder chowned to its user at start. A job under a uid
-from the per-job range hands its folder back to the agent when its last process
-here has gone (`leave`), so the uid owns nothing when another job gets it;
-With a tenant's fixed uid the checkpoints stay the tenant's (a shared filesystem
-that squashes root needs that). Either way the run folder (HOME, tmp) goes when
-the job's last process here has.
+from the per-job range hands back to the agent what that uid owns in its folder
+when its last process here has gone and its linger is over (`leave`,
+`NodeIsolation.linger_s`), so the uid owns nothing when another job gets it. With
+a tenant's fixed uid the checkpoints stay the tenant's (a shared filesystem that
+squashes root needs that). Either way the run folder (HOME, tmp) goes then too.
 
 A job owns its folders, so anything in them may be a link the job put there to
 make the agent (root) chown, chmod or write something else: every step here opens
@@ -61,9 +61,10 @@ def private_dir(path: Path, uid: int | None, gid: int | None, mode: int = 0o700)
         os.close(fd)
 
 
-def chown_tree(path: Path, uid: int, gid: int) -> None:
-    """chown `path` and everything under it, never following a link (a job may
-    leave a link to anything in its folder). A link at `path` itself: nothing."""
+def chown_tree(path: Path, uid: int, gid: int, *, owned_by: int | None = None) -> None:
+    """chown `path` and everything under it (with `owned_by`: what that uid owns),
+    never following a link (a job may leave a link to anything in its folder). A
+    link at `path` itself: nothing."""
     try:
         fd = os.open(path, _DIR_FLAGS)
     except OSError as err:
@@ -71,7 +72,7 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
             return
         raise
     try:
-        _chown_tree_fd(fd, uid, gid)
+        _chown_tree_fd(fd, uid, gid, owned_by)
     finally:
         os.close(fd)
 
@@ -92,21 +93,27 @@ def _open_made_dir(path: Path, mode: int) -> int:
     raise OSError(errno.ELOOP, f"{path}: something keeps replacing this folder")
 
 
-def _chown_tree_fd(fd: int, uid: int, gid: int) -> None:
-    os.fchown(fd, uid, gid)
+def _chown_tree_fd(fd: int, uid: int, gid: int, owned_by: int | None = None) -> None:
+    if owned_by is None or os.fstat(fd).st_uid == owned_by:
+        os.fchown(fd, uid, gid)
     # fwalk opens each folder relative to its parent's descriptor and skips links:
     # a folder swapped for a link mid-walk is not entered.
     for _, dirs, files, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
         for name in (*dirs, *files):
             with contextlib.suppress(FileNotFoundError):
-                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+                if (owned_by is None or os.stat(name, dir_fd=dir_fd,
+                                                follow_symlinks=False).st_uid == owned_by):
+                    os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def remove_owned(uid: int, roots: tuple[str, ...] = SCRATCH) -> int:
-    """Remove what `uid` owns under the node's shared scratch folders (as systemd's
+    """Remove what `uid` owns in the node's shared scratch folders (as systemd's
     RemoveIPC does for a dynamic user): at `user` a job's code can write to the
     host's /tmp, /var/tmp and /dev/shm, and what it leaves there must not pass to
-    the next job that gets the uid. Never follows a link; the count removed."""
+    the next job that gets the uid. Each folder's entries owned by `uid`, with all
+    under them; never follows a link. (What it left inside another user's
+    world-writable folder is not looked for: that would be a walk of the whole
+    tree, seconds on a busy node.) The count of entries removed at the top."""
     removed = 0
     for root in roots:
         try:
@@ -114,18 +121,16 @@ def remove_owned(uid: int, roots: tuple[str, ...] = SCRATCH) -> int:
         except OSError:
             continue
         try:
-            for _, dirs, files, dir_fd in os.fwalk(".", dir_fd=top, topdown=False,
-                                                  follow_symlinks=False):
-                for name in (*dirs, *files):
-                    with contextlib.suppress(OSError):
-                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                        if st.st_uid != uid:
-                            continue
-                        if stat.S_ISDIR(st.st_mode):
-                            os.rmdir(name, dir_fd=dir_fd)  # (emptied first: bottom-up)
-                        else:
-                            os.unlink(name, dir_fd=dir_fd)
-                        removed += 1
+            for entry in os.scandir(top):
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_uid != uid:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(entry.name, dir_fd=top)  # (fd-based: no links followed)
+                    else:
+                        os.unlink(entry.name, dir_fd=top)
+                    removed += 1
         finally:
             os.close(top)
     return removed
@@ -192,7 +197,9 @@ class JobFolders:
         if (sock := self.socket_dir(key)) != self.run_dir(key):
             shutil.rmtree(sock, ignore_errors=True)
         if freed_uid is not None:
-            chown_tree(checkpoint_dir, os.geteuid(), os.getegid())
+            # Only what the uid owns: the job may run under another uid by now (moved
+            # to another agent on this machine, or on shared storage).
+            chown_tree(checkpoint_dir, os.geteuid(), os.getegid(), owned_by=freed_uid)
             remove_owned(freed_uid)
 
     def close(self) -> None:

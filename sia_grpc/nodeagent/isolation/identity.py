@@ -118,7 +118,8 @@ class UserPolicy:
             uid, gid = self.tenants[tenant]
             user = JobUser(uid, gid, dynamic=False)
         else:
-            user = JobUser(*([self._free_uid(key)] * 2), dynamic=True)
+            uid = self._free_uid(key)
+            user = JobUser(uid, uid, dynamic=True)
         self._held[key] = user
         return user
 

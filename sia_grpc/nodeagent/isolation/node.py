@@ -11,6 +11,8 @@ run's GPUs free (`TorchBackend` holds back GPUs whose processes would not die).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ from sia_grpc.nodeagent.isolation.levels import Level
 from sia_grpc.nodeagent.isolation.sandbox import bwrap_argv
 from sia_grpc.nodeagent.workers import Confinement
 
-__all__ = ["Limits", "NodeIsolation", "Space", "gpu_devices"]
+__all__ = ["Limits", "NodeIsolation", "Space", "default_memory_per_gpu", "gpu_devices"]
 
 _KILL_WAIT_S = 10.0  # leave(): how long the cgroup's processes get to go after SIGKILL
 
@@ -34,6 +36,17 @@ def gpu_devices(gpus: Sequence[str]) -> tuple[str, ...]:
     """The device nodes a job on NVIDIA GPUs `gpus` (device indices) may open."""
     return (*(f"/dev/nvidia{g}" for g in gpus), "/dev/nvidiactl", "/dev/nvidia-uvm",
             "/dev/nvidia-uvm-tools")
+
+
+def default_memory_per_gpu(num_gpus: int) -> int | None:
+    """The agent's default memory limit per GPU (bytes): an equal share of 90 % of
+    the host's memory; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return int(kib * 1024 * 0.9) // max(num_gpus, 1)
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,12 @@ class NodeIsolation:
     limits: Limits = field(default_factory=Limits)
     base: str = "sia-jobs"  # the job cgroups' folder under the agent's cgroup
     log: Any = None
+    # How long a job's user and folders outlive its last run here: a resize or a
+    # restart on this node starts the next run within it, and keeps the uid and
+    # its files as they are instead of handing them back and taking them again.
+    linger_s: float = 15.0
     _runs: Counter[str] = field(default_factory=Counter)  # key -> runs here now
+    _lingering: dict[str, Any] = field(default_factory=dict)  # key -> its release timer
 
     @property
     def isolates(self) -> bool:
@@ -105,7 +123,10 @@ class NodeIsolation:
 
     def close(self) -> None:
         """The agent stops, its runs ended: what it made for them on the host goes
-        (its job cgroups' folder, its socket folder)."""
+        (the lingering jobs' users and folders, its job cgroups' folder, its socket
+        folder)."""
+        for key in list(self._lingering):
+            self._release(key)
         if self.cgroups is not None and self.isolates:
             cg.remove_base(self.cgroups, self.base)
         self.folders.close()
@@ -118,6 +139,8 @@ class NodeIsolation:
         `num_gpus` GPUs (devices `gpus`, none when emulated) and cores `cpus`;
         `limits`: the node's unless given."""
         lim = limits or self.limits
+        if (timer := self._lingering.pop(key, None)) is not None:
+            timer[0].cancel()  # back within the linger: the same user and folders
         user = None if not self.isolates or self.users is None else (
             self.users.acquire(key, tenant))
         self._runs[key] += 1
@@ -143,7 +166,7 @@ class NodeIsolation:
                     devices=gpu_devices(gpus), shm=str(run / "shm"), cwd=str(run)))
             return space
         except BaseException:
-            self._done(key, checkpoint_dir)
+            self._done(key, checkpoint_dir, linger=False)
             raise
 
     async def leave(self, space: Space) -> bool:
@@ -156,21 +179,40 @@ class NodeIsolation:
             if empty:
                 space.cgroup.remove()
         if empty:
-            self._done(space.key, space.checkpoint_dir)
+            self._done(space.key, space.checkpoint_dir, linger=True)
         return empty
 
-    def leave_now(self, space: Space) -> None:
-        """`leave` for a run whose processes have all been reaped (a trial)."""
+    def leave_now(self, space: Space) -> bool:
+        """`leave` for a run whose processes have all been reaped (a trial): what
+        its processes forked (bwrap's inner ones) gets up to a few seconds to go;
+        False if the cgroup would not empty (then it is left for the next sweep)."""
+        empty = True
         if space.cgroup is not None:
-            space.cgroup.kill()
-            space.cgroup.remove()
-        self._done(space.key, space.checkpoint_dir)
+            empty = space.cgroup.kill_and_wait_sync(_KILL_WAIT_S) and space.cgroup.remove()
+        self._done(space.key, space.checkpoint_dir, linger=False)
+        return empty
 
-    def _done(self, key: str, checkpoint_dir: Path) -> None:
+    def _done(self, key: str, checkpoint_dir: Path, *, linger: bool) -> None:
         self._runs[key] -= 1
         if self._runs[key] > 0:
             return
         del self._runs[key]
+        if linger and self.linger_s > 0:
+            with contextlib.suppress(RuntimeError):  # (no event loop: at once)
+                loop = asyncio.get_running_loop()
+                self._lingering[key] = (
+                    loop.call_later(self.linger_s, self._release, key), checkpoint_dir)
+                return
+        self._lingering[key] = (None, checkpoint_dir)
+        self._release(key)
+
+    def _release(self, key: str) -> None:
+        """Job `key` did not come back within the linger: its run folder goes, and a
+        range uid is handed back (its checkpoints to the agent, its scratch files
+        removed) and freed."""
+        timer, checkpoint_dir = self._lingering.pop(key)
+        if timer is not None:
+            timer.cancel()
         user = None if self.users is None else self.users.holder_of(key)
         self.folders.leave(key, checkpoint_dir, freed_uid=(
             user.uid if user is not None and user.dynamic else None))

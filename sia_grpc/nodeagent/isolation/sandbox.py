@@ -31,14 +31,16 @@ _SYSTEM = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32
 
 def python_paths() -> list[str]:
     """The folders the agent's Python needs: its prefixes and every import path
-    (site-packages, an editable install's source folder)."""
+    (site-packages, an editable install's source folder). Not `sys.path[0]`, the
+    folder the agent was started in under `python -m` (started from `/`, that would
+    bind the whole host), and never `/` itself."""
     import sia_grpc
 
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              str(Path(sys.executable).parent),
              str(Path(sia_grpc.__file__).resolve().parent.parent)}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return _outermost(paths)
+    paths.update(p for p in sys.path[1:] if p and os.path.isdir(p))
+    return _outermost(p for p in paths if os.path.abspath(p) != "/")
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:
