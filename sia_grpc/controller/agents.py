@@ -1,5 +1,10 @@
 """What agents say: registration and reconciliation (their workers, passes and
-drain state against the books), telemetry, acknowledgements, exits."""
+drain state against the books), telemetry, acknowledgements, exits.
+
+Changes: node_book, directive_book.
+Registering adds or updates a node; an acknowledgement settles its directive (and
+counts a refused RUN). The rest goes through the other parts: releases (`ledger`),
+requeues and STOPs (`moves`), passes (`profiling`), ends (`state`)."""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import math
 
 from sia_grpc.api import pb
 from sia_grpc.api.convert import MAX_GPUS_PER_NODE
+from sia_grpc.controller.books import StateBase
 from sia_grpc.controller.events import (
     Action,
     AgentMessage,
@@ -26,7 +32,7 @@ from sia_grpc.models.efficiency import GradParams
 from sia_grpc.policy.cluster import Node
 
 
-class Agents:
+class Agents(StateBase):
     """A part of `ControllerState`: what agents say (the module docstring)."""
 
     def _registered(self, ev: AgentRegistered, out: list[Action]) -> None:
@@ -37,17 +43,17 @@ class Agents:
         except ValueError:
             out.append(Reconnect(ev.node_id))  # not taken: its stream is ended
             return
-        node = self.nodes.get(ev.node_id)
+        node = self.node_book.nodes.get(ev.node_id)
         self._type_arriving(ev.gpu_type)
         if node is None:
-            node = self.nodes[ev.node_id] = NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
+            node = self.node_book.nodes[ev.node_id] = NodeRec(ev.node_id, ev.gpu_type, ev.num_gpus)
         node.gpu_type, node.num_gpus, node.version = ev.gpu_type, ev.num_gpus, ev.version
         node.isolation = ev.isolation
         node.restored = False  # (its report below settles the restored books)
         # Back with fewer GPUs (one failed, the agent was reconfigured): whatever was
         # booked on the missing ones is gone; a pass there is run again, a job requeued.
         for g in sorted(g for g in node.holder if g >= node.num_gpus):
-            rec = self.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
+            rec = self.job_book.jobs.get(node.holder.pop(g, ""))  # (a release may have taken it)
             self._capacity_changed(node)
             if rec is None:
                 continue
@@ -64,22 +70,22 @@ class Agents:
         self._capacity_changed(node)
         # Its drain state, where the agent's differs: one that restarted forgot a
         # drain, one whose stream broke may have missed its end.
-        if ev.draining != (node.name in self.drained):
+        if ev.draining != (node.name in self.node_book.drained):
             out.append(self._drain_message(node.name))
         reported = {job: (gen, gpus) for job, gen, gpus in ev.running}
         # Re-deliver what it may have missed; the agent ignores ids it already applied.
         unacked = set()
-        for did, (job_id, name, action, msg) in list(self._pending_acks.items()):
+        for did, (job_id, name, action, msg) in list(self.directive_book.pending.items()):
             if name != ev.node_id:
                 continue
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             d = msg.directive
             if action == pb.Directive.ACTION_RUN and (
                     rec is None or rec.state in TERMINAL or d.generation != rec.generation
                     or ev.node_id not in rec.held):
                 # Obsolete: the job moved on while the agent was away. Sent now, it
                 # would start a fenced generation on GPUs the books give to others.
-                del self._pending_acks[did]
+                del self.directive_book.pending[did]
                 self._round_acked(d.round, did)
                 continue
             unacked.add(job_id)
@@ -93,7 +99,7 @@ class Agents:
         # (An ended job's passes are being stopped: its STOP is re-sent above.)
         reported_passes = {(job_id, gpu) for job_id, _, gpu in ev.profiling}
         for job_id in sorted(set(node.holder.values())):
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
             for t, (name, gpu) in sorted(rec.profiling.items()):
@@ -103,8 +109,8 @@ class Agents:
         # (Also jobs whose restored books name this node while another job's booking
         # of the same GPU won: the agent's report settles it.)
         for job_id in sorted({*node.holder.values(),
-                              *(j for j, r in self.jobs.items() if ev.node_id in r.held)}):
-            rec = self.jobs.get(job_id)
+                              *(j for j, r in self.job_book.jobs.items() if ev.node_id in r.held)}):
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or job_id in reported or job_id in unacked:
                 continue
             if ev.node_id in rec.held and ev.node_id not in rec.stopping:
@@ -116,7 +122,7 @@ class Agents:
         for job_id, (gen, gpus) in reported.items():
             if job_id in unacked:
                 continue
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             ours = (rec is not None and rec.state not in TERMINAL and gen == rec.generation
                     and rec.held.get(ev.node_id) == tuple(sorted(gpus)))
             if not ours:
@@ -133,7 +139,7 @@ class Agents:
         self._reported_passes(node, ev, out)
 
     def _agent_message(self, ev: AgentMessage, out: list[Action]) -> None:
-        node = self.nodes.get(ev.node_id)
+        node = self.node_book.nodes.get(ev.node_id)
         if node is None:
             return
         if node.state == pb.NODE_STATE_LOST:
@@ -152,7 +158,7 @@ class Agents:
             self._exit(node, msg.exit, ev.at, out)
 
     def _telemetry(self, node: NodeRec, t: pb.Telemetry, at: float, out: list[Action]) -> None:
-        rec = self.jobs.get(t.job_id)
+        rec = self.job_book.jobs.get(t.job_id)
         if rec is None:  # a deleted job's pass that ran to its end: its GPU is free
             g = t.profile_gpu if t.profile and t.HasField("profile_gpu") else -1
             if g in node.holder and node.holder[g] == t.job_id:
@@ -197,18 +203,18 @@ class Agents:
             out.append(Persist((rec.job_id,)))
 
     def _ack(self, node: NodeRec, ack: pb.DirectiveAck, at: float, out: list[Action]) -> None:
-        pending = self._pending_acks.get(ack.directive_id)
+        pending = self.directive_book.pending.get(ack.directive_id)
         if pending is None or pending[1] != node.name:
             return  # a re-delivered directive's second ack (or another node's: ignored)
-        del self._pending_acks[ack.directive_id]
+        del self.directive_book.pending[ack.directive_id]
         if pending[2] == pb.Directive.ACTION_STOP:
             key = pending[0], pending[1]
-            self._stops_due[key] -= 1
-            if self._stops_due[key] <= 0:
-                del self._stops_due[key]
+            self.directive_book.stops_due[key] -= 1
+            if self.directive_book.stops_due[key] <= 0:
+                del self.directive_book.stops_due[key]
         self._round_acked(pending[3].directive.round, ack.directive_id)
         job_id, node_id, action, msg = pending
-        rec = self.jobs.get(job_id)
+        rec = self.job_book.jobs.get(job_id)
         if action == pb.Directive.ACTION_STOP:
             self._stopped(rec, node, job_id, msg.directive.generation, ack.directive_id)
         elif rec is None:
@@ -216,16 +222,16 @@ class Agents:
         elif not ack.ok and ack.generation == rec.generation and node_id in rec.held:
             # The agent refused to start it (bad GPUs, draining): run it elsewhere, and
             # tell it again whether it is drained (it may have missed the news).
-            self.refused += 1
+            self.directive_book.refused += 1
             out.append(self._drain_message(node_id))
             self._release(rec, node_id)
             self._interrupt(rec, at, f"requeued: {node_id} refused it: {ack.error}", out)
 
     def _round_acked(self, round_no: int, directive_id: int) -> None:
-        self._round_acks.get(round_no, set()).discard(directive_id)
+        self.directive_book.round_acks.get(round_no, set()).discard(directive_id)
 
     def _exit(self, node: NodeRec, ex: pb.JobExit, at: float, out: list[Action]) -> None:
-        rec = self.jobs.get(ex.job_id)
+        rec = self.job_book.jobs.get(ex.job_id)
         if rec is None or node.name not in rec.held:
             return  # only a node the job runs on may end it (or report its checkpoint)
         if ex.kind == pb.JobExit.KIND_CHECKPOINTED:
@@ -237,7 +243,7 @@ class Agents:
         # A RUN still on its way there (a batch change) would start the finished job
         # again: then its GPUs stay booked until a STOP behind that RUN is acknowledged.
         rerun = any(j == rec.job_id and n == node.name and act == pb.Directive.ACTION_RUN
-                    for j, n, act, _ in self._pending_acks.values())
+                    for j, n, act, _ in self.directive_book.pending.values())
         done_here = "" if rerun else node.name
         if not rerun:
             self._release(rec, node.name)

@@ -8,7 +8,8 @@ import collections
 from typing import Protocol
 
 from sia_grpc.api import pb, state_name
-from sia_grpc.controller.records import JobRec, NodeRec, live_rendezvous
+from sia_grpc.controller.books import DirectiveBook, JobBook, MoveBook, NodeBook
+from sia_grpc.controller.records import live_rendezvous
 from sia_grpc.controller.transitions import REASONS, TERMINAL, WAITING
 
 
@@ -17,15 +18,14 @@ class InvariantError(AssertionError):
 
 
 class Books(Protocol):
-    """What `check_invariants` reads of `ControllerState` (which calls it, so this
-    module does not import it: `state` imports `invariants`, never the reverse)."""
+    """The books `check_invariants` reads of `ControllerState` (which calls it, so this
+    module does not import it: `state` imports `invariants`, never the reverse; both
+    import the books, `books.py`)."""
 
-    jobs: dict[str, JobRec]
-    nodes: dict[str, NodeRec]
-    active_by_tenant: collections.Counter[str]
-    _pending_acks: dict[int, tuple[str, str, int, pb.ControllerMessage]]
-    _stops_due: collections.Counter[tuple[str, str]]
-    _moving: dict[str, int]
+    job_book: JobBook
+    node_book: NodeBook
+    directive_book: DirectiveBook
+    move_book: MoveBook
 
 
 def check_invariants(self: Books) -> None:
@@ -36,24 +36,25 @@ def check_invariants(self: Books) -> None:
     central one: every GPU held belongs to a live job that runs or profiles on
     it, or to a STOP in flight whose acknowledgement will free it. A GPU held by
     a job that no longer exists, with nothing to free it, is a leak for ever."""
-    due = collections.Counter((j, n) for j, n, act, _ in self._pending_acks.values()
+    due = collections.Counter((j, n) for j, n, act, _ in self.directive_book.pending.values()
                               if act == pb.Directive.ACTION_STOP)
-    if due != self._stops_due:
-        raise InvariantError(f"STOPs due {dict(self._stops_due)}, pending {dict(due)}")
+    if due != self.directive_book.stops_due:
+        raise InvariantError(f"STOPs due {dict(self.directive_book.stops_due)}, "
+                             f"pending {dict(due)}")
     stops = set(due)
     # No GPU of a node is given out before its agent has said what runs on it
     # (`NodeRec.bookable`): a node restored from the store gets no pass and no RUN.
-    for job_id, name, act, _ in self._pending_acks.values():
-        node = self.nodes.get(name)
+    for job_id, name, act, _ in self.directive_book.pending.values():
+        node = self.node_book.nodes.get(name)
         if act == pb.Directive.ACTION_RUN and node is not None and node.restored:
             raise InvariantError(f"{job_id}: RUN sent to {name} before its agent registered")
-    for node in self.nodes.values():
+    for node in self.node_book.nodes.values():
         if node.state == pb.NODE_STATE_LOST and node.holder:
             raise InvariantError(f"lost node {node.name} holds GPUs {node.holder}")
         for g, job_id in node.holder.items():
             if not 0 <= g < node.num_gpus:
                 raise InvariantError(f"{node.name}/{g}: booked past its {node.num_gpus} GPUs")
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             explained = (job_id, node.name) in stops or rec is not None and (
                 g in rec.held.get(node.name, ()) or (node.name, g) in rec.profiling.values())
             if not explained and not node.restored:
@@ -64,7 +65,7 @@ def check_invariants(self: Books) -> None:
     # No two jobs' live generations rendezvous at one port of one master node: the
     # later one's rank 0 could not listen (EADDRINUSE) and the job would fail.
     ports: dict[tuple[str, int], str] = {}
-    for job_id, rec in self.jobs.items():
+    for job_id, rec in self.job_book.jobs.items():
         where = live_rendezvous(rec)
         if where is not None:
             if where in ports:
@@ -72,20 +73,20 @@ def check_invariants(self: Books) -> None:
                                      f"{where[0]}:{where[1]}")
             ports[where] = job_id
     active: collections.Counter[str] = collections.Counter()
-    for job_id, rec in self.jobs.items():
+    for job_id, rec in self.job_book.jobs.items():
         ended = rec.state in TERMINAL
         if not ended:
             active[rec.job.spec.tenant] += 1
         passes = {n for n, _ in rec.profiling.values()}
         for name, gpu in rec.profiling.values():
-            node = self.nodes.get(name)
+            node = self.node_book.nodes.get(name)
             if node is None or node.holder.get(gpu) != job_id:
                 raise InvariantError(f"{job_id}: profiling on {name}/{gpu}, not booked to it")
             if node.restored:
                 raise InvariantError(f"{job_id}: profiling on {name}/{gpu} before its agent "
                                      "registered")
         for name, gpus in rec.held.items():
-            node = self.nodes.get(name)
+            node = self.node_book.nodes.get(name)
             if node is None:
                 raise InvariantError(f"{job_id}: holds GPUs on unknown node {name}")
             if not node.restored and any(node.holder.get(g) != job_id for g in gpus):
@@ -110,13 +111,13 @@ def check_invariants(self: Books) -> None:
         if rec.state in WAITING and not rec.moving and set(rec.held) - rec.stopping:
             raise InvariantError(f"{job_id}: {state_name(rec.state)} but holds GPUs on "
                                  f"{sorted(set(rec.held) - rec.stopping)} not being stopped")
-        if rec.moving and job_id not in self._moving:
+        if rec.moving and job_id not in self.move_book.moving:
             raise InvariantError(f"{job_id}: moving, but not in the moves to dispatch")
         if rec.state == pb.JOB_STATE_RUNNING and (rec.alloc is None or rec.moving):
             raise InvariantError(f"{job_id}: RUNNING without a settled allocation")
         if not rec.job.status.reason.startswith(REASONS.get(rec.state, ("",))):
             raise InvariantError(f"{job_id}: {state_name(rec.state)} with reason "
                                  f"{rec.job.status.reason!r}")
-    if +self.active_by_tenant != active:
-        raise InvariantError(f"active jobs per tenant {dict(self.active_by_tenant)}, "
+    if +self.job_book.active_by_tenant != active:
+        raise InvariantError(f"active jobs per tenant {dict(self.job_book.active_by_tenant)}, "
                              f"counted {dict(active)}")

@@ -1,6 +1,11 @@
 """Moving GPUs: two-phase moves (STOP, wait for every GPU of the target to be
 released, then RUN the next generation), batch changes in place, preemptions and
-requeues, directives and their acknowledgements, lost agents."""
+requeues, directives and their acknowledgements, lost agents.
+
+Changes: node_book, directive_book, change_book.
+Every directive is numbered and remembered here (`_directive`); a RUN's rendezvous
+port is booked on its master node (`NodeBook.ports`); a dispatch notes the epoch it
+looked at. The line of moves itself is the ledger's (`GpuLedger._set_moving`)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import zlib
 
 from sia_grpc.api import pb
 from sia_grpc.api.convert import allocation_to_pb
+from sia_grpc.controller.books import StateBase
 from sia_grpc.controller.events import (
     Action,
     Persist,
@@ -25,7 +31,7 @@ from sia_grpc.names import job_checkpoint_path
 from sia_grpc.policy.types import JobAllocation
 
 
-class Moves:
+class Moves(StateBase):
     """A part of `ControllerState`: moving GPUs (the module docstring)."""
 
     def _dispatch_pending(self, at: float, out: list[Action]) -> None:
@@ -34,19 +40,20 @@ class Moves:
         Only the moves something changed for are looked at (`_woken_moves`): a freed
         GPU wakes the moves waiting on its node, not every move in the cluster, so a
         round that moves hundreds of jobs costs acks, not moves x acks."""
-        if self._dispatch_scanned == self._capacity_epoch:
+        if self.change_book.dispatch_scanned == self.change_book.epoch:
             return  # nothing freed, no move wanted or dropped: none can start now
-        self._dispatch_scanned = self._capacity_epoch
+        self.change_book.dispatch_scanned = self.change_book.epoch
+        nodes = self.node_book.nodes
         for job_id in self._woken_moves():
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or not rec.moving or rec.state in TERMINAL:
                 self._forget_move(job_id)
                 continue
             if rec.held:
                 continue  # woken again when it has released them all (`_release`)
             target = rec.target
-            gone = target and sorted({g.node for g in target.gpus if g.node not in self.nodes
-                                      or self.nodes[g.node].state != pb.NODE_STATE_READY})
+            gone = target and sorted({g.node for g in target.gpus if g.node not in nodes
+                                      or nodes[g.node].state != pb.NODE_STATE_READY})
             if gone:  # lost or drained since the round chose it: the move is void
                 target = rec.target = None
                 rec.next_reason = (f"requeued: {', '.join(gone)} left the pool before the "
@@ -62,8 +69,8 @@ class Moves:
                 continue
             # Free in the books, and on nodes whose agents have said what runs there
             # (`NodeRec.bookable`): a restored node's agent may report a pass there.
-            if any(self.nodes[g.node].holder.get(g.index) is not None
-                   or not self.nodes[g.node].bookable for g in target.gpus):
+            if any(nodes[g.node].holder.get(g.index) is not None
+                   or not nodes[g.node].bookable for g in target.gpus):
                 self._wait_on(job_id, {g.node for g in target.gpus})
                 continue
             self._run(rec, target, at, out)
@@ -81,7 +88,7 @@ class Moves:
         if not status.HasField("start_time"):
             status.start_time.CopyFrom(timestamp(at))
         for name, gpus in by_node(alloc):
-            self.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
+            self.node_book.nodes[name].holder.update(dict.fromkeys(gpus, rec.job_id))
             rec.held[name], rec.held_gen[name] = gpus, rec.generation
         out.extend(self._run_directives(rec))
         set_state(rec, pb.JOB_STATE_RUNNING, at, rec.next_reason or "running")
@@ -106,7 +113,7 @@ class Moves:
         sends, offset = [], 0
         for name, gpus in layout:
             sends.append(self._directive(name, pb.Directive(
-                round=self.round_no, job_id=rec.job_id, generation=rec.generation,
+                round=self.round_book.round_no, job_id=rec.job_id, generation=rec.generation,
                 action=pb.Directive.ACTION_RUN, spec=rec.job.spec, local_gpus=gpus,
                 world=pb.WorldLayout(world_size=world, rank_offset=offset, master_addr=nodes[0],
                                      master_port=port, nodes=nodes),
@@ -127,11 +134,11 @@ class Moves:
         the same port unless it had been moved on."""
         if rec.rendezvous is not None and rec.rendezvous[:2] == (master, rec.generation):
             return rec.rendezvous[2]
-        taken = self._ports_by_node.setdefault(master, {})
+        taken = self.node_book.ports.setdefault(master, {})
         start = zlib.crc32(f"{rec.job_id}/{rec.generation}".encode()) % 1000
         for k in range(1000):
             port = self.settings.master_port_base + (start + k) % 1000
-            other = self.jobs.get(taken.get(port, ""))
+            other = self.job_book.jobs.get(taken.get(port, ""))
             if other is None or other is rec or live_rendezvous(other) != (master, port):
                 break
         taken[port] = rec.job_id
@@ -154,7 +161,7 @@ class Moves:
 
     def _send_stop(self, job_id: str, generation: int, node: str, out: list[Action]) -> None:
         out.append(self._directive(node, pb.Directive(
-            round=self.round_no, job_id=job_id, generation=generation,
+            round=self.round_book.round_no, job_id=job_id, generation=generation,
             action=pb.Directive.ACTION_STOP)))
 
     def _interrupt(self, rec: JobRec, at: float, reason: str, out: list[Action]) -> None:
@@ -196,13 +203,13 @@ class Moves:
 
     def _directive(self, node: str, d: pb.Directive) -> Send:
         """Number the directive, remember it until acknowledged, and send it."""
-        self._next_directive += 1
-        d.directive_id = self._next_directive
-        self._round_acks.setdefault(d.round, set()).add(d.directive_id)
+        self.directive_book.next_id += 1
+        d.directive_id = self.directive_book.next_id
+        self.directive_book.round_acks.setdefault(d.round, set()).add(d.directive_id)
         msg = pb.ControllerMessage(directive=d)
-        self._pending_acks[d.directive_id] = (d.job_id, node, d.action, msg)
+        self.directive_book.pending[d.directive_id] = (d.job_id, node, d.action, msg)
         if d.action == pb.Directive.ACTION_STOP:
-            self._stops_due[d.job_id, node] += 1
+            self.directive_book.stops_due[d.job_id, node] += 1
         return Send(node, msg)
 
     def _account(self, rec: JobRec, at: float) -> None:
@@ -222,13 +229,13 @@ class Moves:
         return out
 
     def _check_liveness(self, at: float, out: list[Action]) -> None:
-        for node in self.nodes.values():
+        for node in self.node_book.nodes.values():
             if node.state == pb.NODE_STATE_LOST:
                 continue
             if at - node.last_seen > self.settings.heartbeat_timeout:
                 node.state = pb.NODE_STATE_LOST
                 for job_id in set(node.holder.values()):
-                    rec = self.jobs.get(job_id)
+                    rec = self.job_book.jobs.get(job_id)
                     if rec is None:
                         continue
                     for t, (n, _) in list(rec.profiling.items()):

@@ -1,13 +1,18 @@
 """Profiling passes (the paper's bootstrap): one idle GPU of each type for a short
 pass, results, refusals, passes an agent reports, profiling slots in the ILP, and
-the reuse of an identical earlier job's profiles."""
+the reuse of an identical earlier job's profiles.
+
+Changes: profile_book, change_book.
+Passes wanted, shared and cached; the marks of passes changed and of types to look
+at again. A pass's GPU is booked in its node's record (`NodeRec.holder`); its
+STOPs go through `moves`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from sia_grpc.api import pb, seconds
+from sia_grpc.controller.books import CachedProfile, StateBase
 from sia_grpc.controller.events import (
     Action,
     AgentRegistered,
@@ -32,14 +37,6 @@ from sia_grpc.policy.types import Adaptivity, PolicyJob
 PROFILE_SLOT = "~profile:"  # no job id can start with "~"
 
 
-@dataclass(frozen=True)
-class CachedProfile:
-    """What one pass measured on one GPU type: (batch size, step, sync) seconds."""
-
-    points: tuple[tuple[int, float, float], ...]
-    grad: GradParams | None
-
-
 def profile_key(rec: JobRec, gpu_type: str) -> tuple:
     """What a 1-GPU profile of `gpu_type` depends on: the workload (its application,
     its command, GPUs per replica) and the batch sizes a pass times (the type's
@@ -50,7 +47,7 @@ def profile_key(rec: JobRec, gpu_type: str) -> tuple:
             rec.res.local_bsz_limits.get(gpu_type))
 
 
-class Profiling:
+class Profiling(StateBase):
     """A part of `ControllerState`: profiling passes (the module docstring)."""
 
     def _profiled(self, rec: JobRec, node: NodeRec, t: pb.Telemetry, at: float,
@@ -67,17 +64,18 @@ class Profiling:
         if where is None or where[0] != node.name:
             return
         del rec.profiling[node.gpu_type]
-        self._profile_changed.add(rec.job_id)
+        self.change_book.profile_changed.add(rec.job_id)
         if t.profile_refused:
             # It never ran (the agent's GPU was busy after all): it says nothing of the
             # job, which profiles again when GPUs next free up. Not signalled as
             # capacity: the same GPU would be offered, and refused, at once.
             if node.holder.get(where[1]) == rec.job_id:
                 del node.holder[where[1]]
-                self._wake_nodes.add(node.name)  # (a move waiting on it: at the next look)
+                # (a move waiting on it: at the next look)
+                self.change_book.wake_nodes.add(node.name)
             if rec.state == pb.JOB_STATE_PROFILING:
                 rec.job.status.reason = f"waiting: profiling on {node.gpu_type} ({t.profile_error})"
-            self._to_profile[rec.job_id] = None
+            self.profile_book.to_profile[rec.job_id] = None
             self._share_result(profile_key(rec, node.gpu_type), at, out)
             return
         if node.holder.get(where[1]) == rec.job_id:
@@ -109,7 +107,7 @@ class Profiling:
                               if t == gpu_type and nodes == reps == 1 and accum == 0))
         if not points:
             return
-        key, cache = profile_key(rec, gpu_type), self._profile_cache
+        key, cache = profile_key(rec, gpu_type), self.profile_book.cache
         cache[key] = CachedProfile(points, rec.grad)
         cache.move_to_end(key)
         while len(cache) > self.settings.profile_cache_entries:
@@ -121,15 +119,15 @@ class Profiling:
         same GPU type takes the same time a step. It is schedulable at once (an early
         round if GPUs are idle); types no identical job has profiled still get passes,
         one for all the identical jobs that want it (`_shared_pass`)."""
-        if not self.settings.reuse_profiles or not self._profile_cache:
+        if not self.settings.reuse_profiles or not self.profile_book.cache:
             return
         reused = []
         for gpu_type in sorted(self._profile_types(rec) - set(rec.profiling)):
             key = profile_key(rec, gpu_type)
-            hit = self._profile_cache.get(key)
+            hit = self.profile_book.cache.get(key)
             if hit is None:
                 continue
-            self._profile_cache.move_to_end(key)
+            self.profile_book.cache.move_to_end(key)
             for bsz, step, sync in hit.points:
                 rec.samples[(gpu_type, 1, 1, bsz, 0)] = (step, sync)
             rec.estimator.add_profile(gpu_type, [p[0] for p in hit.points],
@@ -142,7 +140,7 @@ class Profiling:
         if not reused:
             return
         if not self._profile_types(rec):
-            self._to_profile.pop(rec.job_id, None)
+            self.profile_book.to_profile.pop(rec.job_id, None)
         if rec.state == pb.JOB_STATE_PROFILING:
             set_state(rec, pb.JOB_STATE_QUEUED, at, "waiting: next scheduling round (profiles "
                       f"of {', '.join(reused)} reused from an identical job)")
@@ -157,13 +155,13 @@ class Profiling:
         if not self.settings.reuse_profiles:
             return False
         key = profile_key(rec, gpu_type)
-        if key in self._profile_cache and any(rec.job_id in w for w in
-                                              self._pass_waiters.values()):
+        if key in self.profile_book.cache and any(
+                rec.job_id in w for w in self.profile_book.pass_waiters.values()):
             return True  # its result is in: taken with that of the pass it still waits for
-        owner = self.jobs.get(self._pass_owner.get(key, ""))
+        owner = self.job_book.jobs.get(self.profile_book.pass_owner.get(key, ""))
         if owner is None or owner is rec or gpu_type not in owner.profiling:
             return False
-        self._pass_waiters.setdefault(key, set()).add(rec.job_id)
+        self.profile_book.pass_waiters.setdefault(key, set()).add(rec.job_id)
         return True
 
     def _passes_abandoned(self, rec: JobRec, at: float, out: list[Action]) -> None:
@@ -171,7 +169,7 @@ class Profiling:
         them take what is known, or profile themselves."""
         for gpu_type in sorted(rec.profiling):
             key = profile_key(rec, gpu_type)
-            if self._pass_owner.get(key) == rec.job_id:
+            if self.profile_book.pass_owner.get(key) == rec.job_id:
                 self._share_result(key, at, out)
 
     def _share_result(self, key: tuple, at: float, out: list[Action]) -> None:
@@ -180,25 +178,26 @@ class Profiling:
         another type's pass takes them all once that one ends too, as the job that
         runs the passes becomes schedulable only when none is in flight (else the
         jobs that wait would be placed before the one that profiles for them)."""
-        self._pass_owner.pop(key, None)
-        waiting = self._pass_waiters.pop(key, set())
-        still = set().union(*self._pass_waiters.values()) if self._pass_waiters else set()
+        self.profile_book.pass_owner.pop(key, None)
+        waiting = self.profile_book.pass_waiters.pop(key, set())
+        others = self.profile_book.pass_waiters
+        still = set().union(*others.values()) if others else set()
         for job_id in sorted(waiting):
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
             if job_id not in still:
                 self._reuse_profiles(rec, at, out)
-            self._profile_changed.add(job_id)
+            self.change_book.profile_changed.add(job_id)
         if waiting:
-            self._freed_all = True  # (a failed pass: they look for GPUs again)
+            self.change_book.freed_all = True  # (a failed pass: they look for GPUs again)
 
     def _reported_passes(self, node: NodeRec, ev: AgentRegistered, out: list[Action]) -> None:
         """Passes the agent says it runs: a pass the books lost track of (a partition,
         a controller restart) is taken back if the job still wants that type's
         profile and the GPU is free; any other is stopped, its GPU booked until then."""
         for job_id, gen, gpu in ev.profiling:
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if gpu >= node.num_gpus or (rec is not None and (node.name, gpu) in
                                         rec.profiling.values()):
                 continue
@@ -210,7 +209,7 @@ class Profiling:
             if (rec is not None and rec.state not in TERMINAL and node.gpu_type not in
                     rec.profiling and node.gpu_type in self._profile_types(rec)):
                 rec.profiling[node.gpu_type] = (node.name, gpu)
-                rec.pass_sent[node.gpu_type] = self._next_directive
+                rec.pass_sent[node.gpu_type] = self.directive_book.next_id
             else:
                 self._send_stop(job_id, gen, node.name, out)
 
@@ -226,10 +225,10 @@ class Profiling:
         gave samples (waiting for every pass keeps a fast type's profile from
         placing it before the others are known); it fails if no type can run it.
         Only jobs whose passes changed since the last event are looked at."""
-        changed, self._profile_changed = self._profile_changed, set()
+        changed, self.change_book.profile_changed = self.change_book.profile_changed, set()
         idle: set[str] | None = None  # computed when a job becomes schedulable
         for job_id in sorted(changed):
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or rec.state != pb.JOB_STATE_PROFILING or rec.profiling:
                 continue
             if rec.usable:
@@ -247,32 +246,33 @@ class Profiling:
                              "cluster can run it (profiling found none)", out)
 
     def _want_profiles(self, job_ids: Iterable[str]) -> None:
-        self._to_profile.update(dict.fromkeys(job_ids))
-        self._freed_all = True  # they may want a type whose idle GPUs nobody wanted
+        self.profile_book.to_profile.update(dict.fromkeys(job_ids))
+        self.change_book.freed_all = True  # they may want a type whose idle GPUs nobody wanted
 
     def _start_profiles(self, out: list[Action]) -> None:
         """Give every job still missing a profile one idle GPU of that type.
 
-        Only jobs in `_to_profile` are looked at, and only for the types whose GPUs
+        Only jobs in `ProfileBook.to_profile` are looked at, and only for the types whose GPUs
         were freed since the last look (all types when new passes are wanted): a GPU
         freed by one pass goes to the next job waiting for that type, without a scan
         of the whole cluster or of thousands of jobs waiting for other types."""
-        if not self._to_profile or not (self._freed_all or self._freed_types):
+        marks = self.change_book
+        if not self.profile_book.to_profile or not (marks.freed_all or marks.freed_types):
             return
         present = self._present_types()
-        types = set(present) if self._freed_all else self._freed_types & present
-        self._freed_all, self._freed_types = False, set()
+        types = set(present) if marks.freed_all else marks.freed_types & present
+        marks.freed_all, marks.freed_types = False, set()
         busy: set[tuple[str, int]] | None = None  # computed when first needed
-        for job_id in list(self._to_profile):
+        for job_id in list(self.profile_book.to_profile):
             if not types:
                 return
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
-                del self._to_profile[job_id]
+                del self.profile_book.to_profile[job_id]
                 continue
             missing = self._profile_types(rec, present) - set(rec.profiling)
             if not missing:  # (a pass lost, or a new type, puts it back)
-                del self._to_profile[job_id]
+                del self.profile_book.to_profile[job_id]
                 self._say_if_unprofilable(rec, out)
             for t in sorted(missing & types):
                 if self._shared_pass(rec, t):
@@ -284,7 +284,7 @@ class Profiling:
                     continue
                 node, gpu = slot
                 busy.add(slot)
-                self.nodes[node].holder[gpu] = rec.job_id
+                self.node_book.nodes[node].holder[gpu] = rec.job_id
                 rec.profiling[t] = (node, gpu)
                 out.append(self._profile_request(rec, t, node, gpu))
 
@@ -300,8 +300,8 @@ class Profiling:
                 out.append(Persist((rec.job_id,)))
 
     def _profile_request(self, rec: JobRec, gpu_type: str, node: str, gpu: int) -> Send:
-        rec.pass_sent[gpu_type] = self._next_directive
-        self._pass_owner[profile_key(rec, gpu_type)] = rec.job_id
+        rec.pass_sent[gpu_type] = self.directive_book.next_id
+        self.profile_book.pass_owner[profile_key(rec, gpu_type)] = rec.job_id
         lo, hi = rec.res.local_bsz_limits[gpu_type]
         req = pb.ProfileRequest(
             job_id=rec.job_id, generation=rec.generation, spec=rec.job.spec,
@@ -315,12 +315,12 @@ class Profiling:
         rigid job in the round, so the ILP decides whom to shrink for it. The GPU it
         gets is left to no one; released, it goes to the next waiting pass at once.
         Without this, a new job in a full cluster waits for some job to end."""
-        if not self._to_profile:
+        if not self.profile_book.to_profile:
             return []
         idle = self._idle_types()
         wanted = set()
-        for job_id in self._to_profile:
-            rec = self.jobs.get(job_id)
+        for job_id in self.profile_book.to_profile:
+            rec = self.job_book.jobs.get(job_id)
             if rec is not None and rec.state == pb.JOB_STATE_PROFILING and \
                     at - seconds(rec.job.status.create_time) >= self.settings.profile_wait:
                 wanted |= self._profile_types(rec) - set(rec.profiling)

@@ -4,9 +4,12 @@ guarantee back (reclaims), and the rule a waiting job is held by. (Which queue a
 priority class a job is scheduled in: `policy.queues.scheduled_in`.)
 
 Pure functions of the round's inputs and result; the state machine calls them
-(`rounds.Rounds`). A reclaim is a job of a queue above its guarantee that lost its
-GPUs while another queue's guarantee row binds and that queue gains GPUs of the type,
-as many such jobs as cover what the queue lost and the reclaimers gained.
+(`rounds.Rounds`), and keeps what they are given in `RoundBook.solve_inputs`. A
+reclaim is a job of a queue above its guarantee that lost its GPUs while another
+queue's guarantee row binds and that queue gains GPUs of the type, as many such jobs
+as cover what the queue lost and the reclaimers gained.
+
+Changes: none.
 """
 
 from __future__ import annotations

@@ -1,15 +1,20 @@
 """Scheduling rounds: a tick becomes a solve of the policy over the ready nodes and
 the schedulable jobs (early rounds only fill idle GPUs), a solve's result becomes
-moves, and a round that cannot run says why."""
+moves, and a round that cannot run says why.
+
+Changes: round_book, directive_book.
+A round's number, its solve in flight and what it was given; a solved round opens
+its entry of `DirectiveBook.round_acks` (acknowledged once its directives are). Its
+moves go through `moves` and `ledger`."""
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 
 from sia_grpc.api import node_state_name, pb, seconds, state_name
 from sia_grpc.api.convert import allocation_to_pb
 from sia_grpc.controller import queueing
+from sia_grpc.controller.books import SolveInputs, StateBase
 from sia_grpc.controller.events import (
     Action,
     Persist,
@@ -39,20 +44,21 @@ from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 # ListRounds answer), whatever the number of jobs one round moves.
 ROUND_MOVES_KEPT = 20
 
-class Rounds:
+class Rounds(StateBase):
     """A part of `ControllerState`: scheduling rounds (the module docstring)."""
 
     def _tick(self, ev: Tick, out: list[Action]) -> None:
         self._check_liveness(ev.at, out)
-        if self.solving is not None:
+        if self.round_book.solving is not None:
             if ev.early:  # run it once the solve in flight is done, not a round later
-                self._early_after_solve = ev.trigger
+                self.round_book.early_after_solve = ev.trigger
             else:  # a solve longer than a round: worth saying
-                self._skip(ev, f"round {self.solving} is still being solved", out)
+                self._skip(ev, f"round {self.round_book.solving} is still being solved", out)
             return
         # (a node restored from the store without its type waits for its agent)
-        ready = [n for n in self.nodes.values() if n.state == pb.NODE_STATE_READY and n.gpu_type]
-        jobs = [r for r in self.jobs.values() if self._schedulable(r)]
+        ready = [n for n in self.node_book.nodes.values()
+                 if n.state == pb.NODE_STATE_READY and n.gpu_type]
+        jobs = [r for r in self.job_book.jobs.values() if self._schedulable(r)]
         cluster = Cluster.of(Node(n.name, n.gpu_type, n.num_gpus) for n in ready) \
             if ready else None
         names = {n.name for n in ready}
@@ -76,35 +82,36 @@ class Rounds:
             return
         if not ev.early:
             policy_jobs.extend(self._profile_slots(cluster, ev.at))
-        self._last_skip = ""
-        self.round_no += 1
-        self.solving = self.round_no
-        self._round_started, self._round_trigger = ev.at, ev.trigger
+        self.round_book.last_skip = ""
+        self.round_book.round_no += 1
+        self.round_book.solving = self.round_book.round_no
+        self.round_book.started, self.round_book.trigger = ev.at, ev.trigger
         # Without a queue configuration the policy sees no queues: one flat pool.
         queues = None if self.queues == QueueSet() else self.queues
-        self._solve_inputs = _SolveInputs(self.round_no, queues, tuple(policy_jobs), previous,
-                                          dict(cluster.capacity))
-        out.append(Solve(self.round_no, ev.trigger, cluster, tuple(policy_jobs), previous,
-                         queues))
+        self.round_book.solve_inputs = SolveInputs(self.round_book.round_no, queues,
+                                                   tuple(policy_jobs), previous,
+                                                   dict(cluster.capacity))
+        out.append(Solve(self.round_book.round_no, ev.trigger, cluster, tuple(policy_jobs),
+                         previous, queues))
 
     def _skip(self, ev: Tick, why: str, out: list[Action]) -> None:
         """A round that did not run says why, once per reason (an idle cluster with
         nothing to schedule says nothing)."""
-        if not why or why == self._last_skip:
+        if not why or why == self.round_book.last_skip:
             return
-        self._last_skip = why
+        self.round_book.last_skip = why
         rnd = pb.Round(trigger=ev.trigger, note=f"skipped: {why}")
         rnd.start_time.CopyFrom(timestamp(ev.at))
         out.append(RoundSkipped(rnd))
 
     def _why_no_round(self, ready: list[NodeRec], jobs: list[JobRec]) -> str:
-        waiting = collections.Counter(state_name(r.state) for r in self.jobs.values()
+        waiting = collections.Counter(state_name(r.state) for r in self.job_book.jobs.values()
                                       if r.state not in TERMINAL)
         if not waiting:
             return ""
         if not ready:
             states = collections.Counter(node_state_name(n.state).lower()
-                                         for n in self.nodes.values())
+                                         for n in self.node_book.nodes.values())
             return "no ready node" + (f" ({counts_text(states)})" if states else "")
         if not jobs:
             return f"no job has a profile yet ({counts_text(waiting)})"
@@ -125,15 +132,15 @@ class Rounds:
         return f"no ready node of type {' or '.join(want)} ({has})"
 
     def _solved(self, ev: SolveFinished, out: list[Action]) -> None:
-        if ev.round_no != self.solving:
+        if ev.round_no != self.round_book.solving:
             return
-        self.solving = None
-        if self._early_after_solve:
-            out.append(WantRound(self._early_after_solve))
-            self._early_after_solve = ""
-        self._round_acks.setdefault(ev.round_no, set())
-        rnd = pb.Round(round=ev.round_no, trigger=self._round_trigger, note=ev.error)
-        rnd.start_time.CopyFrom(timestamp(self._round_started))
+        self.round_book.solving = None
+        if self.round_book.early_after_solve:
+            out.append(WantRound(self.round_book.early_after_solve))
+            self.round_book.early_after_solve = ""
+        self.directive_book.round_acks.setdefault(ev.round_no, set())
+        rnd = pb.Round(round=ev.round_no, trigger=self.round_book.trigger, note=ev.error)
+        rnd.start_time.CopyFrom(timestamp(self.round_book.started))
         if ev.result is None:
             rnd.note = ev.error or "solve failed: previous allocation kept"
             out.append(RoundDone(rnd))
@@ -143,7 +150,7 @@ class Rounds:
         reasons, reclaims = self._queue_outcome(ev.round_no, res, rnd)
         preempted = []
         for job_id, reason in reasons.items():
-            rec = self.jobs.get(job_id)
+            rec = self.job_book.jobs.get(job_id)
             if rec is None or rec.state in TERMINAL:
                 continue
             queue, _, note = scheduled_in(self.queues, rec.job.spec)
@@ -157,8 +164,8 @@ class Rounds:
                         self._rebatch(rec, new, out)
                 continue
             # Any GPU of the new allocation on a node that is no longer ready: skip.
-            if new is not None and any(self.nodes.get(g.node) is None or
-                                       self.nodes[g.node].state != pb.NODE_STATE_READY
+            if new is not None and any(self.node_book.nodes.get(g.node) is None or
+                                       self.node_book.nodes[g.node].state != pb.NODE_STATE_READY
                                        for g in new.gpus):
                 continue
             moved += 1
@@ -196,7 +203,7 @@ class Rounds:
         """The round's reasons with the queue rules that held or preempted jobs in place
         of the policy's, and the reclaims (job -> queue taking its GPUs back); the
         binding guarantee rows and the reclaims go on the round record."""
-        inputs, self._solve_inputs = self._solve_inputs, None
+        inputs, self.round_book.solve_inputs = self.round_book.solve_inputs, None
         if inputs is None or inputs.round_no != round_no or inputs.queues is None:
             return dict(res.reasons), {}
         done = queueing.outcome(inputs.queues, res, inputs.jobs, inputs.previous,
@@ -235,17 +242,6 @@ class Rounds:
             # place rather than make it start the restore over (the artifact's rule).
             restoring=runs and at - rec.started_at < rec.restart_s(), pinned=pinned,
             queue=queue, priority=priority, stint=max(at - rec.started_at, 0.0) if runs else 0.0)
-
-
-@dataclass(frozen=True)
-class _SolveInputs:
-    """What a round's solve was given, for explaining its result (`queueing.outcome`)."""
-
-    round_no: int
-    queues: QueueSet | None
-    jobs: tuple[PolicyJob, ...]
-    previous: dict[str, JobAllocation]
-    capacity: dict[str, int]
 
 
 def round_move(rec: JobRec, before: JobAllocation | None,

@@ -223,7 +223,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         # The round history outlives a restart, and round numbers go on from it.
         self.rounds.extend(await self._in_store(self._store.rounds))
         if self.rounds:
-            self.state.round_no = max(self.state.round_no, self.rounds[-1].round)
+            self.state.restore_rounds(self.rounds[-1].round)
         self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]

@@ -10,6 +10,8 @@ sockets and no clock.
 Read it as events → transitions → actions:
 
     events.py       what comes in (events) and goes out (actions)
+    books.py        the state: its books (jobs, nodes, rounds, directives, moves,
+                    profiles, changes), each field declared once with its meaning
     state.py        `handle`: each event to its handler; jobs created, cancelled,
                     ended; drains; restoring from the store
     agents.py       what agents say: registration and reconciliation, telemetry,
@@ -30,13 +32,20 @@ profile) → RUNNING → (RESTARTING: STOP to its old nodes, wait for their
 checkpoints, then RUN at the new allocation) → ... → SUCCEEDED / FAILED /
 CANCELLED. A RUN goes out only when every GPU it needs has been released by
 whoever held it, so no GPU is ever used by two jobs, even while jobs move.
+
+The state is the books of `books.py` (`StateBase`: one of each, and the inputs), read
+and changed by the parts above through the book: `self.move_book.moving`. Each part's
+docstring says which books it changes; this one's:
+
+Changes: job_book, node_book, round_book, directive_book, change_book.
+Jobs created, restored, ended and deleted with the active count per tenant; drains;
+nodes restored; the rounds' count restored; a round acknowledged once its solve is
+done and its directives are; the jobs that released GPUs persisted.
 """
 
 from __future__ import annotations
 
-import collections
 import json
-import secrets
 from collections.abc import Sequence
 
 from sia_grpc.api import pb
@@ -70,7 +79,7 @@ from sia_grpc.controller.events import (
 from sia_grpc.controller.invariants import InvariantError, check_invariants
 from sia_grpc.controller.ledger import GpuLedger
 from sia_grpc.controller.moves import Moves
-from sia_grpc.controller.profiling import PROFILE_SLOT, CachedProfile, Profiling
+from sia_grpc.controller.profiling import PROFILE_SLOT, Profiling
 from sia_grpc.controller.records import (
     JobRec,
     NodeRec,
@@ -81,7 +90,6 @@ from sia_grpc.controller.records import (
 from sia_grpc.controller.rounds import Rounds
 from sia_grpc.controller.transitions import REASONS, TERMINAL, set_state
 from sia_grpc.controller.views import Views
-from sia_grpc.policy.queues import QueueSet
 
 __all__ = [  # the state machine, and what it takes in and gives out
     "PROFILE_SLOT", "REASONS", "TERMINAL", "Action", "AgentDisconnected", "AgentMessage",
@@ -95,70 +103,6 @@ __all__ = [  # the state machine, and what it takes in and gives out
 class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
     """All the controller knows. Mutated only by `handle`."""
 
-    def __init__(self, settings: ControllerSettings | None = None, *,
-                 started_at: float = 0.0) -> None:
-        self.settings = settings or ControllerSettings()
-        self.jobs: dict[str, JobRec] = {}
-        # Jobs not yet ended, per tenant: the per-tenant active-job limit reads it.
-        self.active_by_tenant: collections.Counter[str] = collections.Counter()
-        self.nodes: dict[str, NodeRec] = {}
-        self.round_no = 0
-        self.solving: int | None = None
-        self.started_at = started_at
-        # Directive ids are unique across controller restarts: a random base.
-        self._next_directive = secrets.randbits(40) << 20
-        # Directives sent and not yet acknowledged: id -> (job, node, action, message).
-        # They are sent again, unchanged, when their agent reconnects.
-        self._pending_acks: dict[int, tuple[str, str, int, pb.ControllerMessage]] = {}
-        self._round_started, self._round_trigger = 0.0, "timer"
-        self.refused = 0  # RUN directives an agent refused (should stay 0)
-        self._round_acks: dict[int, set[int]] = {}  # round -> its unacknowledged directives
-        # STOPs sent and not yet acknowledged, per (job, node): an index of _pending_acks.
-        self._stops_due: collections.Counter[tuple[str, str]] = collections.Counter()
-        # Jobs waiting for stops or GPUs to start again -> their place in line.
-        self._moving: dict[str, int] = {}
-        self._moving_seq = 0
-        # Which of them a dispatch looks at (`GpuLedger._woken_moves`): jobs whose
-        # record changed, nodes whose GPUs or state changed since the last look, and
-        # the moves that could not start, by the nodes their targets need.
-        self._wake_jobs: set[str] = set()
-        self._wake_nodes: set[str] = set()
-        self._waiting_on: dict[str, set[str]] = {}
-        self._waits: dict[str, tuple[str, ...]] = {}
-        # Jobs that may still need a profiling pass, oldest first (a dict as an
-        # ordered set: the first to come is the first profiled).
-        self._to_profile: dict[str, None] = {}
-        # Master node -> rendezvous port -> the job last given it (`_master_port`).
-        self._ports_by_node: dict[str, dict[int, str]] = {}
-        # 1-GPU profiles by what they depend on (`profile_key`), for identical jobs
-        # to reuse; least recently profiled or reused first out.
-        self._profile_cache: collections.OrderedDict[tuple, CachedProfile] = \
-            collections.OrderedDict()
-        # A pass in flight by its `profile_key` -> the job running it, and the identical
-        # jobs waiting for its result rather than taking GPUs of their own.
-        self._pass_owner: dict[tuple, str] = {}
-        self._pass_waiters: dict[tuple, set[str]] = {}
-        # Scans that look for work to start (moves whose GPUs are free, profiling
-        # passes) run only when something they depend on changed: GPUs freed or
-        # nodes back (`_capacity_changed`), moves wanted or given up, passes wanted
-        # (`_want_profiles`). Else thousands of moving or waiting jobs would be
-        # scanned at every event (a telemetry report, a heartbeat).
-        self._capacity_epoch = 0
-        self._dispatch_scanned = -1
-        self._idle_cache: tuple[int, set[str]] = (-1, set())
-        self._freed_types: set[str] = set()  # types with GPUs freed since the last look
-        self._freed_all = True  # ... or: any type may have (moves dropped, new wants)
-        self._profile_changed: set[str] = set()  # jobs whose passes changed (this event)
-        self._released: set[str] = set()  # jobs that released GPUs (this event): persisted
-        # Drained nodes (admin) -> reason. Kept apart from node records: a drain
-        # outlives the agent's stream, and is restored before the agent returns.
-        self.drained: dict[str, str] = {}
-        # The queues in force (QueuesLoaded); the default: one queue, no guarantees.
-        self.queues = QueueSet()
-        self._solve_inputs = None  # the solve in flight's inputs (`Rounds._queue_outcome`)
-        self._last_skip = ""  # why the last round did not run ("" once one ran)
-        self._early_after_solve = ""  # an early round that came while a solve ran
-
     # ------------------------------------------------------------ loading
 
     def restore(self, job: pb.Job, extra: bytes, at: float) -> None:
@@ -168,23 +112,23 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         rec = JobRec(job=job, res=resolve(job.spec))
         if extra:
             load_extra(rec, json.loads(extra))
-        self.jobs[job.job_id] = rec
+        self.job_book.jobs[job.job_id] = rec
         for gpu_type in sorted(rec.usable):
             self._remember_profile(rec, gpu_type)
         if job.status.state not in TERMINAL:
             self._want_profiles((job.job_id,))
-            self.active_by_tenant[job.spec.tenant] += 1
+            self.job_book.active_by_tenant[job.spec.tenant] += 1
         if job.status.state in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_UNSPECIFIED) \
                 and not rec.usable:  # accepted, never profiled
             job.status.state = pb.JOB_STATE_PROFILING
             job.status.reason = "waiting: profiling on each GPU type"
         for node, gpus in rec.held.items():
-            n = self.nodes.get(node)
+            n = self.node_book.nodes.get(node)
             if n is None:
                 a = rec.alloc
                 gpu_type = a.config.gpu_type if a else ""
-                n = self.nodes[node] = NodeRec(node, gpu_type, max(gpus, default=-1) + 1,
-                                                last_seen=at)
+                n = self.node_book.nodes[node] = NodeRec(
+                    node, gpu_type, max(gpus, default=-1) + 1, last_seen=at)
             # Until its agent registers, a node has at least the GPUs its jobs hold.
             n.num_gpus = max(n.num_gpus, max(gpus, default=-1) + 1)
             n.holder.update(dict.fromkeys(gpus, job.job_id))
@@ -201,9 +145,14 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                             at, "running (its move was called off by a controller restart)"
                             if rec.alloc else "requeued: a controller restart")
 
+    def restore_rounds(self, last: int) -> None:
+        """Reload the last stored round's number after a controller restart: round
+        numbers go on from it."""
+        self.round_book.round_no = max(self.round_book.round_no, last)
+
     def extra(self, job_id: str) -> bytes:
         """The controller-private part of a job, persisted beside it."""
-        return encode_extra(self.jobs[job_id])
+        return encode_extra(self.job_book.jobs[job_id])
 
     # ------------------------------------------------------------ dispatch
 
@@ -215,10 +164,10 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
             case JobCancelRequested():
                 self._cancel(event, out)
             case JobDeleted():
-                rec = self.jobs.pop(event.job_id, None)
+                rec = self.job_book.jobs.pop(event.job_id, None)
                 self._forget_move(event.job_id)
                 if rec is not None and rec.state not in TERMINAL:
-                    self.active_by_tenant[rec.job.spec.tenant] -= 1
+                    self.job_book.active_by_tenant[rec.job.spec.tenant] -= 1
             case AgentRegistered():
                 self._registered(event, out)
             case AgentMessage():
@@ -244,12 +193,13 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         self._start_profiles(out)
         self._profiles_done(event.at, out)
         self._dispatch_pending(event.at, out)
-        if self._released:  # else a restart would book their GPUs to them again
-            out.append(Persist(tuple(sorted(j for j in self._released if j in self.jobs))))
-            self._released.clear()
-        for round_no in [r for r, ids in self._round_acks.items()
-                         if not ids and r != self.solving]:
-            del self._round_acks[round_no]
+        if self.change_book.released:  # else a restart would book their GPUs to them again
+            jobs = self.job_book.jobs
+            out.append(Persist(tuple(sorted(j for j in self.change_book.released if j in jobs))))
+            self.change_book.released.clear()
+        for round_no in [r for r, ids in self.directive_book.round_acks.items()
+                         if not ids and r != self.round_book.solving]:
+            del self.directive_book.round_acks[round_no]
             out.append(RoundAcked(round_no))
         return _merge_persists(out)
 
@@ -259,9 +209,9 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         job = pb.Job()
         job.CopyFrom(ev.job)
         rec = JobRec(job=job, res=ev.resolved or resolve(job.spec))
-        self.jobs[job.job_id] = rec
+        self.job_book.jobs[job.job_id] = rec
         self._want_profiles((job.job_id,))
-        self.active_by_tenant[job.spec.tenant] += 1
+        self.job_book.active_by_tenant[job.spec.tenant] += 1
         # A new record starts from no state, whatever the caller stamped on it (the
         # shell stores it as PROFILING already; a reload profiles it again).
         job.status.state = pb.JOB_STATE_UNSPECIFIED
@@ -270,7 +220,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
         self._say_if_unprofilable(rec, out)
 
     def _cancel(self, ev: JobCancelRequested, out: list[Action]) -> None:
-        rec = self.jobs.get(ev.job_id)
+        rec = self.job_book.jobs.get(ev.job_id)
         if rec is None or rec.state in TERMINAL:
             return
         self._finish(rec, pb.JOB_STATE_CANCELLED, ev.at, "cancelled by request", out)
@@ -279,7 +229,7 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
                 out: list[Action], *, except_node: str = "") -> None:
         """End a job: stop it wherever it still runs (GPUs are released on the acks)."""
         if rec.state not in TERMINAL:
-            self.active_by_tenant[rec.job.spec.tenant] -= 1
+            self.job_book.active_by_tenant[rec.job.spec.tenant] -= 1
         rec.target = None
         self._set_moving(rec, False)
         self._account(rec, at)
@@ -296,10 +246,10 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
 
     def _drain_changed(self, ev: NodeDrainChanged, out: list[Action]) -> None:
         if ev.reason is None:
-            self.drained.pop(ev.node_id, None)
+            self.node_book.drained.pop(ev.node_id, None)
         else:
-            self.drained[ev.node_id] = ev.reason
-        node = self.nodes.get(ev.node_id)
+            self.node_book.drained[ev.node_id] = ev.reason
+        node = self.node_book.nodes.get(ev.node_id)
         if node is None or node.state == pb.NODE_STATE_LOST:
             return  # registering will tell it
         if ev.reason is None:
@@ -314,31 +264,31 @@ class ControllerState(Agents, Rounds, Profiling, Moves, GpuLedger, Views):
     def _forget(self, ev: NodeForgotten) -> None:
         """Drop a LOST node's record and its drain. A LOST node holds no GPUs; a move
         still headed there is called off when it is next looked at (`_dispatch_pending`)."""
-        node = self.nodes.get(ev.node_id)
+        node = self.node_book.nodes.get(ev.node_id)
         if node is None or node.state != pb.NODE_STATE_LOST:
             return  # back (or gone) since the shell looked: nothing to forget
         assert not node.holder, f"LOST node {node.name} holds GPUs"
-        del self.nodes[node.name]
-        self.drained.pop(node.name, None)
+        del self.node_book.nodes[node.name]
+        self.node_book.drained.pop(node.name, None)
         self._capacity_changed(node)  # moves headed there are looked at again
 
     def restore_drain(self, node_id: str, reason: str, at: float) -> None:
         """Reload a drain from the store after a controller restart."""
-        self.drained[node_id] = reason
-        node = self.nodes.setdefault(node_id, NodeRec(node_id, "", 0, last_seen=at))
+        self.node_book.drained[node_id] = reason
+        node = self.node_book.nodes.setdefault(node_id, NodeRec(node_id, "", 0, last_seen=at))
         node.state = pb.NODE_STATE_DRAINING
 
     def _type_arriving(self, gpu_type: str) -> None:
         """Before a node of `gpu_type` joins the pool: if the cluster had no such
         type, every job may want a profile of it."""
         if gpu_type and gpu_type not in self._present_types():
-            self._want_profiles(j for j, r in self.jobs.items() if r.state not in TERMINAL)
+            self._want_profiles(j for j, r in self.job_book.jobs.items() if r.state not in TERMINAL)
 
     def _up_state(self, node_id: str) -> int:
-        return pb.NODE_STATE_DRAINING if node_id in self.drained else pb.NODE_STATE_READY
+        return pb.NODE_STATE_DRAINING if node_id in self.node_book.drained else pb.NODE_STATE_READY
 
     def _drain_message(self, node_id: str) -> Send:
-        reason = self.drained.get(node_id)
+        reason = self.node_book.drained.get(node_id)
         return Send(node_id, pb.ControllerMessage(drain=pb.Drain(
             reason=reason or "", cancel=reason is None)))
 

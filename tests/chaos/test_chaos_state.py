@@ -160,7 +160,7 @@ def startable_moves(st) -> list[str]:
     only at the moves something changed for (`GpuLedger._woken_moves`) must leave
     none behind."""
     out = []
-    for job_id in st._moving:
+    for job_id in st.move_book.moving:
         rec = st.jobs.get(job_id)
         if rec is None or not rec.moving or rec.state in TERMINAL_STATES or rec.held:
             continue
@@ -196,9 +196,9 @@ class Chaos:
 
     def feed(self, event: Event) -> None:
         solves = []
-        scanned = self.state._dispatch_scanned
+        scanned = self.state.change_book.dispatch_scanned
         actions = self.state.handle(event)
-        if self.state._dispatch_scanned != scanned:  # it looked for moves to start
+        if self.state.change_book.dispatch_scanned != scanned:  # it looked for moves to start
             assert not startable_moves(self.state), (event, startable_moves(self.state))
         for a in actions:
             if isinstance(a, Send):

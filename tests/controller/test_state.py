@@ -1020,7 +1020,7 @@ def test_a_freed_gpu_wakes_only_the_moves_waiting_on_its_node():
     h = Harness({f"n{k:02}": ("rtx", 1) for k in range(n)})
     recs, moves = _every_job_moves_on(h, n)
     assert all(r.moving and r.held for r in recs)  # each waits for a STOP's ack
-    h.state.jobs = jobs = _CountingJobs(h.state.jobs)
+    h.state.job_book.jobs = jobs = _CountingJobs(h.state.job_book.jobs)
     h.check = lambda: None  # (the invariant check looks at every record: once, below)
     h.deliver()  # n acks, each freeing one node
     h.state.check_invariants()
@@ -1040,7 +1040,7 @@ def test_a_stops_exit_inside_its_ack_is_read_as_the_exit_then_the_ack():
         recs, _ = _every_job_moves_on(h, n)
         h.deliver()
         h.state.check_invariants()
-        assert not h.state._pending_acks
+        assert not h.state.directive_book.pending
         return [(r.job_id, r.state, r.generation, r.checkpoint, r.alloc.gpus, dict(r.held),
                  r.job.status.restarts) for r in recs] + sorted(
             (name, dict(node.holder)) for name, node in h.state.nodes.items())
@@ -1104,7 +1104,7 @@ def test_an_identical_job_reuses_the_profiles_and_is_schedulable_at_once():
     assert rec.usable == rec.profiled == {"aws", "rtx"} and rec.grad == first.grad
     assert {k: v for k, v in rec.samples.items()} == \
         {k: v for k, v in first.samples.items() if k[1:3] == (1, 1)}
-    assert "j2" not in h.state._to_profile and "j2" in h.persisted
+    assert "j2" not in h.state.profile_book.to_profile and "j2" in h.persisted
     h.tick(5.0, "arrival")  # GPUs are idle: it runs at the next (early) round
     h.deliver()
     assert h.state_of("j2") == pb.JOB_STATE_RUNNING
@@ -1142,7 +1142,7 @@ def test_a_type_no_identical_job_profiled_still_gets_a_pass():
     assert h.state_of("j2") == pb.JOB_STATE_QUEUED and rec.usable == {"rtx"}
     assert [h.agents[s.node_id].gpu_type for s in _profiles(h)] == ["aws"]
     h.deliver()
-    assert rec.usable == {"aws", "rtx"} and "j2" not in h.state._to_profile
+    assert rec.usable == {"aws", "rtx"} and "j2" not in h.state.profile_book.to_profile
 
 
 def test_profiles_restored_from_the_store_are_reused_after_a_restart():
@@ -1165,7 +1165,7 @@ def test_the_profile_cache_keeps_its_bound():
     for k in range(4):
         h.submit(f"j{k}", command=[f"train-{k}"])
         h.deliver()
-    assert len(h.state._profile_cache) == 2
+    assert len(h.state.profile_book.cache) == 2
     h.outbox.clear()
     h.submit("again", command=["train-0"])  # the oldest: dropped
     assert h.state_of("again") == pb.JOB_STATE_PROFILING
@@ -1282,7 +1282,7 @@ def test_a_job_waiting_for_a_cancelled_jobs_pass_profiles_itself():
     h.deliver()
     h.finish_profiles()
     h.deliver()
-    assert h.state_of("s1") == pb.JOB_STATE_QUEUED and not h.state._pass_waiters
+    assert h.state_of("s1") == pb.JOB_STATE_QUEUED and not h.state.profile_book.pass_waiters
 
 
 def test_a_waiting_job_whose_fenced_workers_are_on_a_drained_node_just_waits():
