@@ -1,7 +1,8 @@
 # Two commands set up and run everything on a fresh machine:
 #   make demo   -- the main job
 #   make test   -- the whole test suite (in parallel, one worker per core)
-# and `make test-fast` runs the unit tests of the core and the state machine.
+# and `make test-fast` runs the unit tests of the core and the state machine, `make lint`
+# the static checks alone (ruff, the import contracts, mypy), which `make test` runs first.
 # Both create .venv when it is missing and install the project into it.
 
 # Debian's own Python where there is one: a venv made from it can be started by the
@@ -78,11 +79,18 @@ bubblewrap:
 demo: $(STAMP)
 	$(BIN)/sia demo
 
-# The whole suite, one pytest-xdist worker per core (--dist loadgroup is set in
-# pyproject.toml: the "heavy" group runs on one worker, one test at a time).
-test: $(STAMP)
+# The static checks: style (ruff), the layers' import contracts (lint-imports) and the
+# types (mypy: the packages and settings of pyproject.toml's [tool.mypy]; its cache,
+# .mypy_cache, makes a second run take under a second).
+lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+# The whole suite, one pytest-xdist worker per core (--dist loadgroup is set in
+# pyproject.toml: the "heavy" group runs on one worker, one test at a time), after
+# the static checks.
+test: lint
 	$(BIN)/python -m pytest -q -n auto
 
 # The inner loop: goodput models, policies and solvers, the controller's state

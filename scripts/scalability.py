@@ -7,7 +7,7 @@ and a figure of average JCT and policy time per round against the cluster's size
 
 A point is the mean over the workloads run for it (rate_<r> ships two); a run left
 out (not in any RUNS.json) is simply not drawn. How the runs were made:
-docs/results.md, "The paper's scalability study".
+docs/journal/results.md, "The paper's scalability study" (today's table: docs/results.md).
 """
 
 from __future__ import annotations

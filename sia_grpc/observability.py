@@ -171,7 +171,8 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
-        logger_factory=structlog.WriteLoggerFactory(file=_Unfailing(out)),
+        # (structlog asks for a TextIO; a WriteLogger only writes and flushes)
+        logger_factory=structlog.WriteLoggerFactory(file=_Unfailing(out)),  # type: ignore[arg-type]
         # Not cached: module-level loggers must follow a later reconfiguration.
         cache_logger_on_first_use=False,
     )
@@ -523,10 +524,11 @@ class Telemetry:
             return True
         deadline = time.monotonic() + timeout_millis / 1000
         ok = True
-        for provider in (self._tracer_provider, self._meter_provider):
+        providers: tuple[Any, ...] = (self._tracer_provider, self._meter_provider)  # (the SDK's)
+        for provider in providers:
             left = max(0, int((deadline - time.monotonic()) * 1000))
             try:
-                ok = bool(provider.force_flush(left)) and ok  # type: ignore[attr-defined]
+                ok = bool(provider.force_flush(left)) and ok
             except Exception:
                 log.warning("telemetry.flush_failed", exc_info=True)
                 ok = False
@@ -540,9 +542,10 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self.shutdown)
-        for provider in (self._tracer_provider, self._meter_provider):
+        providers: tuple[Any, ...] = (self._tracer_provider, self._meter_provider)  # (the SDK's)
+        for provider in providers:
             try:
-                provider.shutdown()  # type: ignore[attr-defined]
+                provider.shutdown()
             except Exception:
                 log.warning("telemetry.shutdown_failed", exc_info=True)
 
@@ -649,8 +652,9 @@ class MetricsServer:
                                     flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsHTTPServer", (_MetricsHTTPServer,),
                             {"address_family": family})
-        self._httpd = make_server(host, int(port_s), _metrics_routes(make_wsgi_app(registry)),
-                                  server_class, handler_class=_QuietHandler)
+        self._httpd: _MetricsHTTPServer = make_server(
+            host, int(port_s), _metrics_routes(make_wsgi_app(registry)), server_class,
+            handler_class=_QuietHandler)
         self.port: int = self._httpd.server_port
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         name="sia-metrics-http", daemon=True)

@@ -9,6 +9,7 @@ The modules are generated from `protos/sia/v1/` (`make protos`).
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from sia_grpc._proto.sia.v1 import (
     agent_service_pb2,
@@ -84,7 +85,11 @@ class _NamedIntEnum(enum.IntEnum):
 
 # pb.JobState as a Python enum with the short names: JobState.RUNNING == pb.JOB_STATE_RUNNING
 # (an int), and str() / print() / f"{...}" show "RUNNING". What the SDK's job views return.
-JobState = _NamedIntEnum("JobState", {state_name(v): v for v in pb.JobState.values()})
+if TYPE_CHECKING:  # (what a checker sees: the members are the protos', made at run time)
+    class JobState(_NamedIntEnum):
+        pass
+else:
+    JobState = _NamedIntEnum("JobState", {state_name(v): v for v in pb.JobState.values()})
 
 
 def job_state(state: int) -> JobState | int:

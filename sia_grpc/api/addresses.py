@@ -19,6 +19,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable
+from typing import cast
 
 __all__ = ["Resolve", "expand", "host_name", "normalize", "resolve", "split_targets"]
 
@@ -37,7 +38,9 @@ def split_targets(target: str) -> list[str]:
 def resolve(host: str, port: int) -> list[tuple[str, int]]:
     """`host`'s A and AAAA records (getaddrinfo, in its order, each once). Blocking."""
     found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys((info[4][0], info[4][1]) for info in found))
+    # (a host's addresses are AF_INET or AF_INET6: (host, port, ...), never AF_UNIX's)
+    return list(dict.fromkeys((cast(str, info[4][0]), cast(int, info[4][1]))
+                              for info in found))
 
 
 def normalize(target: str, field: str = "target") -> str:

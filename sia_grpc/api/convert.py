@@ -61,7 +61,7 @@ DEFAULT_RESTART_COST_S = 30.0  # the core's PolicyJob default, until a job has m
 # cluster model split it into that many one-GPU virtual nodes.
 MAX_GPUS_PER_NODE = 1024
 
-_ADAPTIVITY = {
+_ADAPTIVITY: dict[int, Adaptivity] = {
     pb.ADAPTIVITY_ADAPTIVE: Adaptivity.ADAPTIVE,
     pb.ADAPTIVITY_STRONG_SCALING: Adaptivity.STRONG_SCALING,
     pb.ADAPTIVITY_RIGID: Adaptivity.RIGID,

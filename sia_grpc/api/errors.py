@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -136,8 +137,11 @@ def _pack(msg) -> any_pb2.Any:
 
 
 def _status_of(err: grpc.RpcError) -> status_pb2.Status | None:
-    trailing = err.trailing_metadata() if callable(getattr(err, "trailing_metadata", None)) else ()
+    # ((key, value) pairs, as grpc_status itself reads them: not the stubs' _Metadatum)
+    trailing = cast("tuple[tuple[str, str | bytes], ...]", err.trailing_metadata()
+                    if callable(getattr(err, "trailing_metadata", None)) else ())
     for key, value in trailing or ():
-        if key == rpc_status.GRPC_DETAILS_METADATA_KEY:
+        # (grpc_status's own constant, which its stubs leave out)
+        if key == rpc_status.GRPC_DETAILS_METADATA_KEY:  # type: ignore[attr-defined]
             return status_pb2.Status.FromString(value)
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from sia_grpc.api import pb
 from sia_grpc.api.convert import (
@@ -27,7 +28,7 @@ from sia_grpc.api.errors import invalid
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy.params import make_policy
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.policy.types import JobAllocation, Policy
+from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob
 
 __all__ = ["DEFAULT_POLICY", "PolicyFactory", "optimize_request", "request_policy"]
 
@@ -48,7 +49,8 @@ def optimize_request(request: pb.OptimizeRequest,
         policy = request_policy(request)
     cluster = cluster_from_pb(request.nodes, "nodes")
     queues = queues_from_pb(request.queues, "queues") if request.HasField("queues") else None
-    jobs, first = [], {}
+    jobs: list[PolicyJob] = []
+    first: dict[str, int] = {}
     for i, j in enumerate(request.jobs):
         if j.job_id and j.job_id in first:
             raise invalid(f"jobs[{i}].job_id",
@@ -75,8 +77,8 @@ def optimize_request(request: pb.OptimizeRequest,
         previous[p.job_id] = alloc
     converted = time.perf_counter()
     # (no queues: called as before queues, so a policy without them still serves)
-    result = policy.optimize(cluster, jobs, previous,
-                             **({} if queues is None else {"queues": queues}))
+    extra: dict[str, Any] = {} if queues is None else {"queues": queues}
+    result = policy.optimize(cluster, jobs, previous, **extra)
     t1 = time.perf_counter()
     decisions = round_to_pb(result, jobs)
     timings = {k: v * 1e3 for k, v in result.timings.items()}

@@ -140,7 +140,8 @@ def cluster_report(cluster: pb.Cluster, rounds: Iterable[pb.Round], *,
         state = node_state_name(n.state)
         if n.drain_reason:
             state += f" ({n.drain_reason})"
-        row = [n.name, n.gpu_type, state, f"{used}/{n.num_gpus}", n.isolation or "-"]
+        row: list[object] = [n.name, n.gpu_type, state, f"{used}/{n.num_gpus}",
+                             n.isolation or "-"]
         row += [n.agent_version or "-", format_time(n.last_heartbeat)] if wide else []
         node_rows.append([*row, ",".join(jobs) or "-"])
     node_header = ["NODE", "TYPE", "STATE", "GPUS USED", "ISOLATION"]

@@ -84,6 +84,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
                 await client.submit(_spec(k))
         await asyncio.gather(*(submit(k) for k in range(jobs)))
         c = lc.controller
+        assert c is not None
         async with asyncio.timeout(600):  # every job profiled
             while c.state.jobs_by_state().get("PROFILING", 0):
                 await asyncio.sleep(0.2)
@@ -190,7 +191,7 @@ def _submit_load(target: str, creates: int, clients: int) -> tuple[int, float]:
 
 
 def _stored_jobs(target: str) -> int:
-    with open_store(target) as store:
+    with contextlib.closing(open_store(target)) as store:  # (JobStore: close, no __exit__)
         return len(store.all_jobs())
 
 
@@ -248,6 +249,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
                     lc.spawn_agent(gpu_type, gpu_type, per, count=count)
             await lc.wait_registered(agents, timeout=300)
             c = lc.controller
+            assert c is not None
             cpu0, t0 = _cpu_s(), time.monotonic()
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 accepted, wall = await loop.run_in_executor(pool, _submit_load, lc.target,

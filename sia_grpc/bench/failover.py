@@ -165,7 +165,8 @@ class Bench:
     @staticmethod
     async def first_round(sia: AsyncSiaClient, after_wall: float) -> pb.Round | None:
         """The first round that started after wall time `after_wall` and completed."""
-        for r in await sia.rounds(limit=50):
+        rounds: list[pb.Round] = await sia.rounds(limit=50)
+        for r in rounds:
             if r.round and r.start_time.ToNanoseconds() / 1e9 > after_wall \
                     and r.HasField("end_time"):  # (a skipped round has no number)
                 return r
@@ -190,7 +191,8 @@ class Bench:
         """Of the workers in `before`, those the leader of `term` stopped: (outside its
         rounds, by its first round)."""
         by_node = {a.config.node_id: a for a in self.nodes}
-        needless, moved = [], []
+        needless: list[str] = []
+        moved: list[str] = []
         for node, job, gen in sorted(before):
             for t, d in by_node[node].received:
                 if t != term or d.job_id != job or d.round > first_round:
@@ -205,6 +207,7 @@ class Bench:
     async def standby_up(self, node: ControllerNode) -> bool:
         """Whether `node` answers; one that exited on its own (not our SIGKILL) is
         counted in `crashes` and started again."""
+        assert node.proc is not None  # (started)
         if node.proc.returncode is not None:
             self.crashes.append(f"{node.address}: exit status {node.proc.returncode}")
             await node.start(self.dsn)
@@ -222,10 +225,12 @@ class Bench:
         before = self.workers()
         killed_wall, killed = time.time(), time.monotonic()
         leader.kill()
+        assert leader.proc is not None  # (it leads)
         await leader.proc.wait()
         gone = time.monotonic()
         await until(lambda: _true(stream.first_after(gone)), "a create on the new leader")
         created = stream.first_after(gone)
+        assert created is not None  # (awaited above)
         new = await until(self.pair.leader, "the standby to lead")
         if new is leader:
             raise BenchError("the killed controller leads again")

@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sia-gpu-check-") as tmp:
         root = out / "work" if args.keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        plan, ctx = make_plan(cuda, root, args.job_epochs), {}
+        plan = make_plan(cuda, root, args.job_epochs)
+        ctx: dict[str, Any] = {}
         results = {}
         for name, what, step in STEPS:
             print(f"gpu-check: {name}: {what} ...", file=sys.stderr, flush=True)

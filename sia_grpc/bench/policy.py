@@ -186,6 +186,7 @@ def run(argv_scales: list[int], rounds: int, warmup: int, ref_limit: float,
     print(f"sia bench policy — {machine()}\n")
     print(format_table(results))
     if with_queues:
+        assert no_budget is not None  # (run with it)
         print("\n" + format_queues(with_queues))
         print("\n" + format_queues(no_budget))
     if json_out:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -82,6 +83,7 @@ async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
                             telemetry_interval=telemetry_interval) as lc, \
             AsyncSiaClient(lc.target, timeout=60.0) as client:
         await lc.wait_registered(len(cluster.nodes))
+        assert lc.controller is not None
         clock = lc.controller.clock
         t0 = clock.time()
         handles = {}
@@ -101,14 +103,14 @@ async def replay(jobs: Sequence[TraceJob], cluster: Cluster, *, rate: float,
         count[0] += 1
         count[1] += r.jobs_moved
     jct, wait, states, restarts = {}, {}, {}, {}
-    for name, job in zip(handles, finals, strict=True):
-        states[name] = pb.JobState.Name(job.status.state)
-        restarts[name] = job.status.restarts
-        created = job.status.create_time.ToNanoseconds()
-        if job.status.HasField("start_time"):
-            wait[name] = (job.status.start_time.ToNanoseconds() - created) / 1e9
-        if job.status.state == pb.JOB_STATE_SUCCEEDED:
-            jct[name] = (job.status.finish_time.ToNanoseconds() - created) / 1e9
+    for name, final in zip(handles, finals, strict=True):
+        states[name] = pb.JobState.Name(final.status.state)
+        restarts[name] = final.status.restarts
+        created = final.status.create_time.ToNanoseconds()
+        if final.status.HasField("start_time"):
+            wait[name] = (final.status.start_time.ToNanoseconds() - created) / 1e9
+        if final.status.state == pb.JOB_STATE_SUCCEEDED:
+            jct[name] = (final.status.finish_time.ToNanoseconds() - created) / 1e9
     return ReplayResult(jct=jct, wait=wait, states=states, restarts=restarts,
                         wall_seconds=time.monotonic() - wall0, rounds=rounds[-1].round
                         if rounds else 0, round_ms=[r.total_ms for r in rounds], triggers=triggers)
@@ -120,6 +122,7 @@ async def _report(lc: LocalCluster, total: int,
         return
     while True:
         await asyncio.sleep(1.0)
+        assert lc.controller is not None
         states = lc.controller.state.jobs_by_state()
         done = sum(states.get(s, 0) for s in ("SUCCEEDED", "FAILED", "CANCELLED"))
         progress(done, total, (lc.controller.clock.time() - lc.controller.state.started_at))
@@ -155,7 +158,8 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
                               progress=print_progress))
     print(file=sys.stderr)
     rows = {"live": live.avg_jct_h}
-    report = {"workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
+    report: dict[str, Any] = {
+              "workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
               "reuse_profiles": reuse_profiles,
               "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
                        "avg_wait_s": float(np.mean(list(live.wait.values()))),

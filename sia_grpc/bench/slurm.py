@@ -193,6 +193,7 @@ def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], floa
     """Rewrite the submission time in job `job_id`'s ticket into modeled time."""
     (raw,) = (j for j in slurm.jobs_json()["jobs"] if int(j["job_id"]) == job_id)
     ticket = Ticket.parse(raw["comment"], job_id)
+    assert ticket is not None  # (submitted by `sia slurm submit`: it has one)
     slurm.note(job_id, dataclasses.replace(ticket, submitted=modeled(ticket.submitted)))
 
 

@@ -67,7 +67,8 @@ async def resize_latency(root: Path, gpu_type: str = "dgx-ext") -> list[dict]:
                            stop_grace_s=60.0)
     await backend.open()
     ckpt = str(root / "ckpt")
-    out, restore = [], 0.0
+    out: list[dict] = []
+    restore = 0.0
     try:
         shapes = ((0, 1), (0,), (0, 1))
         for gen, gpus in enumerate(shapes, start=1):

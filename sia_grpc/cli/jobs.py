@@ -24,8 +24,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import grpc
 import yaml
@@ -231,7 +231,7 @@ def _follow(handle: JobHandle) -> bool:
     """Print the job's state as it changes until it ends; whether it succeeded."""
     shown = None
     for job in handle.watch():
-        line = f"{job.job_id} {job.state} {format_gpus(job)}"
+        line = f"{job.job_id} {job.state} {format_gpus(cast(pb.Job, job))}"  # (a JobView)
         if line != shown:
             print(line, flush=True)
             shown = line
@@ -266,7 +266,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace, sia: SiaClient) -> list[pb.Job]:
-    return sorted_jobs(sia.list(states=args.state or (), tenant=args.tenant))
+    # (JobViews: each reads as the pb.Job it wraps)
+    return sorted_jobs(cast(Iterable[pb.Job], sia.list(states=args.state or (),
+                                                       tenant=args.tenant)))
 
 
 def _ls(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ the Helios mix, printed as readable tables."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from sia_grpc.bench.scenarios import run_rounds, sample_jobs
@@ -115,6 +117,7 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
     async with LocalCluster(LIVE_CLUSTER, rate=rate, config=config) as lc, \
             AsyncSiaClient(lc.target) as client, contextlib.AsyncExitStack() as stack:
         await lc.wait_registered(sum(n for n, _ in LIVE_CLUSTER.values()))
+        assert lc.controller is not None
         clock = lc.controller.clock
         url = await stack.enter_async_context(beside(client, dashboard, out, clock=clock.time))
         t0 = clock.time()
@@ -130,7 +133,8 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
         submitter = asyncio.create_task(submit_all())
         while True:
             await asyncio.sleep(refresh)
-            jobs = [j async for j in client.list()]
+            # (JobViews: each reads as the pb.Job it wraps)
+            jobs = cast(list[pb.Job], [j async for j in client.list()])
             elapsed = (clock.time() - t0) / 60
             text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
                     f"submitted{f' — dashboard {url}' if url else ''}\n"

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from sia_grpc.api import pb, state_name
 from sia_grpc.api.present import cluster_report, format_gpus, jobs_table
@@ -153,7 +153,8 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
     try:
         while time.monotonic() - t0 < limit_s:
             await asyncio.sleep(refresh_s)
-            jobs = [j async for j in client.list()]
+            # (JobViews: each reads as the pb.Job it wraps)
+            jobs = cast(list[pb.Job], [j async for j in client.list()])
             for j in jobs:
                 if j.status.state == pb.JOB_STATE_RUNNING:
                     path = seen.setdefault(j.spec.name, [])

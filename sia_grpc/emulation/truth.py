@@ -241,6 +241,9 @@ class AppTruth:
     _grad_sqr: np.ndarray = field(init=False, repr=False)  # [size, epoch]
     _grad_var: np.ndarray = field(init=False, repr=False)
     _cached_step: Callable[..., tuple[float, float]] = field(init=False, repr=False)
+    # `_epoch_rates`, cached per shape.
+    epoch_rates: Callable[[str, int, int, float, int], tuple[tuple[float, ...], float, float]] = (
+        field(init=False, repr=False))
 
     def __post_init__(self) -> None:
         table = load_validation(self.name, self.init_batch_size)

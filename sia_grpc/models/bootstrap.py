@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -330,6 +331,7 @@ class JobGoodputModel:
     # Grids and estimates are cached process-wide (models.estimate_cache), keyed by
     # the estimator's uid and version and by this model's bounds, so `with_grad` and
     # pickled copies find them.
+    _bounds_key: tuple = dataclasses.field(init=False, repr=False)  # (__post_init__'s)
 
     def __post_init__(self) -> None:
         if not 0 < self.init_batch_size <= self.max_batch_size:
@@ -393,7 +395,7 @@ class JobGoodputModel:
         known); a type it cannot estimate gets placeholder values and known=False."""
         limits = self.local_bsz_limits.get(gpu_type)
         plan = self.estimator.time_fn(gpu_type) if limits is not None else None
-        return (_PLACEHOLDER if plan is None else
+        return (_PLACEHOLDER if plan is None or limits is None else
                 (plan.mode, plan.own, plan.ref, limits[0], limits[1], True))
 
     def grid_rows(self, gpu_types: tuple[str, ...], num_nodes: np.ndarray,
@@ -411,7 +413,7 @@ class JobGoodputModel:
             nodes, reps = np.broadcast_arrays(nodes, reps)
         limits = self.local_bsz_limits.get(gpu_type)
         fn = self.estimator.time_fn(gpu_type) if limits is not None else None
-        if fn is None:
+        if fn is None or limits is None:
             return None
         # The key covers everything the cached value depends on (not the gradient
         # statistics, which a grid does not depend on and a fixed batch ignores).
@@ -420,6 +422,7 @@ class JobGoodputModel:
                nodes.tobytes(), reps.tobytes())
         entry = CACHE.get(key)
         if entry is None:
+            hit: BatchGrid | GoodputEstimate
             if fixed_batch_size is not None:
                 hit = _readonly(fixed_batch(fn, nodes, reps, fixed_batch_size,
                                             atomic_bsz_range=limits,
@@ -475,6 +478,7 @@ def evaluate_jobs(models: list[JobGoodputModel], row_keys: list[Hashable] | None
     for k, m in enumerate(models):
         memo = m.__dict__.get("_memo") if row_keys is not None else None
         if memo is not None:
+            assert row_keys is not None  # (a memo is only looked for with them)
             est = m.estimator  # (its attributes, not its properties: 20,000 calls a round)
             if (memo[0] == row_keys[k] and memo[1] == est._uid and memo[2] == est._version
                     and (memo[3] is m.grad or memo[3] == m.grad)):
@@ -482,7 +486,7 @@ def evaluate_jobs(models: list[JobGoodputModel], row_keys: list[Hashable] | None
                 continue
         asked.append(k)
     items = {k: (models[k], *rows_of(k)) for k in asked}
-    keys = {k: m._rows_key(*rows) for k, (m, *rows) in items.items()}
+    keys = {k: m._rows_key(types, nodes, reps) for k, (m, types, nodes, reps) in items.items()}
     est_keys = {k: (keys[k], float(models[k].grad.sqr), float(models[k].grad.var))
                 for k in asked}
     for k, e in zip(asked, CACHE.get_many(list(est_keys.values())), strict=True):
@@ -496,20 +500,22 @@ def evaluate_jobs(models: list[JobGoodputModel], row_keys: list[Hashable] | None
         per_job = np.array([est_keys[k][1:] + (float(models[k].init_batch_size),)
                             for k in stale])
         rows = np.repeat(per_job, sizes, axis=0)
-        est = best_on_grid(BatchGrid.stack(grids),
-                           GradParams(sqr=rows[:, 0:1], var=rows[:, 1:2]), rows[:, 2:3])
-        fresh = np.array([getattr(est, f) for f in _EST_FIELDS], dtype=float)
+        # (one job's statistics per row: columns, which `efficiency` broadcasts)
+        grad = GradParams(sqr=cast(float, rows[:, 0:1]), var=cast(float, rows[:, 1:2]))
+        best = best_on_grid(BatchGrid.stack(grids), grad, rows[:, 2:3])
+        fresh = np.array([getattr(best, f) for f in _EST_FIELDS], dtype=float)
         fresh.setflags(write=False)
         for k, (a, b) in zip(stale, _spans(sizes), strict=True):
             packed[k] = CACHE.put(est_keys[k], Entry(fresh[:, a:b])).value
+    done = cast(list[np.ndarray], packed)  # (each job's, by now)
     if row_keys is not None:
         for k in asked:
             m = models[k]
             # A copy, not a view: a view would keep the whole round's array alive.
             object.__setattr__(m, "_memo", (row_keys[k], m.estimator._uid,
                                             m.estimator._version, m.grad,
-                                            _frozen_copy(packed[k])))
-    return GoodputEstimate(*np.concatenate(packed, axis=1))
+                                            _frozen_copy(done[k])))
+    return GoodputEstimate(*np.concatenate(done, axis=1))
 
 
 _EST_FIELDS = tuple(f.name for f in dataclasses.fields(GoodputEstimate))

@@ -59,9 +59,12 @@ def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
 
 
 class _GradTable(Protocol):
-    progress: np.ndarray
-    grad_sqr: np.ndarray
-    grad_var: np.ndarray
+    @property
+    def progress(self) -> np.ndarray: ...
+    @property
+    def grad_sqr(self) -> np.ndarray: ...
+    @property
+    def grad_var(self) -> np.ndarray: ...
 
 
 def grad_params_at_progress(table: _GradTable, fraction: float) -> GradParams:

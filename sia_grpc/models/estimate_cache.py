@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -29,22 +30,25 @@ from sia_grpc.models.goodput import BatchGrid, GoodputEstimate
 
 __all__ = ["Entry", "EstimateCache", "CACHE"]
 
+V = TypeVar("V", bound=BatchGrid | GoodputEstimate | np.ndarray)
+
 # 32,768 GPUs with 20,480 jobs take ~0.5 GB a round (measured: docs/benchmarks.md).
 MAX_BYTES = 2 << 30
 # Rounds an entry survives unused: a job waiting a few rounds keeps its estimates.
 KEEP_ROUNDS = 10
 
 
-class Entry:
+class Entry(Generic[V]):
     """A cached grid, estimate or packed estimate (`bootstrap.evaluate_many`), the
     bytes its arrays take, and the round it was last used in."""
 
     __slots__ = ("value", "nbytes", "used")
 
-    def __init__(self, value: BatchGrid | GoodputEstimate | np.ndarray) -> None:
-        self.value = value
-        self.nbytes = (value.nbytes if isinstance(value, np.ndarray) else
-                       sum(getattr(value, f).nbytes for f in type(value).__dataclass_fields__))
+    def __init__(self, value: V) -> None:
+        self.value: V = value
+        self.nbytes: int = (value.nbytes if isinstance(value, np.ndarray) else
+                            sum(getattr(value, f).nbytes
+                                for f in type(value).__dataclass_fields__))
         self.used = 0
 
 
@@ -60,7 +64,7 @@ class EstimateCache:
     def __init__(self, max_bytes: int = MAX_BYTES, keep: int = KEEP_ROUNDS) -> None:
         self.max_bytes = max_bytes
         self.keep = keep
-        self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
+        self._entries: OrderedDict[Hashable, Entry[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._round = 0
         self.nbytes = 0
@@ -80,10 +84,10 @@ class EstimateCache:
                 del self._entries[key]
                 self.nbytes -= entry.nbytes
 
-    def get(self, key: Hashable) -> Entry | None:
+    def get(self, key: Hashable) -> Entry[Any] | None:
         return self.get_many([key])[0]
 
-    def get_many(self, keys: list[Hashable]) -> list[Entry | None]:
+    def get_many(self, keys: list[Hashable]) -> list[Entry[Any] | None]:
         """`get` of each key (one call for a round's 20,000 jobs)."""
         with self._lock:
             entries, touch, now = self._entries, self._entries.move_to_end, self._round
@@ -94,7 +98,7 @@ class EstimateCache:
                     touch(key)
             return found
 
-    def put(self, key: Hashable, entry: Entry) -> Entry:
+    def put(self, key: Hashable, entry: Entry[V]) -> Entry[V]:
         with self._lock:
             entry.used = self._round
             old = self._entries.pop(key, None)

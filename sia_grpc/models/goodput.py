@@ -157,7 +157,7 @@ def best_on_grid(grid: BatchGrid, grad: GradParams, init_batch_size) -> GoodputE
 
 
 def choose_batch(time_fn: TimeFn, grad: GradParams, init_batch_size: float, num_nodes,
-                 num_replicas, *, max_batch_size: float, atomic_bsz_range: tuple[int, int],
+                 num_replicas, *, max_batch_size: float, atomic_bsz_range: tuple[float, float],
                  accumulation: bool = True,
                  num_samples: int = NUM_BATCH_SAMPLES) -> GoodputEstimate:
     """Goodput-maximising batch size per (num_nodes, num_replicas), as Pollux does it:

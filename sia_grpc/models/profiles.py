@@ -179,7 +179,7 @@ def _seed_profiles(model: str) -> tuple[tuple[str, StepTimes], ...]:
         return ()
     cols = _read_csv("seed-profiles", f"{model}.csv")
     types = np.asarray(cols["gpu_type"])
-    out = []
+    out: list[tuple[str, StepTimes]] = []
     for seed_name in sorted(set(types.tolist())):
         mask = types == seed_name
         sub = {k: [v for v, m in zip(vals, mask, strict=True) if m] for k, vals in cols.items()}

@@ -134,9 +134,9 @@ class AgentConfig:
         channel's authority, as in the SDK's `_channel_setup`)."""
         address = address or self.controllers[0]
         ms = max(int(self.keepalive_s * 1000), 1000)  # the controller accepts 1 ping/s
-        options = [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
-                   ("grpc.keepalive_permit_without_calls", 1),
-                   ("grpc.http2.max_pings_without_data", 0)]
+        options: list[tuple[str, int | str]] = [
+            ("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
+            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
         if name:
             options.append(("grpc.default_authority", name))
         if not self.tls_ca:

@@ -154,6 +154,7 @@ class ModeledBackend:
         if w.trajectory is None:
             return
         on_exit = w.on_exit
+        assert on_exit is not None  # (start sets it)
         if w.task is not None:
             w.task.cancel()
             await asyncio.gather(w.task, return_exceptions=True)

@@ -189,9 +189,14 @@ async def wait_exit(popen: subprocess.Popen[bytes]) -> int:
             fd = os.pidfd_open(popen.pid)
     if fd >= 0:
         try:
-            ended = loop.create_future()
+            ended: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
             try:
-                loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+                loop.add_reader(fd, readable)
             except NotImplementedError:  # a loop without add_reader
                 pass
             else:

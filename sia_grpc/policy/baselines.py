@@ -97,7 +97,7 @@ class PolluxPolicy(SiaPolicy):
                   previous: Mapping[str, JobAllocation]) -> list[Mapping[str, str]]:
         """Every type seen as the job's current one (a new job: the largest type's)."""
         largest = max(cluster.gpu_types, key=lambda t: (cluster.capacity[t], t))
-        out = []
+        out: list[Mapping[str, str]] = []
         for job in jobs:
             current = previous.get(job.job_id)
             ref = current.config.gpu_type if current else largest
@@ -275,7 +275,8 @@ class FifoPolicy(RoundFromConfig):
         current = [previous[v.job_id].config if v.job_id in previous else None for v in views]
         offsets, index = candidate_index(cluster, views, [None] * len(views))
         pos = cluster.config_index
-        parts = [np.array([pos[c]]) if c in pos else index[offsets[i]:offsets[i + 1]]
+        parts = [np.array([pos[c]]) if c is not None and c in pos
+                 else index[offsets[i]:offsets[i + 1]]
                  for i, c in enumerate(current)]
         counts = np.array([len(x) for x in parts], dtype=np.int64)
         table = estimate(cluster, views, np.concatenate([[0], np.cumsum(counts)]),

@@ -12,12 +12,13 @@ then one numpy expression instead of 5,000 small ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
-from sia_grpc.models.bootstrap import evaluate_jobs
+from sia_grpc.models.bootstrap import JobGoodputModel, evaluate_jobs
 from sia_grpc.policy.cluster import Cluster, Config
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob
 
@@ -155,10 +156,10 @@ def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
     per_job = counts.reshape(len(jobs), num_types).sum(axis=1)
     pipeline = np.array([j.pipeline_gpus for j in jobs], dtype=np.int64)
     if np.any(pipeline > 1):  # hybrid-parallel jobs take whole replicas only
-        job = np.repeat(np.arange(len(jobs)), per_job)
-        keep = gpus[index] % pipeline[job] == 0
+        owner = np.repeat(np.arange(len(jobs)), per_job)
+        keep = gpus[index] % pipeline[owner] == 0
         index = index[keep]
-        per_job = np.bincount(job[keep], minlength=len(jobs))
+        per_job = np.bincount(owner[keep], minlength=len(jobs))
     offsets = np.concatenate([[0], np.cumsum(per_job)]).astype(np.int64)
     return offsets, index.astype(np.int64)
 
@@ -198,7 +199,8 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     replicas = gpus_of[config] // np.maximum(pipeline, 1)
     # A rigid count rounded up to the configuration set still runs its own count.
     unbounded = np.iinfo(np.int64).max
-    rigid_reps = np.repeat(np.array([j.num_gpus // j.pipeline_gpus
+    # (a rigid job's num_gpus is set: PolicyJob checks it)
+    rigid_reps = np.repeat(np.array([cast(int, j.num_gpus) // j.pipeline_gpus
                                      if j.adaptivity is Adaptivity.RIGID else unbounded
                                      for j in jobs], dtype=np.int64), counts)
     replicas = np.minimum(replicas, rigid_reps)
@@ -216,7 +218,9 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     width = 3 * 8
     row_bytes = np.stack([type_codes, nodes, replicas], axis=1).astype(np.int64).tobytes()
     bounds = offsets.tolist()
-    models, spans, row_keys = [], [], []
+    models: list[JobGoodputModel] = []
+    spans: list[tuple[int, int, tuple[str, ...] | None]] = []
+    row_keys: list[Hashable] = []
     batched_jobs = np.zeros(len(jobs), dtype=bool)
     adaptive = Adaptivity.ADAPTIVE
     for i, job in enumerate(jobs):
@@ -227,7 +231,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
         mapped = tuple(tmap.get(t, t) for t in type_names(a, b)) if tmap else None
         model = job.model
         if job.adaptivity is adaptive and hasattr(model, "grid_rows"):
-            models.append(model)
+            models.append(cast(JobGoodputModel, model))  # (a model with batch grids)
             spans.append((a, b, mapped))
             row_keys.append((mapped or cluster.gpu_types, row_bytes[a * width:b * width]))
             batched_jobs[i] = True

@@ -72,7 +72,7 @@ class VirtualNode:
 # C where a dataclass's generated methods run in Python (5-10x slower each).
 class GpuId(NamedTuple):
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # (the field, meant to hide tuple.index)
 
     def __str__(self) -> str:
         return f"{self.node}/{self.index}"

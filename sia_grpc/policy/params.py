@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sia_grpc.policy.baselines import (
     FifoPolicy,
@@ -30,6 +31,9 @@ from sia_grpc.policy.baselines import (
 from sia_grpc.policy.sia import SiaPolicy
 from sia_grpc.policy.sia_plus import SiaPlusPolicy
 from sia_grpc.policy.types import Policy, SettingError
+
+# A policy class (called with no arguments, for its defaults), or a stand-in for one.
+PolicyClass = Callable[[], Any]
 
 POLICIES: dict[str, type] = {"sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy,
                              "fifo": FifoPolicy, "sia-partitioned": PartitionedSiaPolicy,
@@ -57,7 +61,7 @@ class Setting:
     help: str
 
 
-def policy_class(name: str, policies: Mapping[str, type] = POLICIES) -> type:
+def policy_class(name: str, policies: Mapping[str, PolicyClass] = POLICIES) -> PolicyClass:
     try:
         return policies[name]
     except KeyError:
@@ -73,7 +77,7 @@ def _fields(default: Policy) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(config) if "help" in f.metadata}
 
 
-def settings(name: str, policies: Mapping[str, type] = POLICIES) -> list[Setting]:
+def settings(name: str, policies: Mapping[str, PolicyClass] = POLICIES) -> list[Setting]:
     """Each setting of the named policy, with that policy's default and help."""
     default = policy_class(name, policies)()
     return [Setting(f.name, str(f.type), getattr(default.config, f.name), f.metadata["help"])
@@ -81,7 +85,7 @@ def settings(name: str, policies: Mapping[str, type] = POLICIES) -> list[Setting
 
 
 def normalize(name: str, params: Mapping[str, object],
-              policies: Mapping[str, type] = POLICIES) -> dict[str, object]:
+              policies: Mapping[str, PolicyClass] = POLICIES) -> dict[str, object]:
     """`params` checked and converted: {config field: value of the field's type}.
     Raises SettingError naming the key (`sia.lamda`) on an unknown key or bad value."""
     default = policy_class(name, policies)()
@@ -107,7 +111,7 @@ def normalize(name: str, params: Mapping[str, object],
 
 def make_policy(name: str, params: Mapping[str, object] = {}, *,  # noqa: B006 (read only)
                 round_duration: float | None = None,
-                policies: Mapping[str, type] = POLICIES) -> Policy:
+                policies: Mapping[str, PolicyClass] = POLICIES) -> Policy:
     """The named policy with `params` over its defaults and, unless None, the
     rounds' length. Raises SettingError naming the key at fault."""
     values = normalize(name, params, policies)
@@ -119,8 +123,9 @@ def make_policy(name: str, params: Mapping[str, object] = {}, *,  # noqa: B006 (
     return _build(policy_class(name, policies)(), values, name, {})
 
 
-def _build(default: Policy, values: Mapping[str, object], name: str,
+def _build(default: Any, values: Mapping[str, object], name: str,
            given: Mapping[str, str]) -> Policy:
+    # (`default`: a policy, a dataclass whose `config`, where it has settings, is one too)
     if not values:
         return default
     if getattr(default, "config", None) is None:  # a policy without settings (a test's)
@@ -176,7 +181,8 @@ def convert(kind: str, raw: object) -> object:
 
 def current(policy: Policy) -> dict[str, object]:
     """Every setting of a built policy, and its round length (for records)."""
-    out = {f: getattr(policy.config, f) for f in _fields(policy)}
+    config = getattr(policy, "config", None)  # (there, where it has settings)
+    out = {f: getattr(config, f) for f in _fields(policy)}
     out["round_duration"] = policy.round_duration
     return out
 
@@ -196,7 +202,7 @@ def show(value: object) -> str:
     return str(value)
 
 
-def assignment(text: str, policies: Mapping[str, type] = POLICIES) -> tuple[str, str, str]:
+def assignment(text: str, policies: Mapping[str, PolicyClass] = POLICIES) -> tuple[str, str, str]:
     """A flag's "sia.p=-1" → ("sia", "p", "-1"); SettingError naming what is wrong."""
     key, eq, value = text.partition("=")
     key = key.strip()

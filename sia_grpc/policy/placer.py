@@ -207,16 +207,21 @@ def _place_type(
         else:
             incoming.setdefault(vns[0], []).append(k)
 
+    # (a kept job's kept_gpus and prevs are set: it keeps what it had)
     for k in kept_whole:
         if k not in gone:
-            placed[k] = kept_gpus[k]
+            gpus = kept_gpus[k]
+            assert gpus is not None
+            placed[k] = gpus
     used: dict[int, set[int]] = {}  # vnode -> local GPU indices held by kept partial jobs
     for k, (v, _) in kept_part.items():
         if k not in gone:
-            placed[k] = kept_gpus[k]
+            gpus, prev = kept_gpus[k], prevs[k]
+            assert gpus is not None and prev is not None
+            placed[k] = gpus
             if v in incoming:
                 off = vnodes[v].offset
-                used.setdefault(v, set()).update(g.index - off for g in prevs[k])
+                used.setdefault(v, set()).update(g.index - off for g in prev)
 
     for v, movers in incoming.items():
         vn = vnodes[v]
@@ -228,10 +233,14 @@ def _place_type(
             # they are still free, which undoes the eviction.
             own = None
             if k in kept_part and kept_part[k][0] == v:
-                own = {g.index - vn.offset for g in prevs[k]}
+                prev = prevs[k]
+                assert prev is not None
+                own = {g.index - vn.offset for g in prev}
             if own is not None and taken.isdisjoint(own):
+                gpus = kept_gpus[k]
+                assert gpus is not None
                 taken = taken | own
-                placed[k] = kept_gpus[k]
+                placed[k] = gpus
             else:
                 rest.append(k)
         free = iter([n for n in range(r) if n not in taken])
@@ -316,14 +325,14 @@ def _fit(
         res.sort(key=lambda x: (-x[0], x[1]))  # largest first: fewest evictions
     # Lazy heap of eviction costs for size room_g. Costs only rise as vnodes fill,
     # so a popped entry whose cost is still current is the cheapest.
-    room: list[tuple[int, int, int]] = []
+    room: list[tuple[int, int, int, int]] = []
     room_g = 0
     heapq.heapify(pending)
     while pending:
         neg, job = heapq.heappop(pending)
         g = -neg
-        v = _best_fit(buckets, free, g, r)
-        if v is None:
+        fit = _best_fit(buckets, free, g, r)
+        if fit is None:
             if room_g != g:
                 room_g = g
                 room = [c for u in range(n)
@@ -333,21 +342,21 @@ def _fit(
                 cost = heapq.heappop(room)
                 now = _room_cost(cost[-1], g, owned, free, residents, pinned)
                 if now == cost:
-                    v = cost[-1]
+                    fit = cost[-1]
                     break
                 if now is not None:
                     heapq.heappush(room, now)
-            if v is None:
+            if fit is None:
                 return None
-            evict(v, _victims(residents[v], g - free[v], g, pinned))
-            free[v] -= g
-            if c := _room_cost(v, g, owned, free, residents, pinned):  # v was popped: re-enter it
+            evict(fit, _victims(residents[fit], g - free[fit], g, pinned))
+            free[fit] -= g
+            if c := _room_cost(fit, g, owned, free, residents, pinned):  # popped: re-enter it
                 heapq.heappush(room, c)
         else:
-            free[v] -= g
-        out[job] = (v,)
-        if free[v]:
-            heapq.heappush(buckets[free[v]], v)
+            free[fit] -= g
+        out[job] = (fit,)
+        if free[fit]:
+            heapq.heappush(buckets[free[fit]], fit)
     return out, evicted
 
 

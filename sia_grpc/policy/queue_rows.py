@@ -26,6 +26,7 @@ maps them onto the problem's columns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,7 @@ class SideRows:
         return np.where(np.diff(self.ptr) > 0, out, 0.0)
 
 
-def job_weights(jobs: list[PolicyJob] | tuple[PolicyJob, ...], queues: QueueSet) -> np.ndarray:
+def job_weights(jobs: Sequence[PolicyJob], queues: QueueSet) -> np.ndarray:
     """Each job's priority-class weight (the factor on its term in the objective)."""
     names = [j.priority for j in jobs]
     weight = {n: queues.weight(n) for n in dict.fromkeys(names)}  # (a lookup per class)
@@ -184,7 +185,9 @@ class QueueRows:
                 if t in types:
                     rows = self._rows_of[k][types.index(t)]
                     if len(rows):
-                        fixed.append((rows, gpus[rows], float(q.cap(t)), f"borrow {q.name}/{t}"))
+                        cap = q.cap(t)
+                        assert cap is not None  # (t has a borrow limit)
+                        fixed.append((rows, gpus[rows], float(cap), f"borrow {q.name}/{t}"))
             self._fixed.append(fixed)
         self._row_q = row_q
         if queues.max_restarts_per_round is not None:

@@ -113,6 +113,9 @@ class QueueSet:
     unit_weights: Mapping[str, float] = field(default_factory=dict)  # type -> units per GPU
     min_runtime_s: float = 0.0
     max_restarts_per_round: int | None = None
+    # (__post_init__'s: not arguments, nor compared)
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _classes: dict[str, PriorityClass] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         qs = tuple(self.queues)

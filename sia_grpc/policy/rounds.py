@@ -54,13 +54,13 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.n
     an option), the solver's warm start.
     """
     cluster = table.cluster
-    none_value = np.broadcast_to(np.asarray(none_value, dtype=np.float64),
-                                 (table.num_jobs,)).copy()
+    none_values = np.broadcast_to(np.asarray(none_value, dtype=np.float64),
+                                  (table.num_jobs,)).copy()
     finite = np.isfinite(values)
     num_jobs, renumber = table.num_jobs, np.arange(table.num_jobs)
     if only is not None:
         finite &= only[table.job]
-        num_jobs, none_value = int(only.sum()), none_value[only]
+        num_jobs, none_values = int(only.sum()), none_values[only]
         renumber = np.cumsum(only) - 1
     rows = np.flatnonzero(finite)
     job = renumber[table.job[rows]]
@@ -70,7 +70,7 @@ def assemble(table: CandidateTable, values: np.ndarray, none_value: float | np.n
         col_type=table.types()[rows],
         col_gpus=table.gpus()[rows],
         col_value=values[rows].astype(np.float64),
-        none_value=none_value,
+        none_value=none_values,
         capacity=(np.array([cluster.capacity[t] for t in cluster.gpu_types], dtype=np.int64)
                   if capacity is None else np.asarray(capacity, dtype=np.int64)),
     )
@@ -154,6 +154,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     hold = np.zeros(table.num_jobs, dtype=bool) if hold is None else np.asarray(hold, bool)
     qix = None if queues is None else queue_index(jobs, queues)
     if queues is not None:
+        assert qix is not None  # (set with `queues`, as below)
         w = job_weights(jobs, queues)
         vals, none = vals * w[table.job], none * w
         young = min_runtime_holds(jobs, current, queues, qix)
@@ -163,8 +164,8 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
         vals, none = hold_current(table, vals, none, current, hold)
     kw = dict(time_limit=time_limit, rel_gap=rel_gap, solver=solver)
     # (What the queues' rows share across this round's builds, found once.)
-    builder = None if queues is None else QueueRows(table, qix, vals, worth, current, queues,
-                                                    hold=hold)
+    builder = None if queues is None or qix is None else QueueRows(
+        table, qix, vals, worth, current, queues, hold=hold)
     timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
 
     def side_rows(silo: dict | None) -> SideRows | None:
@@ -188,6 +189,7 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
     hints: dict[str, SiloHint] = {}
     needed: frozenset[str] = frozenset()
     if queues is not None and any(q.guarantee for q in queues.queues):
+        assert qix is not None
         chosen, objective, stats, prices, side, hints, needed = _guaranteed_round(
             shared, side_rows, table, jobs, qix, vals, none, current, hold, queues, timings,
             kw, warm)
@@ -198,13 +200,14 @@ def ilp_round(table: CandidateTable, jobs: Sequence[PolicyJob],
                       strict=True))
     # (The queues' minimum-runtime holds only: the paper's placer stays the paper's.)
     pinned = frozenset() if queues is None else frozenset(
-        jobs[i].job_id for i in np.flatnonzero(young))
+        jobs[i].job_id for i in np.flatnonzero(young).tolist())
     result = finish_round(table, jobs, by_job, previous, objective=objective, timings=timings,
                           solver_stats=stats, pinned=pinned)
     T = len(table.cluster.gpu_types)
     own = tuple(prices[:T].tolist())
     if queues is None:
         return dataclasses.replace(result, warm=WarmStart(prices=own))
+    assert qix is not None
     return dataclasses.replace(result, queues=queue_usage(table, chosen, queues, qix),
                                rows=_row_report(side, table, chosen),
                                warm=_warm(side, prices, T, hints, needed))
@@ -229,7 +232,7 @@ def _lazy_borrowing(table: CandidateTable, vals: np.ndarray, none: np.ndarray,
     passes = 0
     while True:
         t0 = time.perf_counter()
-        rows_now = side if active is None else side.subset(active)
+        rows_now = side if active is None or side is None else side.subset(active)
         problem, rows, first = assemble(table, vals, none, current, rows_now)
         timings["build"] = timings.get("build", 0.0) + time.perf_counter() - t0
         chosen, objective, stats, prices = choose(problem, rows, first, timings, **kw,
@@ -237,12 +240,14 @@ def _lazy_borrowing(table: CandidateTable, vals: np.ndarray, none: np.ndarray,
         passes += 1
         if active is None or active.all():
             break
+        assert side is not None  # (`active` is only set with side rows)
         over = ~active & (side.activity(_picked(table, chosen)) > side.rhs + 1e-9)
         if not over.any():
             break
         active |= over
         start = _warm(rows_now, prices, T, {})
     if rows_now is not side:  # (prices of the rows left out: 0)
+        assert rows_now is not None and side is not None
         by_name = dict(zip(rows_now.names, prices[T:].tolist(), strict=True))
         prices = np.concatenate([prices[:T], [by_name.get(n, 0.0) for n in side.names]])
     return chosen, objective, {**stats, "borrow_passes": float(passes)}, prices

@@ -7,7 +7,7 @@ import enum
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 
@@ -27,11 +27,17 @@ class Adaptivity(enum.Enum):
 
 
 class GoodputEstimate(Protocol):
-    goodput: np.ndarray
-    throughput: np.ndarray
-    batch_size: np.ndarray
-    atomic_bsz: np.ndarray
-    accum_steps: np.ndarray
+    # (read-only: models.goodput.GoodputEstimate is a frozen dataclass)
+    @property
+    def goodput(self) -> np.ndarray: ...
+    @property
+    def throughput(self) -> np.ndarray: ...
+    @property
+    def batch_size(self) -> np.ndarray: ...
+    @property
+    def atomic_bsz(self) -> np.ndarray: ...
+    @property
+    def accum_steps(self) -> np.ndarray: ...
 
 
 class GoodputModel(Protocol):
@@ -242,8 +248,10 @@ class RoundFromConfig:
 class Policy(Protocol):
     """Every scheduling policy: pure, parameters frozen, previous round explicit."""
 
-    name: str
-    round_duration: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def round_duration(self) -> float: ...
 
     def optimize(self, cluster: Cluster, jobs: Sequence[PolicyJob],
                  previous: Mapping[str, JobAllocation], *,
@@ -254,7 +262,13 @@ class Policy(Protocol):
     # wrapper written before them that hands on another policy's results, need not.)
 
 
-def warm_arg(policy: Policy, warm: WarmStart | None) -> dict[str, WarmStart]:
+class WarmArg(TypedDict, total=False):
+    """`warm_arg`'s keywords: `warm`, or none."""
+
+    warm: WarmStart
+
+
+def warm_arg(policy: Policy, warm: WarmStart | None) -> WarmArg:
     """The keyword to give `policy.optimize` the last round's `warm`: none where
     there is none or `optimize` does not take it (by name, or as `**kwargs`)."""
     if warm is None:

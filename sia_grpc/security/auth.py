@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextvars
 import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -73,7 +73,7 @@ class PeerCert:
         return False
 
 
-def _values(auth: dict, key: str) -> list[str]:
+def _values(auth: Mapping[str, Iterable[bytes | str]], key: str) -> list[str]:
     return [v.decode(errors="replace") if isinstance(v, bytes) else str(v)
             for v in auth.get(key, ())]
 
@@ -160,7 +160,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             peer = self.agent(context)
             t1 = _PEER.set(peer)
             t2 = _PRINCIPAL.set(Principal("", "agent", peer.common_name if peer else ""))
-            return lambda: (_PEER.reset(t1), _PRINCIPAL.reset(t2))
+
+            def undo() -> None:
+                _PEER.reset(t1)
+                _PRINCIPAL.reset(t2)
+
+            return undo
         t = _PRINCIPAL.set(self.principal(metadata))
         return lambda: _PRINCIPAL.reset(t)
 

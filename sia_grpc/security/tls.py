@@ -95,8 +95,10 @@ class ReloadingCertificates:
                 log.warning("TLS certificates not reloaded", error=repr(exc))
                 return None
 
+        # (the fetcher returns None for "unchanged", as gRPC documents; the stubs say
+        # it always returns a configuration)
         return grpc.dynamic_ssl_server_credentials(
-            self._configuration(require_client_cert), fetch,
+            self._configuration(require_client_cert), fetch,  # type: ignore[arg-type]
             require_client_authentication=require_client_cert)
 
     def _configuration(self, with_ca: bool) -> grpc.ServerCertificateConfiguration:
@@ -228,6 +230,8 @@ _HINTS = {
 
 def _expiry(cert: str | None) -> str:
     """" (expired on DATE)" for an expired certificate file, else ""."""
+    if cert is None:
+        return ""
     try:
         leaf = x509.load_pem_x509_certificate(Path(cert).read_bytes())
     except (OSError, TypeError, ValueError):

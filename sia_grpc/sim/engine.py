@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -154,9 +155,9 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             now = max(now + round_s, n * round_s)
             continue
         t0 = time.perf_counter()
-        result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous,
-                                 **({} if queues is None else {"queues": queues}),
-                                 **warm_arg(policy, warm))
+        kw: dict[str, Any] = {**({} if queues is None else {"queues": queues}),
+                              **warm_arg(policy, warm)}
+        result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous, **kw)
         warm = result.warm
         spent = time.perf_counter() - t0
         in_use = dict.fromkeys(cluster.gpu_types, 0)
@@ -311,7 +312,9 @@ def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
     share = {t: max(1, int(cluster.capacity[t] / max(contention, 1.0)))
              for t in cluster.gpu_types}
     fixed = trace.category is not Category.ADAPTIVE
-    times, batches = [], []
+    times: list[float] = []
+    batches: list[int] = []
+    totals: Sequence[float] | np.ndarray
     for conf in cluster.configs:
         if conf.gpu_type not in app.gpu_types:
             continue
@@ -336,9 +339,9 @@ def isolated_jct(app: AppTruth, trace: TraceJob, cluster: Cluster,
         return None
     it_arr, b_arr = np.array(times), np.array(batches)
     total_time = 0.0
-    for lo, hi in app.epoch_bounds():
-        rate = np.max(gain(app.grad_params(lo, b_arr), b_arr, app.init_batch_size) / it_arr)
-        total_time += (hi - lo) / rate
+    for start, end in app.epoch_bounds():
+        rate = np.max(gain(app.grad_params(start, b_arr), b_arr, app.init_batch_size) / it_arr)
+        total_time += (end - start) / rate
     return total_time + app.restart_delay
 
 

@@ -280,10 +280,11 @@ def _draw_panel(ax: Any, panel: StepPanel, edges: np.ndarray, colors: Mapping[st
 
 
 def _panel_legend(fig: Any, colors: Mapping[str, str], panels: Sequence[StepPanel]) -> None:
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=c, label=label) for label, c in colors.items()]
+    handles: list[Artist] = [Patch(facecolor=c, label=label) for label, c in colors.items()]
     limit_labels = dict.fromkeys(p.limit_label for p in panels)
     handles += [Line2D([], [], color="black", linestyle="--", label=label)
                 for label in limit_labels]

@@ -88,10 +88,10 @@ def markdown(runs: Sequence[Mapping[str, Any]], command: str = "") -> str:
         ratios = []
         for other in ("pollux", "gavel"):
             o = policies.get(other, {}).get("avg_jct_h")
-            paper = PAPER_AVG_JCT_H.get(group, {})
-            if sia and o and other in paper:
+            papers = PAPER_AVG_JCT_H.get(group, {})
+            if sia and o and other in papers:
                 ratios.append(f"Sia/{other} avg JCT: {np.mean(sia) / np.mean(o):.2f} "
-                              f"(paper {paper['sia'] / paper[other]:.2f})")
+                              f"(paper {papers['sia'] / papers[other]:.2f})")
         if group in PAPER_SIA_P99_H:
             ratios.append(f"paper's Sia p99 JCT: {PAPER_SIA_P99_H[group]} h")
         lines += ["", "; ".join(ratios), ""]

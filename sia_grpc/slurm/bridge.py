@@ -136,6 +136,7 @@ class Bridge:
             j = carriers.get(sia_id)
             if j is None:
                 continue  # it has ended
+            assert j.ticket is not None  # (a carrier's)
             ticket = self._measure_restart(j.ticket.observe(telemetry), telemetry.generation)
             try:
                 self.slurm.note(j.job_id, ticket)
@@ -155,6 +156,7 @@ class Bridge:
         (`running_since`, its run time)."""
         if ticket.placed is None or generation != ticket.moves:
             return ticket
+        assert self.reports is not None  # (what reported)
         first = self.reports.first_report(ticket.id, generation)
         if first is None:
             return ticket

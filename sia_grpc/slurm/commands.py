@@ -84,6 +84,8 @@ class Slurm:
     def apply(self, action: Action, raw: Mapping[str, Any] | None = None) -> int | None:
         """Carry out one `Action`; a move returns the new job's id."""
         if action.kind == "start":
+            # (a start's ticket carries the job's shape)
+            assert action.ticket is not None and action.ticket.shape is not None
             self.run("scontrol", "update", f"job={action.job_id}",
                      *_gpus_request(action.ticket.shape), f"Comment={action.ticket.comment()}")
             self.run("scontrol", "release", str(action.job_id))
@@ -93,6 +95,7 @@ class Slurm:
             # (The round read the job a moment ago; one that has ended since is done.)
             if (state := self.state(action.job_id)) not in _MOVABLE:
                 raise JobEnded(f"job {action.job_id} is {state or 'gone'}: not moved")
+            assert action.ticket is not None  # (a move carries the copy's ticket)
             new = self.resubmit(action.job_id, action.ticket, raw or {})
             self.cancel(action.job_id)
             return new

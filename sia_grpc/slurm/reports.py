@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import grpc
 
@@ -31,7 +32,8 @@ class _Servicer(WorkerServiceServicer):
         self._server = server
 
     def Report(self, request: pb.WorkerReport, context: grpc.ServicerContext) -> pb.WorkerReply:
-        given = dict(context.invocation_metadata()).get("authorization", "")
+        # (a text key's value is a str: only "-bin" keys carry bytes)
+        given = cast(str, dict(context.invocation_metadata()).get("authorization", ""))
         if not hmac.compare_digest(given.encode(), f"Bearer {self._server.token}".encode()):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
         if not request.telemetry.job_id:

@@ -125,6 +125,7 @@ def read_nodes(sinfo: Mapping[str, Any]) -> tuple[list[SlurmNode], dict[str, str
                               f"per node (gpu:TYPE:COUNT)")
             continue
         gres_type = entries[0][0]
+        assert gres_type is not None  # (a typed gres: checked above)
         nodes.append(SlurmNode(name, gres_type, gpu_type_for(gres_type),
                                sum(c for _, c in entries)))
     return nodes, left_out
@@ -179,7 +180,7 @@ class Round:
 
 def _seed_samples(app: str) -> list[pb.ThroughputSample]:
     """The application's shipped 1-GPU profiles, what Sia bootstraps from."""
-    out = []
+    out: list[pb.ThroughputSample] = []
     for gpu_type, t in sorted(load_seed_profiles(app).items()):
         out.extend(pb.ThroughputSample(
             gpu_type=gpu_type, num_nodes=1, num_replicas=1, atomic_batch_size=int(b),
@@ -325,19 +326,20 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
             for n, c in j.gpus.items():
                 foreign[n] = foreign.get(n, 0) + c
             continue
-        old = carriers.get(j.ticket.id)
+        sia_id = j.ticket.id
+        old = carriers.get(sia_id)
         if old is not None:  # a move cut short: the newest copy carries the job
             keep, drop = (j, old) if j.job_id > old.job_id else (old, j)
             stale.append(drop.job_id)
             for n, c in drop.gpus.items():  # taken until it is cancelled
                 foreign[n] = foreign.get(n, 0) + c
             j = keep
-        carriers[j.ticket.id] = j
+        carriers[sia_id] = j
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     policy_jobs = []
-    measured = sorted(j.ticket.restart_s for j in carriers.values()
-                      if j.ticket.restart_s is not None)
+    measured = sorted(t.restart_s for t in (j.ticket for j in carriers.values())
+                      if t is not None and t.restart_s is not None)  # (t: never None)
     # A job not yet moved is priced at what a move has cost the others here (the
     # median), where that is more than its own guess: most of it is Slurm's and the
     # bridge's latency, which every job pays alike, not the job's restore.
@@ -345,6 +347,7 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
+        assert j.ticket is not None  # (a carrier's)
         try:
             slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
             policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue,
@@ -365,6 +368,7 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         request.queues.CopyFrom(queues_to_pb(queues))
     # Running jobs first (their GPUs are where they are), then those about to run.
     for sia_id, j in sorted(scheduled.items(), key=lambda kv: not kv[1].holding):
+        assert j.ticket is not None  # (a carrier's)
         shape = j.ticket.shape
         if shape is None:
             continue
@@ -372,6 +376,7 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         refs = cap.take(per_node, shape.gpu_type) if per_node else None
         if refs is None or len(refs) != shape.num_gpus:
             continue  # not where the bridge put it (a node left the round): Sia replans it
+        assert per_node is not None  # (refs came from it)
         request.previous.append(pb.PreviousAllocation(job_id=sia_id, allocation=pb.Allocation(
             gpu_type=shape.gpu_type, num_gpus=shape.num_gpus, num_nodes=len(per_node),
             gpus=refs)))
@@ -418,6 +423,7 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
         if j is None:
             continue
         ticket = j.ticket
+        assert ticket is not None  # (the round's jobs are Sia's)
         new = _shape(d.allocation, rnd.gres_types) if d.HasField("allocation") else None
         # (`placed`: from now until the copy's first report, what the move costs it)
         placed = rnd.now if new is not None else None

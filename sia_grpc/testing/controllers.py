@@ -81,7 +81,8 @@ class ControllerNode:
         """Its health status (SERVING only on the leader); None if it does not answer."""
         try:
             async with grpc.aio.insecure_channel(self.address) as ch:
-                resp = await health_pb2_grpc.HealthStub(ch).Check(
+                # (the stubs' HealthStub lacks the methods its __init__ sets)
+                resp = await health_pb2_grpc.HealthStub(ch).Check(  # type: ignore[attr-defined]
                     health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.aio.AioRpcError:
             return None
@@ -109,8 +110,9 @@ class ControllerPair:
     @classmethod
     def on_free_ports(cls, *, ttl: float, env: Mapping[str, str] = FAST_ROUNDS,
                       proxies: tuple[TcpProxy, TcpProxy] | None = None) -> ControllerPair:
-        return cls(*(ControllerNode(free_port(), ttl, env, proxies[i] if proxies else None)
-                     for i in range(2)))
+        a, b = (ControllerNode(free_port(), ttl, env, proxies[i] if proxies else None)
+                for i in range(2))
+        return cls(a, b)
 
     @property
     def nodes(self) -> tuple[ControllerNode, ControllerNode]:

@@ -121,6 +121,7 @@ class LocalCluster:
         await self.controller.start()
 
     async def wait_registered(self, count: int, timeout: float = 20.0) -> None:
+        assert self.controller is not None
         async with asyncio.timeout(timeout):
             while len(self.controller.agents) < count:
                 await asyncio.sleep(0.02)

@@ -65,7 +65,9 @@ class PostgresServer:
         reason = unavailable()
         if reason is not None:
             raise RuntimeError(reason)
-        self._bin = _bindir()
+        bindir = _bindir()
+        assert bindir is not None  # (unavailable() said so)
+        self._bin = bindir
         self.root = Path(tempfile.mkdtemp(prefix="sia-pg-"))
         self.password = secrets.token_urlsafe(16)
         self.port = 0

@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from sia_grpc.testing.ports import free_port
 
@@ -73,7 +74,7 @@ class SlurmCluster:
         self.root = Path(tempfile.mkdtemp(prefix="sia-slurm-"))
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
         try:
             self._write_config(cpus)
             self._start()
@@ -125,10 +126,12 @@ class SlurmCluster:
     # -- processes -----------------------------------------------------------------------
 
     def _spawn(self, *argv: str) -> None:
+        binary = _binary(argv[0])
+        assert binary is not None, f"no {argv[0]} (unavailable() says so first)"
         log = open(self.root / "log" / f"{argv[0]}-{len(self._procs)}.out", "wb")  # noqa: SIM115
         with log:
             self._procs.append(subprocess.Popen(
-                [_binary(argv[0]), *argv[1:]], env=self.env, stdout=log,
+                [binary, *argv[1:]], env=self.env, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
 
     def _start(self) -> None:
@@ -142,7 +145,7 @@ class SlurmCluster:
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not ready():
-            dead = [p.args[0] for p in self._procs if p.poll() is not None]
+            dead = [cast(list[str], p.args)[0] for p in self._procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 why = f"{', '.join(dead)} exited" if dead else f"{_START_TIMEOUT_S:g} s passed"
                 raise RuntimeError(f"Slurm did not start ({why} waiting for {what}):\n"

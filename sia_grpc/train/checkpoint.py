@@ -161,7 +161,10 @@ def _foreign_global(path: str | os.PathLike) -> str | None:
             data = Path(path).read_bytes()
     except Exception:
         return None
-    allowed, pushed, memo = _allowed_names(), [], {}
+    allowed = _allowed_names()
+    pushed: list[str | None] = []
+    memo: dict[int, str | None] = {}
+    arg: Any  # (the opcode's argument: a str for GLOBAL, an int for PUT and GET, ...)
     with contextlib.suppress(Exception):  # damaged bytes end the scan, not the caller
         for op, arg, _ in pickletools.genops(data):
             if op.name in ("GLOBAL", "INST"):

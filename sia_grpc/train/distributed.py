@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ def init_process_group(env: WorkerEnv, backend: str | None, timeout_s: float) ->
         return False
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if backend == "nccl":
         kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(backend=backend, init_method="env://", rank=env.rank,

@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -107,7 +108,7 @@ class GradientTracker:
         t0 = time.perf_counter()
         try:
             with_grad = [p for p in self.params if p.grad is not None]
-            grads = [p.grad for p in with_grad]
+            grads = cast(list[torch.Tensor], [p.grad for p in with_grad])  # (not None)
             self._norms = []
             if not grads:
                 return None

@@ -94,6 +94,7 @@ class JobState:
         # Any step of the epoch took the carried samples first, and the dataset holds
         # at least as many samples as there are replicas: nothing is carried twice.
         assert p.carry == 0, p
+        assert self.dataset_len is not None  # (set when the loader is attached)
         self.position = Position(p.epoch + 1, 0, self.dataset_len - p.pos)
         if self.position.carry:
             LOG.info("%d sample(s) left at the end of epoch %d go into epoch %d's first step",

@@ -101,29 +101,34 @@ class AdaptiveDataLoader:
 
     # ---- what the current step looks like --------------------------------------------------
 
+    def _shape(self) -> StepShape:
+        shape = self._rt.shape
+        assert shape is not None  # (the runtime's, from when the loader was attached)
+        return shape
+
     @property
     def current_batch_size(self) -> int:
         """The global batch of the step in flight (or the next one)."""
         st = self._rt._step
-        return st.plan.n if st is not None else self._rt.shape.batch_size
+        return st.plan.n if st is not None else self._shape().batch_size
 
     @property
     def current_local_bsz(self) -> int:
         """This replica's micro-batch size."""
-        return len(self.current_indices) or self._rt.shape.atomic
+        return len(self.current_indices) or self._shape().atomic
 
     @property
     def accumulation_steps(self) -> int:
         """Micro-steps beyond the first in the current step."""
         st = self._rt._step
-        return (st.plan.k if st is not None else self._rt.shape.accum + 1) - 1
+        return (st.plan.k if st is not None else self._shape().accum + 1) - 1
 
     @property
     def step_shape(self) -> StepShape:
         """The shape the scheduler chose for the step in flight (replicas, micro-batch,
         accumulation); an epoch's last step may be smaller."""
         st = self._rt._step
-        return st.plan.shape if st is not None else self._rt.shape
+        return st.plan.shape if st is not None else self._shape()
 
     @property
     def current_step(self) -> int:
@@ -142,7 +147,7 @@ class AdaptiveDataLoader:
 
     def __len__(self) -> int:
         """Steps in a whole epoch at the current batch size (an estimate)."""
-        return -(-self._len // self._rt.shape.batch_size)
+        return -(-self._len // self._shape().batch_size)
 
     # ---- iteration -----------------------------------------------------------------------
 
@@ -167,6 +172,7 @@ class AdaptiveDataLoader:
                 batch = next(self._it)
             except StopIteration:
                 batch = None
+            assert self._plans is not None  # (made with self._it)
             sig = self._plans.sigs.popleft() if self._plans.sigs else None
             if batch is not None and sig is not None and sig[:2] == want:
                 self.current_indices = sig[2]

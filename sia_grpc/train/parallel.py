@@ -67,6 +67,8 @@ class AdaptiveDataParallel(torch.nn.Module):
     The wrapped model's state_dict keys start with "module.", like DDP's.
     """
 
+    ddp: DistributedDataParallel | None  # (set past nn.Module: not a submodule)
+
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  lr_scheduler: Any = None, *, scaling_rule: str = "auto",
                  **ddp_kwargs: Any) -> None:

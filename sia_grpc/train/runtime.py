@@ -437,6 +437,8 @@ class Runtime:
                     if grads is not None and plan.regular else None)
         t2 = time.perf_counter()
         st.sync_s = wait + (t2 - t1)
+        # (both set when the loader is attached: `attach_loader`)
+        assert self.job.init_batch_size is not None and self.job.noise is not None
         scale = plan.n / self.job.init_batch_size
         noise = self.job.noise
         factor = lr_factor(self.rule, scale, noise)
@@ -468,6 +470,7 @@ class Runtime:
         def update(total_sqr: float) -> None:
             if g.local is None:
                 g.local = total_sqr / g.count
+            assert self.job.noise is not None and self.job.init_batch_size is not None
             self.job.noise.update(g.local, g.total, g.count,
                                   g.count * micro / self.job.init_batch_size, biased=g.biased)
         return update

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import astuple, dataclass, field
+from typing import Any, cast
 
 from sia_grpc.api import WorkerServiceStub, pb
 
@@ -64,9 +65,10 @@ class AgentClient:
             self._retry_at = time.monotonic() + delay
             if self.failures <= 3 or self.failures % 20 == 0:
                 rpc = isinstance(e, self._grpc.RpcError)
+                call = cast(Any, e)  # (a grpc.RpcError where `rpc`)
                 LOG.warning("report to the agent at %s failed (%s: %s); training goes on",
-                            self.address, e.code() if rpc else type(e).__name__,
-                            e.details() if rpc else e)
+                            self.address, call.code() if rpc else type(e).__name__,
+                            call.details() if rpc else e)
             return None
         self.failures = 0
         self._retry_at = 0.0

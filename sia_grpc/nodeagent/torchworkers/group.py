@@ -15,7 +15,7 @@ import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sia_grpc.api import pb
 from sia_grpc.nodeagent.backend import ExitCallback, Launch
@@ -143,7 +143,8 @@ class WorkerGroup:
                 self.result.set_result(exit_)
             self.log.info("workers ended", kind=pb.JobExit.Kind.Name(exit_.kind),
                           progress=exit_.progress,
-                          exits={p.rank: describe_exit(p.returncode) for p in self.exits})
+                          exits={p.rank: describe_exit(cast(int, p.returncode))  # (ended)
+                                 for p in self.exits})
         if not self.stopping and self.on_exit is not None:
             try:
                 self.on_exit(exit_)

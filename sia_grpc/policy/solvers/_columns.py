@@ -261,6 +261,7 @@ def _price(c: _Cols, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     is longer, the side rows' prices."""
     rc = c.val - lam[c.typ] * c.gf
     if len(lam) > c.T:
+        assert c.side is not None  # (prices beyond the capacities are the side rows')
         rc -= c.side.shift(lam[c.T:])
     best = c.none.copy()
     if c.m:

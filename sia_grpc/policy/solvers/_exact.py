@@ -21,8 +21,8 @@ def _dp(o: _Opts, cap: np.ndarray, work: float):
     T = len(cap)
     demand = np.zeros(T, dtype=np.int64)
     for t in range(T):
-        g = np.where(opt_typ == t, opt_gpus, 0)
-        demand[t] = np.maximum.reduceat(g, opt_ptr[:-1]).sum() if nj else 0
+        gpus_t = np.where(opt_typ == t, opt_gpus, 0)
+        demand[t] = np.maximum.reduceat(gpus_t, opt_ptr[:-1]).sum() if nj else 0
     binding = [t for t in range(T) if demand[t] > cap[t]]
     axis = {t: a for a, t in enumerate(binding)}
     # A (1,)-shaped state when nothing binds keeps the slicing below uniform.
@@ -61,7 +61,7 @@ def _dp(o: _Opts, cap: np.ndarray, work: float):
     for j in range(nj - 1, -1, -1):
         k = int(args[j][tuple(at)])
         pick[j] = k
-        o = opt_ptr[j] + k
-        if int(opt_typ[o]) in axis:
-            at[axis[int(opt_typ[o])]] -= int(opt_gpus[o])
+        i = opt_ptr[j] + k
+        if int(opt_typ[i]) in axis:
+            at[axis[int(opt_typ[i])]] -= int(opt_gpus[i])
     return pick, value

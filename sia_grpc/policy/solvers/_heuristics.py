@@ -225,6 +225,7 @@ class _RowState:
     time: what a move changes, whether it keeps the hard rows, what it gains."""
 
     def __init__(self, c: _Cols, choice: np.ndarray) -> None:
+        assert c.side is not None  # (only made for a problem with side rows)
         self.c, self.side = c, c.side
         self.choice = choice.copy()
         self.slack = c.cap - c.usage(choice)
@@ -405,6 +406,7 @@ def _round_master(c: _Cols, primal, rc: np.ndarray, best: np.ndarray, time_limit
     fixed[jobs] = -1
     o = _options(c, jobs, keep, np.ones(c.n, dtype=bool))
     rcap = c.cap - c.usage(fixed)
+    assert c.side is not None
     srhs = c.side.rhs - c.side.activity(fixed)
     pick, _, _, _ = _mip(o, rcap, 0.0, time_limit, abs_gap, rel_gap, None, c.side, srhs)
     if pick is None:

@@ -147,6 +147,7 @@ def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve:
     frac = int(len(np.unique(o.local_job[(x > 1e-7) & (x < 1 - 1e-7)])))
     lam = np.maximum(np.asarray(sol.row_dual)[len(jobs):], 0.0)
     if srhs is not None:  # a soft row's dual is at most its penalty (up to rounding)
+        assert c.side is not None
         lam[c.T:] = np.minimum(lam[c.T:], c.side.pen)
     return lam, o.choice(_pick(o, x)), frac
 

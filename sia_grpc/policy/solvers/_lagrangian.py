@@ -48,6 +48,7 @@ def _blocks(c: _Cols, share: float = 0.5) -> np.ndarray:
     melt the queues into one block. Any partition is valid; at most
     _MAX_BLOCKS blocks (the rest merged)."""
     side = c.side
+    assert side is not None  # (blocks are of side rows)
     label = np.full(c.n, -1, dtype=np.int64)  # each job's block (a row's index; -1: none)
     size = np.zeros(side.R, dtype=np.int64)  # jobs per block
     entry_job = c.job[side.row_col]
@@ -128,7 +129,11 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
         block at prices `lam` the value is best_i + λ·activity summed."""
         if block is None:
             use = c.use(choice)
-            v = c.value(choice) if lam is None else float(best.sum() + lam @ use)
+            if lam is None:
+                v = c.value(choice)
+            else:
+                assert best is not None  # (given with `lam`)
+                v = float(best.sum() + lam @ use)
             return use[None, :], np.asarray([v])
         return _block_use(c, choice, block, B)
 
