@@ -18,12 +18,21 @@ from sia_grpc.api.errors import ApiError
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `sia` command line (every subcommand registered)."""
-    from sia_grpc.cli import bench, dashboard, demo, jobs, security, sim, slurm
+    from sia_grpc.cli import argparsing, bench, dashboard, demo, jobs, security, sim, slurm
 
     parser = argparse.ArgumentParser(
         prog="sia", description="sia-grpc: the Sia scheduler's command line ('sia COMMAND "
                                 "--help' for each command)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    # The connection flags and -o, before COMMAND too (`argparsing.GlobalFlagsFirst`).
+    flags = parser.add_argument_group(
+        "global flags", "also accepted after COMMAND (given in both places, the one after "
+                        "COMMAND wins); only for the commands that take them")
+    jobs.connection_flags(flags, defaults=False)
+    flags.add_argument("-o", "--output", choices=("json", "yaml", "wide"),
+                       default=argparse.SUPPRESS,
+                       help="output format of ls, get, cluster, queues (see their --help)")
+    parser.register("action", "parsers", argparsing.GlobalFlagsFirst)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (demo, sim, bench, jobs, dashboard, security, slurm):
         module.add_commands(sub)

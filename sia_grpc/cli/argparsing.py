@@ -47,3 +47,48 @@ def positive(kind: type) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value
     return parse
+
+
+# The flags `sia` takes before its subcommand as well as after it (`sia --controller
+# A,B ls` and `sia ls --controller A,B`), by dest: the connection flags and -o.
+GLOBAL_FLAGS = ("controller", "token_file", "ca", "cert", "key", "output")
+
+
+class GlobalFlagsFirst(argparse._SubParsersAction):
+    """Subcommands that take the global flags (`GLOBAL_FLAGS`) before them too.
+
+    The top-level parser declares them with no default (argparse.SUPPRESS), so the
+    namespace holds only those given before the subcommand. Those become the
+    subcommand's defaults while it parses: given again after it, its value wins; its
+    own choices still apply (`sia -o wide queues` is refused). A global flag given to a
+    command that does not take it is an error, not silently dropped."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = {dest: getattr(namespace, dest) for dest in GLOBAL_FLAGS
+                 if hasattr(namespace, dest)}
+        sub = self._name_parser_map.get(values[0]) if values else None
+        if not given or sub is None:  # (an unknown command: the base class says so)
+            return super().__call__(parser, namespace, values, option_string)
+        for dest in given:
+            delattr(namespace, dest)  # the subcommand's parse sets them again
+        actions = {a.dest: a for a in sub._actions
+                   if a.dest in given and isinstance(a, argparse._StoreAction)}
+        for dest, value in given.items():
+            action = actions.get(dest)
+            if action is None:
+                flag = "--" + dest.replace("_", "-")
+                raise argparse.ArgumentError(None, f"{flag}: 'sia {values[0]}' does not "
+                                                   f"take it")
+            if action.choices is not None and value not in action.choices:
+                choices = ", ".join(map(repr, action.choices))
+                raise argparse.ArgumentError(action, f"invalid choice for 'sia {values[0]}': "
+                                                     f"{value!r} (choose from {choices})")
+        saved = {dest: a.default for dest, a in actions.items()}
+        try:
+            for dest, action in actions.items():
+                action.default = given[dest]
+            super().__call__(parser, namespace, values, option_string)
+        finally:
+            for dest, action in actions.items():
+                action.default = saved[dest]

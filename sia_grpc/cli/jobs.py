@@ -46,7 +46,7 @@ from sia_grpc.api.present import (
 )
 from sia_grpc.cli import argparsing
 from sia_grpc.cli.argparsing import UsageError
-from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient
+from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient, is_terminal
 from sia_grpc.client.spec import SpecError, load_spec, parse_spec, spec_to_mapping
 from sia_grpc.security.tls import probe_tls
 
@@ -294,18 +294,110 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cancel(args: argparse.Namespace) -> int:
+def parse_selector(text: str) -> dict[str, str]:
+    """`--selector key=value[,key=value]`: the labels a job must all have."""
+    labels: dict[str, str] = {}
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise argparse.ArgumentTypeError(
+                f"expected key=value[,key=value], got {text!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def matches(job: pb.Job, selector: dict[str, str]) -> bool:
+    """Whether the job's labels (JobSpec.labels) hold every key=value of `selector`."""
+    return all(job.spec.labels.get(key) == value for key, value in selector.items())
+
+
+CONFIRM_SHOWN = 10  # the jobs a confirmation names; the rest are counted
+
+
+def confirm(verb: str, ids: list[str], assume_yes: bool) -> bool:
+    """Ask on the terminal before acting on jobs picked by --selector or --all (as
+    `kubectl delete` and `scancel` ask); -y/--yes skips it. With no terminal to ask
+    on, refuse (a UsageError) rather than wait for an answer that never comes."""
+    if assume_yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError(f"{verb} {len(ids)} job(s): confirm with -y/--yes (no terminal "
+                         f"to ask on)")
+    shown = ", ".join(ids[:CONFIRM_SHOWN])
+    if len(ids) > CONFIRM_SHOWN:
+        shown += f", and {len(ids) - CONFIRM_SHOWN} more"
+    print(f"{verb} {len(ids)} job(s): {shown}", file=sys.stderr)
+    sys.stderr.write("continue? [y/N] ")
+    sys.stderr.flush()
+    try:
+        answer = input()
+    except EOFError:
+        answer = ""
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _targets(args: argparse.Namespace, sia: SiaClient, finished: bool) -> list[str] | None:
+    """The job ids a cancel or delete acts on: those named, else those --selector or
+    --all picks among the jobs that can take it (active ones for cancel, `finished`
+    ones for delete), confirmed (`confirm`; None: the user said no)."""
+    picked = sum((bool(args.jobs), args.selector is not None, args.all))
+    if picked != 1:
+        raise UsageError("give job ids, or --selector key=value, or --all (one of them)")
+    if args.jobs:
+        return list(dict.fromkeys(args.jobs))  # (each once, in the order given)
+    selector = args.selector or {}
+    ids = [j.job_id for j in _jobs_for(sia) if is_terminal(j) == finished
+           and matches(j, selector)]
+    if not ids:
+        return ids
+    verb = "delete" if finished else "cancel"
+    return ids if confirm(verb, ids, args.yes) else None
+
+
+def _jobs_for(sia: SiaClient) -> list[pb.Job]:
+    return sorted_jobs(cast(Iterable[pb.Job], sia.list()))
+
+
+def _each(args: argparse.Namespace, finished: bool,
+          act: Callable[[SiaClient, str], str]) -> int:
+    """Act on each target job (`_targets`), one line each: its result on stdout, or
+    its error on stderr and on to the next. Exit 1 if any failed; a lost connection
+    stops at once (as one error)."""
+    failed = 0
     with connect(args) as sia:
-        job = sia.cancel(args.job)
-    print(f"{job.job_id} {job.state}")
-    return 0
+        ids = _targets(args, sia, finished)
+        if ids is None:
+            print("nothing done", file=sys.stderr)
+            return 1
+        if not ids:
+            print("no jobs match", file=sys.stderr)
+            return 0
+        for job_id in ids:
+            try:
+                line = act(sia, job_id)
+            except ApiError as err:
+                if _unreachable(err):
+                    raise
+                print(f"error: {job_id}: {describe_error(err, args.controller)}",
+                      file=sys.stderr, flush=True)
+                failed += 1
+                continue
+            print(line, flush=True)
+    return 1 if failed else 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    def cancel(sia: SiaClient, job_id: str) -> str:
+        job = sia.cancel(job_id)
+        return f"{job.job_id} {job.state}"
+    return _each(args, False, cancel)
 
 
 def _delete(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        sia.delete(args.job)
-    print(f"{args.job} deleted")
-    return 0
+    def delete(sia: SiaClient, job_id: str) -> str:
+        sia.delete(job_id)
+        return f"{job_id} deleted"
+    return _each(args, True, delete)
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -415,21 +507,29 @@ def _positive(text: str) -> int:
     return value
 
 
-def connection_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def connection_flags(p: Any, *, defaults: bool = True) -> Any:
     """--controller, --token-file, --ca, --cert, --key: how a command reaches the
-    controller (`connect`)."""
-    p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]", default=DEFAULT_TARGET,
+    controller (`connect`), on parser or argument group `p`. `defaults=False`: none
+    (argparse.SUPPRESS), for the same flags before the subcommand
+    (`argparsing.GlobalFlagsFirst`)."""
+    def default(value: str | None) -> str | None:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]",
+                   default=default(DEFAULT_TARGET),
                    help=f"the controller's address, or a pair's comma-separated, or one "
                         f"DNS name with several records (the leader is found; default "
                         f"{DEFAULT_TARGET}; env SIA_CONTROLLER)")
-    p.add_argument("--token-file", metavar="FILE",
+    p.add_argument("--token-file", metavar="FILE", default=default(None),
                    help="file holding the bearer token (default: env SIA_TOKEN, the "
                         "token itself)")
-    p.add_argument("--ca", metavar="FILE",
+    p.add_argument("--ca", metavar="FILE", default=default(None),
                    help="CA certificate (PEM) of the controller's TLS certificate: "
                         "connect with TLS (env SIA_CA; default plaintext)")
-    p.add_argument("--cert", metavar="FILE", help="client certificate (PEM; env SIA_CERT)")
-    p.add_argument("--key", metavar="FILE", help="its private key (PEM; env SIA_KEY)")
+    p.add_argument("--cert", metavar="FILE", default=default(None),
+                   help="client certificate (PEM; env SIA_CERT)")
+    p.add_argument("--key", metavar="FILE", default=default(None),
+                   help="its private key (PEM; env SIA_KEY)")
     return p
 
 
@@ -438,6 +538,17 @@ def add_commands(subparsers: Any) -> None:
     def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
         return connection_flags(
             argparsing.command(subparsers, name, summary, func, usage=(SpecError,)))
+
+    def selection(p: Any, everything: str) -> None:
+        p.add_argument("jobs", metavar="JOB", nargs="*",
+                       help="the jobs' ids; each is reported on its own line, and the exit "
+                            "status is 1 if any failed")
+        p.add_argument("-l", "--selector", type=parse_selector, metavar="KEY=VALUE[,...]",
+                       help=f"instead of ids: {everything} whose labels match all of these")
+        p.add_argument("--all", action="store_true", help=f"instead of ids: {everything}")
+        p.add_argument("-y", "--yes", action="store_true",
+                       help="with --selector or --all: no confirmation (needed when there "
+                            "is no terminal to ask on)")
 
     def output(p: Any, default: str) -> None:
         p.add_argument("-o", "--output", choices=("json", "yaml", "wide"), default=None,
@@ -463,11 +574,12 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("job", metavar="JOB", help="the job's id")
     output(p, "a readable YAML view whose spec is a spec file")
 
-    p = command("cancel", "cancel a job (it stays listed as CANCELLED)", _cancel)
-    p.add_argument("job", metavar="JOB", help="the job's id")
+    p = command("cancel", "cancel jobs (they stay listed as CANCELLED): by id, by label, "
+                          "or all", _cancel)
+    selection(p, "every active job")
 
-    p = command("delete", "remove a finished job's record", _delete)
-    p.add_argument("job", metavar="JOB", help="the job's id")
+    p = command("delete", "remove finished jobs' records: by id, by label, or all", _delete)
+    selection(p, "every finished job")
 
     p = command("watch", "follow jobs live: a table redrawn in place on a terminal, else "
                          "one line per change (Ctrl-C to stop)", _watch)

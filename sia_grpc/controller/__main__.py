@@ -17,6 +17,13 @@ from sia_grpc.controller.config import ConfigError, load_config
 from sia_grpc.controller.server import Controller, loop_factory
 from sia_grpc.controller.store import StoreError
 from sia_grpc.observability import add_logging_arguments, configure_logging, setup_telemetry
+from sia_grpc.policy import POLICIES
+
+
+def policy_names() -> str:
+    """The registered policies (`sia_grpc.policy.POLICIES`) as --help lists them."""
+    names = list(POLICIES)
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", dest="lease_ttl_s", type=float, metavar="SECONDS",
                    help="with a postgresql:// store: the leader's lease (default 4; renewed "
                         "every third of it)")
-    p.add_argument("--policy", help="sia, pollux, gavel or fifo (default sia)")
+    p.add_argument("--policy", help=f"{policy_names()} (default sia)")
     p.add_argument("--policy-set", action="append", default=[], metavar="POLICY.SETTING=VALUE",
                    help="a policy setting, e.g. sia.p=-1 (repeatable; over [policy.<name>] "
                         "in --config and SIA_POLICY_<NAME>_<SETTING>)")
