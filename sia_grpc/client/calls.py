@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 
@@ -112,7 +112,9 @@ class JobPages:
     `jobs(page)` that page's jobs."""
 
     def __init__(self, states: Iterable[int], tenant: str, page_size: int) -> None:
-        self.states, self.tenant, self.page_size = list(states), tenant, page_size
+        # (the numbers as they are: the stubs type the field as the enum, an int subtype)
+        self.states = cast("list[pb.JobState]", list(states))
+        self.tenant, self.page_size = tenant, page_size
         self.token: str | None = ""
 
     def next(self) -> Rpc[pb.ListJobsResponse] | None:

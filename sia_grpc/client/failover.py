@@ -80,6 +80,8 @@ class Targets:
     def channel(self) -> Any:
         found = self._channels.get(self.current)
         if found is None:
+            # (no `make` only where a channel was given: tests that open none)
+            assert self._make is not None, "Targets without make opens no channel"
             found = self._channels[self.current] = self._make(
                 self.current, self.names.get(self.current))
         return found

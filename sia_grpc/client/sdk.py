@@ -53,9 +53,18 @@ lose their signatures and types for editors, `help()` and type checkers.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from typing import Any, TypeVar
 
 from sia_grpc.api import TERMINAL_STATES, pb
@@ -127,7 +136,7 @@ class SiaClient(SyncTransport):
         """The nodes, their GPUs and jobs, and the GPUs by type."""
         return self._unary(calls.get_cluster())
 
-    def rounds(self, limit: int = 20) -> list[pb.Round]:
+    def rounds(self, limit: int = 20) -> builtins.list[pb.Round]:
         """The most recent scheduling rounds."""
         return self._unary(calls.list_rounds(limit))
 
@@ -152,7 +161,8 @@ class SiaClient(SyncTransport):
         """The job `job_id` on this client (no call is made)."""
         return JobHandle(self, job_id)
 
-    def _follow(self, job_id: str, deadline: float | None = None) -> Iterator[JobView]:
+    def _follow(self, job_id: str,
+                deadline: float | None = None) -> Generator[JobView, None, None]:
         """The job's versions until a terminal one (`JobHandle.watch`, `.wait`)."""
         follow = calls.Follow(job_id)
         yield follow.start(self._unary(calls.get_job(job_id), deadline))
@@ -201,7 +211,7 @@ class AsyncSiaClient(AsyncTransport):
     async def cluster(self) -> pb.Cluster:
         return await self._unary(calls.get_cluster())
 
-    async def rounds(self, limit: int = 20) -> list[pb.Round]:
+    async def rounds(self, limit: int = 20) -> builtins.list[pb.Round]:
         return await self._unary(calls.list_rounds(limit))
 
     async def queues(self) -> pb.ListQueuesResponse:
@@ -219,7 +229,7 @@ class AsyncSiaClient(AsyncTransport):
     def handle(self, job_id: str) -> AsyncJobHandle:
         return AsyncJobHandle(self, job_id)
 
-    async def _follow(self, job_id: str) -> AsyncIterator[JobView]:
+    async def _follow(self, job_id: str) -> AsyncGenerator[JobView, None]:
         """As SiaClient._follow; a deadline is the caller's (`asyncio.timeout`)."""
         follow = calls.Follow(job_id)
         yield follow.start(await self._unary(calls.get_job(job_id)))

@@ -10,7 +10,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
@@ -188,7 +188,8 @@ class SyncTransport(_Transport):
             self._sleep(delay)
             self._targets.refresh()  # when every address has failed: resolve again
 
-    def _stream(self, cursor: Cursor, deadline: float | None = None) -> Iterator[Any]:
+    def _stream(self, cursor: Cursor,
+                deadline: float | None = None) -> Generator[Any, None, None]:
         """The stream's messages that `cursor` accepts, forever (or until the server ends
         it); one broken with UNAVAILABLE is reopened with `cursor.request()`."""
         method, reconnects = self._method(cursor.service, cursor.method), _Reconnects(self._backoff)
@@ -247,7 +248,7 @@ class AsyncTransport(_Transport):
             await self._sleep(delay)
             await self._targets.refresh_async()
 
-    async def _stream(self, cursor: Cursor) -> AsyncIterator[Any]:
+    async def _stream(self, cursor: Cursor) -> AsyncGenerator[Any, None]:
         method, reconnects = self._method(cursor.service, cursor.method), _Reconnects(self._backoff)
         while True:
             await self._targets.refresh_async()

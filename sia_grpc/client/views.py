@@ -31,7 +31,8 @@ class _View:
     def __eq__(self, other: object) -> bool:
         return self.proto == (other.proto if isinstance(other, _View) else other)
 
-    __hash__ = None  # type: ignore[assignment]  (as the messages: mutable, unhashable)
+    # As the messages: mutable, unhashable.
+    __hash__ = None  # type: ignore[assignment]
 
 
 class StatusView(_View):

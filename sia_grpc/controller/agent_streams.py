@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -19,26 +18,14 @@ from sia_grpc.api.errors import (
     invalid,
 )
 from sia_grpc.controller import state as sm
+from sia_grpc.controller.shell_base import AgentStream, ShellBase
 from sia_grpc.controller.validation import check_job_id
 from sia_grpc.security import auth
 
 log = structlog.get_logger("sia.controller")
 
 
-@dataclass
-class AgentStream:
-    """One agent's open stream, as `Controller.agents` lists it. Read it; only the
-    controller changes it (`outbox` holds the messages queued to the agent)."""
-
-    node_id: str
-    outbox: asyncio.Queue
-    context: grpc.aio.ServicerContext
-    instance_id: str = ""  # Register.instance_id: the same agent reconnecting
-    heard: float = 0.0  # controller clock: its last message (Register included)
-    peer: str = "unknown"  # where the stream comes from, read once when it opened
-
-
-class AgentStreams:
+class AgentStreams(ShellBase):
     """A part of `Controller`: the agents' streams (the module docstring)."""
 
     def _check_takeover(self, old: AgentStream, instance_id: str, new_peer: str) -> None:

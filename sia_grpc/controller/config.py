@@ -9,11 +9,13 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sia_grpc.controller.stores import is_postgres
 from sia_grpc.policy import POLICIES, SettingError
 from sia_grpc.policy import params as policy_params
 from sia_grpc.policy.errors import FieldError
+from sia_grpc.policy.params import PolicySpec
 from sia_grpc.policy.queues import QueueSet
 
 
@@ -114,7 +116,7 @@ class ControllerConfig:
         return f"{host}:{int(port) + 1 if int(port) else 0}"
 
     @property
-    def policy_spec(self) -> policy_params.PolicySpec:
+    def policy_spec(self) -> PolicySpec:
         """The policy the rounds run: its name, its settings, and this round length."""
         chosen = self.policy_params.get(self.policy, {})
         return policy_params.PolicySpec(self.policy, tuple(sorted(chosen.items())),
@@ -190,7 +192,8 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] = os.e
     """Defaults ← TOML file (`[controller]` table or top level, and `[policy.<name>]`
     tables) ← `SIA_<FIELD>` and `SIA_POLICY_<NAME>_<SETTING>` environment variables ←
     `overrides` and `policy_set` (command-line flags; None = not given)."""
-    values: dict[str, object] = {}
+    # field -> value, of the field's type (checked when ControllerConfig is made)
+    values: dict[str, Any] = {}
     settings: dict[str, dict[str, object]] = {}  # policy -> setting -> value, merged
     fields = {f.name: f for f in dataclasses.fields(ControllerConfig)}
     if path is not None:

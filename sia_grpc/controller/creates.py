@@ -17,6 +17,7 @@ from sia_grpc.api.errors import (
 )
 from sia_grpc.api.validation import Resolved, resolve
 from sia_grpc.controller import state as sm
+from sia_grpc.controller.shell_base import ShellBase
 from sia_grpc.controller.store import StoreError
 from sia_grpc.controller.validation import admit_to_queue, check_job_id
 from sia_grpc.names import MAX_ID, scoped_job_id
@@ -24,7 +25,7 @@ from sia_grpc.names import MAX_ID, scoped_job_id
 log = structlog.get_logger("sia.controller")
 
 
-class Creates:
+class Creates(ShellBase):
     """A part of `Controller`: CreateJob (the module docstring)."""
 
     async def create_job(self, request: pb.CreateJobRequest,
@@ -85,6 +86,7 @@ class Creates:
         return pb.Job.FromString(current.SerializeToString()) if current else stored
 
     async def _flush_creates(self) -> None:
+        assert self._store is not None  # a create is served only with the store open
         while self._creates:
             batch, self._creates = self._creates, []
             try:

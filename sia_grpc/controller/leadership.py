@@ -53,6 +53,7 @@ import grpc
 import structlog
 
 from sia_grpc.api.errors import ApiError, invalid
+from sia_grpc.controller.shell_base import ShellBase
 from sia_grpc.controller.store import MAX_TERM, StoreError
 
 log = structlog.get_logger("sia.controller")
@@ -98,21 +99,11 @@ def _refusing(handler: grpc.RpcMethodHandler, err: ApiError) -> grpc.RpcMethodHa
     return handler
 
 
-class Leadership:
+class Leadership(ShellBase):
     """A part of `Controller`: the election (the module docstring). The controller
     provides `_take_office()` (load and serve, once fenced) and `_leave_office()`
-    (stop, refuse, drop the state)."""
-
-    term = 0  # the term this controller leads (or last led) in; 0: never
-    leader_address = ""  # the leader's advertised address, as a standby last read it
-    _lease_end = 0.0  # monotonic: where this controller's view of its lease ends
-    _elected = False  # in office (fenced, loaded); `leading` also checks the lease
-    _shared = False  # on a shared store: elected, not leader at once
-    _outranked_by = 0  # the term an agent had seen that ends this term (0: none)
-    _resign: asyncio.Event | None = None  # set when an agent outranks this term
-    # (term, from, to): when this controller acted as leader, on its monotonic clock
-    # (`to` None while it still does); the newest 100 terms.
-    offices: collections.deque[tuple[int, float, float | None]]
+    (stop, refuse, drop the state). Its attributes (`term`, `leader_address`, the
+    lease, `offices`) are declared in `ShellBase`."""
 
     def _monotonic(self) -> float:
         return time.monotonic()
@@ -150,6 +141,7 @@ class Leadership:
 
     async def _elect(self) -> None:
         """Standby until the lease is won, leader until it is lost; and again."""
+        assert self._store is not None  # (open from start on)
         ttl = self.config.lease_ttl_s
         while True:
             sent = self._monotonic()
@@ -171,6 +163,7 @@ class Leadership:
     async def _standby_wait(self, ttl: float) -> float:
         """Learn who leads; how long to wait before trying again (just past the
         leader's expiry when that is sooner than a third of the TTL)."""
+        assert self._store is not None  # (open from start on)
         try:
             lease = await self._lease(self._store.leader)
         except StoreError:
@@ -203,6 +196,7 @@ class Leadership:
         return await holding
 
     async def _enter_office(self, term: int) -> None:
+        assert self._store is not None  # (open from start on)
         self._store.fence(term)  # before the first read: nothing unfenced is written
         await self._end_deposed(term)
         await self._take_office()
@@ -214,6 +208,7 @@ class Leadership:
         """End the transactions a deposed leader left open (cut off from the database
         or stopped inside a write): their row locks would refuse every write of this
         term until the server saw that connection dead (`JobStore.end_deposed`)."""
+        assert self._store is not None  # (open from start on)
         try:
             ended = await self._lease(self._store.end_deposed)
         except StoreError as err:  # (not allowed to, say): its locks hold until it ends
@@ -232,6 +227,7 @@ class Leadership:
     async def _hold(self, term: int) -> str:
         """Renew every third of the TTL; return why the lease is lost (refused, or
         not renewed by the local deadline)."""
+        assert self._store is not None  # (open from start on)
         ttl = self.config.lease_ttl_s
         every, retry = ttl / 3, ttl / 12
         last = self._monotonic()
@@ -339,6 +335,7 @@ class Leadership:
     async def _release_lease(self, term: int, *, raise_to: int = 0) -> None:
         """Give the lease up (a clean stop): the standby need not wait for its expiry.
         `raise_to`: its term raised to that as well (an agent had seen it)."""
+        assert self._store is not None  # (open from start on)
         try:
             released = await asyncio.wait_for(
                 self._lease(self._store.release, self.holder, term, raise_to=raise_to),

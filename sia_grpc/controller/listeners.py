@@ -13,6 +13,7 @@ from sia_grpc.api import node_state_name, pb, state_name
 from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ConfigError, read_queues_file
 from sia_grpc.controller.exclusive import StoreLock, check_bindable
+from sia_grpc.controller.shell_base import ShellBase
 from sia_grpc.controller.stores import is_postgres
 from sia_grpc.observability import PREEMPTION_REASONS, RENEW_FAILURES, MetricsServer
 from sia_grpc.policy.queues import QueueSet, scheduled_in
@@ -26,12 +27,13 @@ _JOB_STATES = tuple(state_name(v) for v in pb.JobState.values() if v)
 _NODE_STATES = tuple(node_state_name(v) for v in pb.NodeState.values() if v)
 
 
-class Listeners:
+class Listeners(ShellBase):
     """A part of `Controller`: listening, security and metrics (the module docstring)."""
 
     def _observe(self) -> None:
         """The gauges' callables. They run on the metric reader's thread (a scrape, an
         OTLP export), so each reads a snapshot (the state's views copy what they scan)."""
+        assert self.telemetry is not None  # (`_serve_metrics` calls this only with one)
         # `self.state` at each read, not now: a leader that steps down drops its state.
         self.telemetry.observe(
             queue_length=lambda: self.state.jobs_by_state().get("QUEUED", 0),
@@ -122,13 +124,14 @@ class Listeners:
             certs = (ReloadingCertificates(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
                      if cfg.tls else None)
             self.port = _add_port(server, "listen", cfg.listen,
-                                  certs and certs.credentials())
+                                  certs.credentials() if certs else None)
             agent_listen = cfg.agent_address
             if not agent_listen:
                 return
             # every connection here presents a certificate from tls_client_ca
-            self.agent_port = _add_port(server, "agent_listen", agent_listen,
-                                        certs and certs.credentials(require_client_cert=True))
+            self.agent_port = _add_port(
+                server, "agent_listen", agent_listen,
+                certs.credentials(require_client_cert=True) if certs else None)
         except ValueError as err:  # an unreadable or malformed PEM file
             raise ConfigError(str(err)) from None
         self._auth.agent_hint = f"{agent_listen.rpartition(':')[0]}:{self.agent_port}"

@@ -106,6 +106,7 @@ class Moves(StateBase):
 
     def _run_directives(self, rec: JobRec) -> list[Send]:
         """A RUN of the job's current generation and allocation for each of its nodes."""
+        assert rec.alloc is not None  # (called for a job with an allocation to run)
         layout = by_node(rec.alloc)
         nodes = [name for name, _ in layout]
         world = sum(len(g) for _, g in layout)

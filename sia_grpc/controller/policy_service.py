@@ -76,9 +76,9 @@ class PolicyService(PolicyServiceServicer):
             structlog.get_logger(__name__).exception(
                 "policy_service.optimize_failed", policy=request.policy or DEFAULT_POLICY,
                 jobs=len(request.jobs), nodes=len(request.nodes))
-            err = ApiError(grpc.StatusCode.INTERNAL, "internal error while optimizing",
-                           reason="INTERNAL")
-            await context.abort_with_status(err.to_status())
+            internal = ApiError(grpc.StatusCode.INTERNAL, "internal error while optimizing",
+                                reason="INTERNAL")
+            await context.abort_with_status(internal.to_status())
         raise AssertionError("unreachable: abort_with_status raises")  # pragma: no cover
 
     async def _optimize(self, request: pb.OptimizeRequest) -> pb.OptimizeResponse:

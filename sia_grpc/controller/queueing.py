@@ -86,7 +86,7 @@ def outcome(queues: QueueSet, result: RoundResult, jobs: Sequence[PolicyJob],
                   else after[q][t] > before[q][t])
         if gained:
             takers.append((q, t))
-    used = collections.Counter()
+    used: collections.Counter[str] = collections.Counter()
     for a in result.allocations.values():
         used[a.config.gpu_type] += a.config.num_gpus
     reasons, reclaims = {}, {}

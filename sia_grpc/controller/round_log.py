@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from sia_grpc.api import pb
+from sia_grpc.controller.shell_base import ShellBase
 from sia_grpc.policy import gcpause
 
 log = structlog.get_logger("sia.controller")
@@ -19,7 +20,7 @@ ROUNDS_KEPT = 1000  # published rounds kept (in memory and in the store) for Lis
 ROUND_COLLECTOR_PAUSE_S = 10.0
 
 
-class RoundLog:
+class RoundLog(ShellBase):
     """A part of `Controller`: publishing rounds (the module docstring)."""
 
     def _pause_collector(self) -> None:
@@ -43,6 +44,7 @@ class RoundLog:
         release, self._collector_release = self._collector_release, None
         if release is not None:
             release()
+            assert self._collector_cap is not None  # set with the release
             self._collector_cap.cancel()
 
     def _round_done(self, rnd: pb.Round) -> None:
@@ -70,6 +72,7 @@ class RoundLog:
         batch, self._unsaved_rounds = self._unsaved_rounds, []
         if not batch:
             return
+        assert self._store is not None  # (called only with the store open)
         try:
             await self._in_store(self._store.add_rounds, batch)
         except Exception:  # StoreError: kept for the next try, as many as the store keeps

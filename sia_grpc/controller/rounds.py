@@ -80,6 +80,7 @@ class Rounds(StateBase):
         if not policy_jobs:
             self._skip(ev, self._why_no_round(ready, jobs), out)
             return
+        assert cluster is not None  # a job was placed: some node is ready
         if not ev.early:
             policy_jobs.extend(self._profile_slots(cluster, ev.at))
         self.round_book.last_skip = ""
@@ -161,6 +162,7 @@ class Rounds(StateBase):
                 if not rec.moving and (new is not None or rec.state == pb.JOB_STATE_QUEUED):
                     rec.job.status.reason = reason
                     if batch_key(new) != batch_key(rec.alloc) and rec.held:
+                        assert new is not None  # same GPUs as an allocation that differs
                         self._rebatch(rec, new, out)
                 continue
             # Any GPU of the new allocation on a node that is no longer ready: skip.

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import functools
 import time
 import types
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar, cast
 
 import grpc
 import structlog
@@ -32,26 +32,27 @@ from sia_grpc.api.errors import (
 )
 from sia_grpc.clock import Clock, WallClock
 from sia_grpc.controller import state as sm
-from sia_grpc.controller.agent_streams import AgentStream, AgentStreams
+from sia_grpc.controller.agent_streams import AgentStreams
 from sia_grpc.controller.config import ControllerConfig
 from sia_grpc.controller.creates import Creates
-from sia_grpc.controller.exclusive import StoreLock
 from sia_grpc.controller.leadership import SQLITE_TERM, LeaderGate, Leadership, not_leader
 from sia_grpc.controller.limits import TenantLimits
 from sia_grpc.controller.listeners import Listeners
 from sia_grpc.controller.round_log import ROUNDS_KEPT, RoundLog
 from sia_grpc.controller.services import AgentService, ClusterService, JobService
+from sia_grpc.controller.shell_base import AgentStream, Status
 from sia_grpc.controller.solver_pool import SolverPool
-from sia_grpc.controller.store import JobStore, StoreError, describe, open_store
+from sia_grpc.controller.store import StoreError, describe, open_store
 from sia_grpc.controller.stores import is_postgres
 from sia_grpc.controller.validation import check_job_id
-from sia_grpc.observability import MetricsServer, setup_telemetry
+from sia_grpc.observability import setup_telemetry
 from sia_grpc.policy import params as policy_params
-from sia_grpc.policy.types import Policy
 from sia_grpc.security import auth
-from sia_grpc.security.tokens import Principal, TokenStore
+from sia_grpc.security.tokens import Principal
 
 log = structlog.get_logger("sia.controller")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def loop_factory():
@@ -62,13 +63,6 @@ def loop_factory():
     except ImportError:  # optional (not on Windows)
         return asyncio.new_event_loop
     return uvloop.new_event_loop
-
-
-class Status(enum.Enum):
-    CREATED = "created"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
@@ -86,55 +80,52 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         if telemetry is None and config.metrics_listen:
             telemetry = setup_telemetry(env={}, prometheus=True)
         self.telemetry = telemetry
+        # (each attribute is declared, with what it means, in shell_base.ShellBase)
         self.status = Status.CREATED
         self._limits = TenantLimits(config.max_active_jobs, config.create_rate,
                                     config.create_burst)
         self.port = 0
-        self.agent_port = 0  # the mutual-TLS port for agents (0: agents use `port`)
-        self.metrics_port = 0  # where /metrics is served (0: metrics_listen is off)
-        self._metrics: MetricsServer | None = None
-        self.tokens: TokenStore | None = None
-        self._solves: set[asyncio.Task] = set()  # solves in flight
-        self._agents: dict[str, AgentStream] = {}
+        self.agent_port = 0
+        self.metrics_port = 0
+        self._metrics = None
+        self.tokens = None
+        self._solves = set()
+        self._agents = {}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sia-store")
-        self._store: JobStore | None = None
-        self._lock: StoreLock | None = None  # on the store file, for the controller's life
+        self._store = None
+        self._lock = None
         self._pool = SolverPool(config.policy_spec, inline=config.inline_solver)
-        self.policy: Policy | None = None  # as the solver process built it (start-up)
-        self._tasks: list[asyncio.Task] = []
-        self._server: grpc.aio.Server | None = None
+        self.policy = None
+        self._tasks = []
+        self._server = None
         self._health = health.aio.HealthServicer()
-        self._job_watchers: set[asyncio.Event] = set()  # one per WatchJobs, set on commits
-        self._round_watchers: set[asyncio.Queue] = set()
-        self._early: asyncio.Task | None = None
-        self._upkeep: asyncio.Task | None = None  # the timer's store upkeep
-        self._create_flush: asyncio.Task | None = None
-        self._election: asyncio.Task | None = None  # on a shared store
-        self._closing_term = 0  # the term close() found this controller leading in
-        self._collector_release: Callable[[], None] | None = None  # a round's pause
-        self._collector_cap: asyncio.TimerHandle | None = None
+        self._job_watchers = set()
+        self._round_watchers = set()
+        self._early = None
+        self._upkeep = None
+        self._create_flush = None
+        self._election = None
+        self._closing_term = 0
+        self._collector_release = None
+        self._collector_cap = None
         self._fresh_state()
 
     def _fresh_state(self) -> None:
         """The in-memory state as before any load: at creation, and when a leader
         steps down (a standby holds nothing; the next term loads it again)."""
         self.state = sm.ControllerState(sm.ControllerSettings.of(self.config))
-        self._pending_creates: collections.Counter[str] = collections.Counter()
-        self._oversubscribed: dict[str, int] | None = None  # the last warned of
-        self.rounds: collections.deque[pb.Round] = collections.deque(maxlen=ROUNDS_KEPT)
-        self._events: asyncio.Queue = asyncio.Queue()
-        self._unpersisted: set[str] = set()  # jobs whose last write failed
-        self._persist_retry_at = 0.0  # (monotonic) when to write them again
-        self._creates: list[tuple[pb.Job, str, asyncio.Future]] = []
-        # round -> [tick ns, solve done ns]; the round is published when acknowledged
-        self._round_clock: dict[int, list[int]] = {}
-        self._tick_began_ns = 0  # when the tick being handled was taken up
-        self._unacked_rounds: dict[int, pb.Round] = {}
-        self._unsaved_rounds: list[pb.Round] = []  # published, not yet in the store
-        # Messages to agents (None: end the stream) decided, waiting for the store
-        # write of what they follow from (`_process`); each bound to the stream it
-        # was decided for. Dropped, never sent, when the term ends.
-        self._outgoing: list[tuple[AgentStream, pb.ControllerMessage | None]] = []
+        self._pending_creates = collections.Counter()
+        self._oversubscribed = None
+        self.rounds = collections.deque(maxlen=ROUNDS_KEPT)
+        self._events = asyncio.Queue()
+        self._unpersisted = set()
+        self._persist_retry_at = 0.0
+        self._creates = []
+        self._round_clock = {}
+        self._tick_began_ns = 0
+        self._unacked_rounds = {}
+        self._unsaved_rounds = []
+        self._outgoing = []
 
     # ------------------------------------------------------------ lifecycle
 
@@ -212,6 +203,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
     async def _take_office(self) -> None:
         """Load the state from the store and start the event loop and the timers: at
         start on SQLite, on winning the lease on PostgreSQL (the store fenced first)."""
+        assert self._store is not None  # (open from start on)
         now = self.clock.time()
         self.state.started_at = now
         for stored in await self._in_store(self._store.all_jobs):
@@ -391,11 +383,11 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 self._send_outgoing()
             for k, (_, done) in enumerate(batch):
                 if done is not None and not done.done():
-                    exc = failed.get(k) or error
-                    if exc is None:
+                    failure = failed.get(k) or error
+                    if failure is None:
                         done.set_result(None)
                     else:
-                        done.set_exception(exc)
+                        done.set_exception(failure)
 
     def _perform(self, action: sm.Action) -> None:
         match action:
@@ -435,6 +427,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
             agent.outbox.put_nowait(message)
 
     async def _persist(self, job_ids: tuple[str, ...]) -> None:
+        assert self._store is not None  # (open from start on)
         if not job_ids:
             return
         items = [(pb.Job.FromString(self.state.jobs[j].job.SerializeToString()),
@@ -461,7 +454,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
             self.policy = policy
             log.info("policy", name=policy.name, settings=policy_params.current(policy))
 
-    async def _in_store(self, fn, *args, **kw):
+    async def _in_store(self, fn: Callable[P, T], *args: P.args, **kw: P.kwargs) -> T:
         return await asyncio.get_running_loop().run_in_executor(
             self._writer, functools.partial(fn, *args, **kw))
 
@@ -478,6 +471,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
     async def _store_upkeep(self) -> None:
         """Once per timer round: save the rounds published since the last time, and
         trim the changelog (WatchJobs' history) to its newest entries."""
+        assert self._store is not None  # (open from start on)
         await self._save_rounds()
         try:
             dropped = await self._in_store(self._store.compact)
@@ -530,16 +524,18 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         for the process that embeds the controller (demos, test harnesses)."""
         return types.MappingProxyType(self._agents)
 
-    async def list_jobs(self, *, states: tuple[int, ...], tenant: str | None, page_size: int,
+    async def list_jobs(self, *, states: tuple[int, ...], tenant: str, page_size: int,
                         page_token: str) -> tuple[list[pb.Job], str]:
         """A page of jobs from the store, each in its live version (the store lags
         the live state by at most one write); ValueError for a malformed token."""
+        assert self._store is not None  # (open from start on)
         jobs, token = await self._in_store(self._store.list_jobs, states=states, tenant=tenant,
                                            page_size=page_size, page_token=page_token)
         return [self.state.job(j.job_id) or j for j in jobs], token
 
     async def get_job(self, job_id: str) -> pb.Job:
         """The live version; a job accepted a moment ago may be only in the store."""
+        assert self._store is not None  # (open from start on)
         job = self.state.job(job_id)
         if job is not None:
             return pb.Job.FromString(job.SerializeToString())
@@ -554,6 +550,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
         return await self.get_job(job_id)
 
     async def delete_job(self, job_id: str) -> None:
+        assert self._store is not None  # (open from start on)
         job = await self.get_job(job_id)
         if job.status.state not in sm.TERMINAL:
             raise failed_precondition(
@@ -566,6 +563,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
     async def watch_jobs(self, request: pb.WatchJobsRequest,
                          caller: Principal | None = None) -> AsyncIterator[pb.JobEvent]:
         """Job events; with a non-admin `caller`, only that tenant's jobs."""
+        assert self._store is not None  # (open from start on)
         tenant = None if caller is None or caller.admin else caller.tenant
 
         def wanted(job: pb.Job) -> bool:
@@ -595,7 +593,9 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
                 for revision, kind, job in events:
                     rev = revision
                     if wanted(job):
-                        yield pb.JobEvent(kind=kind, revision=revision, job=job)
+                        # (the store keeps the kind as its number)
+                        yield pb.JobEvent(kind=cast("pb.JobEvent.Kind", kind),
+                                          revision=revision, job=job)
                 if not events:
                     await changed.wait()
             self._check_office()
@@ -606,6 +606,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
 
     async def set_drain(self, node: str, reason: str | None) -> pb.Node:
         """Drain `node` (durably, before the state machine acts) or end its drain."""
+        assert self._store is not None  # (open from start on)
         check_job_id(node, "node")
         if node not in self.state.nodes:
             raise not_found("node", node)
@@ -617,6 +618,7 @@ class Controller(Listeners, Creates, RoundLog, AgentStreams, Leadership):
 
     async def forget_node(self, node: str) -> pb.Node:
         """Remove a LOST node and its drain; its last record."""
+        assert self._store is not None  # (open from start on)
         check_job_id(node, "node")
         if node not in self.state.nodes:
             raise not_found("node", node)

@@ -48,7 +48,7 @@ class ControllerApi(Protocol):
 
     async def get_job(self, job_id: str) -> pb.Job: ...
 
-    async def list_jobs(self, *, states: tuple[int, ...], tenant: str | None, page_size: int,
+    async def list_jobs(self, *, states: tuple[int, ...], tenant: str, page_size: int,
                         page_token: str) -> tuple[list[pb.Job], str]: ...
 
     async def cancel_job(self, job_id: str) -> pb.Job: ...
@@ -101,6 +101,7 @@ class JobService(api.JobServiceServicer):
 
     async def _own_job(self, job_id: str) -> pb.Job:
         caller = auth.current()
+        job: pb.Job | None
         try:
             job = await self.c.get_job(_scoped(job_id, caller.tenant))
         except ApiError as err:

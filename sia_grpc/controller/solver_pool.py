@@ -91,7 +91,7 @@ class _Shipping(pickle.Pickler):
 
     def __init__(self, file: io.BytesIO, held: frozenset[EstimatorKey]) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.held, self.keys = set(held), set()
+        self.held, self.keys = set(held), set[EstimatorKey]()
         self.versions = dict(held)  # uid -> the version the worker holds
 
     def reducer_override(self, obj: object):

@@ -6,6 +6,7 @@ Changes: none."""
 from __future__ import annotations
 
 import collections
+from typing import cast
 
 from sia_grpc.api import ISOLATION_LEVELS, OTHER_TENANT, node_state_name, pb, state_name
 from sia_grpc.api.convert import queues_to_pb
@@ -119,7 +120,8 @@ class Views(StateBase):
                 rec = jobs.get(job_id)
                 if rec is not None and n.gpu_type:
                     held[scheduled_in(queues, rec.job.spec)[0]][n.gpu_type] += 1
-        pending, running = collections.Counter(), collections.Counter()
+        pending: collections.Counter[str] = collections.Counter()
+        running: collections.Counter[str] = collections.Counter()
         for rec in jobs.values():
             state = rec.job.status.state
             if state not in TERMINAL:
@@ -163,7 +165,8 @@ class Views(StateBase):
         """A node as `GetCluster` shows it; for `tenant` (a caller who is not an
         admin) another tenant's job ids are hidden (docs/security.md)."""
         n = self.node_book.nodes[name]
-        node = pb.Node(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus, state=n.state,
+        node = pb.Node(name=n.name, gpu_type=n.gpu_type, num_gpus=n.num_gpus,
+                       state=cast("pb.NodeState", n.state),
                        agent_version=n.version, drain_reason=self.node_book.drained.get(n.name, ""),
                        isolation=n.isolation)
         node.last_heartbeat.CopyFrom(timestamp(n.last_seen))

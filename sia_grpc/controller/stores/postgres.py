@@ -181,7 +181,7 @@ class PostgresStore(SqlStore):
             raise StoreError(f"store: cannot open {self.name}: {e}") from e
         tcp = {**_TCP_DEFAULTS, **given}
         self._keepalives = {} if str(tcp["keepalives"]) == "0" else {
-            setting: int(tcp[param]) for setting, param in _SERVER_KEEPALIVES.items()}
+            setting: int(str(tcp[param])) for setting, param in _SERVER_KEEPALIVES.items()}
         # First one plain connection: its failure says why (a pool's says only "timeout").
         with self._errors(f"open {self.name}"), psycopg.connect(conninfo, autocommit=True) as c:
             self._configure(c)

@@ -314,7 +314,7 @@ class SqlStore:
         if page_size < 1:
             raise ValueError("page_size: must be >= 1")
         after = _decode_token(page_token)
-        where, args = ["seq > ?"], [after]
+        where, args = ["seq > ?"], list[int | str]([after])
         if states:
             states = [int(s) for s in states]
             where.append(f"state IN ({', '.join('?' * len(states))})")
