@@ -12,6 +12,7 @@ the other workers take the rest, so they never compete with each other for the C
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from otlp_receiver import OtlpTraceReceiver
 
 from sia_grpc.testing import postgres
@@ -30,6 +32,21 @@ _FUZZ_KEY = pytest.StashKey[dict]()
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _logging_is_left_as_found() -> Iterator[None]:
+    """A test leaves structlog's configuration and the root logger as it found them:
+    code run in-process (a bench's `run`, a CLI command) calls `configure_logging`,
+    whose level filter would otherwise hide the next test's `capture_logs` events on
+    the same xdist worker (three tests failed on an empty capture that way)."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,8 @@ def _simulate(args: argparse.Namespace) -> int:
         raise UsageError("--scale and --jobs must be >= 1")
     return run(args.workloads, [p.strip() for p in args.policy.split(",")], args.cluster,
                args.scale, args.jobs, args.json, args.plots, policy_config=args.policy_config,
-               sets=args.sets, round_duration=args.round_duration, queues=args.queues)
+               sets=args.sets, round_duration=args.round_duration, queues=args.queues,
+               quiet=args.quiet)
 
 
 def _policy_settings(args: argparse.Namespace) -> int:
@@ -66,6 +67,9 @@ def add_commands(sub: Any) -> None:
                           "limits), priority classes, and an [assignment] rule for jobs "
                           "whose trace names no queue (sia_grpc/data/queues/three-queues.toml"
                           "); the JSON then has metrics.queues.<name>")
+    sim.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress on stderr (bars on a terminal, else a line per run "
+                          "at most every 30 s, and one as each run ends): only the table")
 
     command(sub, "policy-settings", "each policy's settings, defaults and help "
                                     "([policy.<name>], --set, --policy-set)", _policy_settings)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,10 +126,13 @@ def _bootstrap(app: AppTruth) -> ThroughputEstimator:
 
 def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
              workload_name: str = "", cluster_name: str = "",
-             config: SimConfig = SimConfig(), queues: QueueSet | None = None) -> SimResult:
+             config: SimConfig = SimConfig(), queues: QueueSet | None = None,
+             on_progress: Callable[[int, int, float], None] | None = None) -> SimResult:
     """Replay `workload` on `cluster` under `policy`; deterministic for equal inputs.
     With `queues`, the policy is given them and the rounds record each queue's
-    GPUs (the jobs' queues are their traces', `default` where none is named)."""
+    GPUs (the jobs' queues are their traces', `default` where none is named).
+    `on_progress(jobs finished, jobs total, simulated seconds)`: called after each
+    simulated round (not for idle gaps); it sees the results, never changes them."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     round_s = policy.round_duration
     if queues is not None:  # every job in a queue and class they define (else FieldError)
@@ -142,6 +145,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     warm = None  # what the last round leaves the next to start from (speed only)
     rounds: list[RoundRecord] = []
     now, k = 0.0, 0
+    finished = 0  # counted only for on_progress
     horizon = config.max_hours * 3600.0
     while (k < len(pending) or any(j.finish_time is None for j in jobs.values())) \
             and now < horizon:
@@ -180,6 +184,9 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         previous = {n: a for n, a in result.allocations.items()
                     if jobs[n].finish_time is None}
         now += round_s
+        if on_progress is not None:
+            finished += sum(j.finish_time is not None for j in active)
+            on_progress(finished, len(pending), now)
     return SimResult(
         workload=workload_name, policy=policy.name, cluster=cluster_name,
         capacity=dict(cluster.capacity),

@@ -7,10 +7,11 @@ import dataclasses
 import itertools
 import json
 import multiprocessing
+import queue
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sia_grpc.policy import params as policy_params
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.sim.clusters import load_cluster
 from sia_grpc.sim.engine import SimConfig, simulate
+from sia_grpc.sim.progress import Display, Reporter, Sink, Update, make_display
 from sia_grpc.sim.queues import assign, read_queues
 from sia_grpc.sim.records import SimResult
 from sia_grpc.sim.workload import TraceJob, load_workload, shipped_workloads
@@ -125,22 +127,48 @@ def load_trace(workload: str, queues: str | None) -> tuple[tuple[TraceJob, ...],
 
 
 def run_one(workload: str, variant: Variant, cluster: str, scale: int,
-            round_duration: float | None = None, queues: str | None = None) -> SimResult:
+            round_duration: float | None = None, queues: str | None = None, *,
+            on_progress: Callable[[int, int, float], None] | None = None) -> SimResult:
     """One simulation; `round_duration` None: the policy's own round length;
-    `queues`: the path of a queues file (`sim.queues`), None: no queues."""
+    `queues`: the path of a queues file (`sim.queues`), None: no queues;
+    `on_progress`: as `simulate`'s."""
     policy = make_policy(variant.policy, variant.params, round_duration=round_duration)
     trace, queue_set = load_trace(workload, queues)
     result = simulate(trace, load_cluster(cluster, scale=scale), policy,
                       workload_name=workload, cluster_name=f"{cluster}x{scale}",
-                      config=SimConfig(), queues=queue_set)
+                      config=SimConfig(), queues=queue_set, on_progress=on_progress)
     return dataclasses.replace(result, policy=variant.label, params=dict(variant.params),
                                settings=policy_params.current(policy))
+
+
+def _run_reported(sink: Sink | None, key: int, workload: str, variant: Variant,
+                  cluster: str, scale: int, round_duration: float | None,
+                  queues: str | None) -> SimResult:
+    """`run_one` in a worker process, its progress (rate-limited) to `sink`."""
+    reporter = None if sink is None else Reporter(sink, key)
+    return run_one(workload, variant, cluster, scale, round_duration, queues,
+                   on_progress=reporter)
+
+
+def _drain(sink: queue.Queue | None, display: Display) -> None:
+    """Show every update the workers have queued."""
+    while sink is not None:
+        try:
+            item = sink.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(item, Update):
+            display.update(item)
 
 
 def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: int,
         processes: int, json_out: str | None, plots: str | None, *,
         policy_config: str | None = None, sets: Sequence[str] = (),
-        round_duration: float | None = None, queues: str | None = None) -> int:
+        round_duration: float | None = None, queues: str | None = None,
+        quiet: bool = False) -> int:
+    """`sia simulate`. Progress on stderr (sia_grpc.sim.progress: bars on a terminal,
+    else a line per run at most every 30 s, and a line as each run ends); `quiet`:
+    none, only the table."""
     from sia_grpc.sim import metrics
     from sia_grpc.sim.queue_metrics import compute_queues
 
@@ -165,15 +193,31 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
     tasks = [(w, v) for v in runs for w in refs]
     results: dict[tuple[str, str], SimResult] = {}
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
-        futures = {pool.submit(run_one, w, v, cluster, scale, round_duration, queues):
-                   (w, v.label) for w, v in tasks}
-        for done, fut in enumerate(as_completed(futures), start=1):
-            w, p = futures[fut]
-            results[(w, p)] = fut.result()
-            r = results[(w, p)]
-            print(f"[{done}/{len(tasks)}] {p} on {w}: {len(r.rounds)} rounds, "
-                  f"{r.cpu_seconds:.1f} CPU-s", file=sys.stderr, flush=True)
+    display = make_display(sys.stderr, len(tasks), quiet=quiet)
+    manager = None if quiet else ctx.Manager()
+    try:
+        sink = None if manager is None else manager.Queue()
+        with ProcessPoolExecutor(max_workers=max(1, processes), mp_context=ctx) as pool:
+            futures: dict[Future[SimResult], tuple[int, str, str]] = {}
+            for key, (w, v) in enumerate(tasks):
+                display.start(key, f"{v.label} on {w}")
+                fut = pool.submit(_run_reported, sink, key, w, v, cluster, scale,
+                                  round_duration, queues)
+                futures[fut] = (key, w, v.label)
+            pending, done = set(futures), 0
+            while pending:
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(sink, display)
+                for fut in finished:
+                    key, w, p = futures[fut]
+                    r = results[(w, p)] = fut.result()
+                    done += 1
+                    display.finish(key, f"[{done}/{len(tasks)}] {p} on {w}: "
+                                        f"{len(r.rounds)} rounds, {r.cpu_seconds:.1f} CPU-s")
+    finally:
+        display.close()
+        if manager is not None:
+            manager.shutdown()
     table_rows: dict[str, object] = {}
     per_policy: dict[str, list] = {p: [] for p in labels}
     for p in labels:
@@ -198,7 +242,8 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
 
         by_policy = {p: [results[(w, p)] for w in refs] for p in labels}
         for path in plotting.write_all(by_policy, plots):
-            print(f"wrote {path}", file=sys.stderr)
+            if not quiet:
+                print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -115,10 +115,17 @@ def init(*, backend: str | None = None, timeout_s: float = 300.0,
     with _lock:
         if _current is None:
             env = WorkerEnv.from_environ(environ)
-            _current = Runtime(join(env, backend=backend, timeout_s=timeout_s,
-                                    checkpoint_dir=checkpoint_dir,
-                                    report_interval_s=report_interval_s,
-                                    checkpoint_interval_s=checkpoint_interval_s))
+            worker = join(env, backend=backend, timeout_s=timeout_s,
+                          checkpoint_dir=checkpoint_dir, report_interval_s=report_interval_s,
+                          checkpoint_interval_s=checkpoint_interval_s)
+            try:
+                _current = Runtime(worker)
+            except BaseException:
+                # A start that fails (a refused checkpoint) leaves no process group:
+                # its threads, alive at exit, made the process abort (SIGABRT) instead
+                # of exiting with the error.
+                shutdown()
+                raise
         return _current
 
 
