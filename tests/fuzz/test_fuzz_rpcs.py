@@ -42,6 +42,7 @@ from sia_grpc.api import (
     PolicyServiceStub,
     pb,
 )
+from sia_grpc.names import scoped_job_id
 
 FUZZ = dict(deadline=None, database=None, derandomize=False,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -95,9 +96,11 @@ def _accepted(stub, job: pb.Job | None, request: pb.CreateJobRequest) -> None:
         return
     got = stub.GetJob(pb.GetJobRequest(job_id=job.job_id), timeout=10)
     assert got.job_id == job.job_id and got.spec == request.spec
-    assert 1 <= len(job.job_id) <= 63
+    # Ids are scoped by tenant (`tenant/name`): the name is one the API allows.
+    tenant, _, name = job.job_id.rpartition("/")
+    assert tenant == job.spec.tenant and 1 <= len(name) <= 63
     if request.job_id:
-        assert job.job_id == request.job_id
+        assert job.job_id == scoped_job_id(job.spec.tenant, request.job_id)
 
 
 @settings(max_examples=examples(120), **FUZZ)
