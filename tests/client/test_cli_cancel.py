@@ -4,11 +4,10 @@ Against a live controller (LocalCluster) and, for the prompt, the in-memory one.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 
 import pytest
+from test_client_live import run_sia  # (`sia ARGV` in a thread, against a live controller)
 
 from sia_grpc.api import pb
 from sia_grpc.cli import main
@@ -19,17 +18,6 @@ from sia_grpc.testing.localcluster import LocalCluster
 CONFIG = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", round_duration=60.0,
                           early_round_delay=5.0, inline_solver=True)
 SPEC = {"application": "cifar10", "adaptivity": "adaptive", "epochs": 500}
-
-
-async def run_sia(*argv: str) -> tuple[int, list[str], str]:
-    """`sia ARGV` in a thread (the controller runs on this test's loop)."""
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return main(list(argv))
-    rc = await asyncio.to_thread(run)
-    return rc, out.getvalue().splitlines(), err.getvalue()
 
 
 def sia_lines(out: list[str]) -> list[str]:
