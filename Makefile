@@ -17,7 +17,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv postgres browser slurm bubblewrap demo test test-fast lint bench protos clean
+.PHONY: venv postgres browser slurm bubblewrap demo test test-fast lint bench protos docs clean
 
 venv: $(STAMP)
 
@@ -79,13 +79,15 @@ bubblewrap:
 demo: $(STAMP)
 	$(BIN)/sia demo
 
-# The static checks: style (ruff), the layers' import contracts (lint-imports) and the
+# The static checks: style (ruff), the layers' import contracts (lint-imports), the
 # types (mypy: the packages and settings of pyproject.toml's [tool.mypy]; its cache,
-# .mypy_cache, makes a second run take under a second).
+# .mypy_cache, makes a second run take under a second) and dead code (vulture, with
+# pyproject.toml's [tool.vulture]: what may look dead, and why it is not).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+	$(BIN)/vulture
 
 # The whole suite, one pytest-xdist worker per core (--dist loadgroup is set in
 # pyproject.toml: the "heavy" group runs on one worker, one test at a time), after
@@ -115,7 +117,7 @@ bench: $(STAMP)
 # OUT=DIR (or $$OUT in the environment): where result.json and summary.txt go.
 OUT ?= gpu-check
 DRY ?=
-GPU_READY := import torch, grpc, sia_grpc.controller.server, sia_grpc.nodeagent.torchbackend
+GPU_READY := import torch, grpc, sia_grpc.controller.shell.server, sia_grpc.nodeagent.torchbackend
 ifeq ($(DRY),)
 GPU_READY += ; import shutil, pynvml; \
 	assert torch.version.cuda or not shutil.which("nvidia-smi"), "a CPU build of torch"
@@ -142,6 +144,11 @@ gpu-check: gpu-venv
 # Regenerate sia_grpc/_proto from protos/ (the committed copy is checked by the tests).
 protos: $(STAMP)
 	$(BIN)/python scripts/protogen.py
+
+# Regenerate docs/cli.md, the `sia` command reference, from the parsers
+# (sia_grpc/cli/reference.py; tests/docs fails while the committed page differs).
+docs: $(STAMP)
+	$(BIN)/python -m sia_grpc.cli.reference > docs/cli.md.new && mv docs/cli.md.new docs/cli.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

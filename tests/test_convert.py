@@ -23,7 +23,7 @@ from sia_grpc.api.convert import (
     round_to_pb,
 )
 from sia_grpc.api.errors import ApiError
-from sia_grpc.controller.policy_service import _in_worker
+from sia_grpc.controller.service.policy_service import _in_worker
 from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import gain

@@ -320,7 +320,7 @@ def test_json_logs_carry_level_utc_time_and_context(restore_logging: None) -> No
     assert grpc_line["level"] == "warning" and grpc_line["logger"] == "grpc._server"
     assert grpc_line["round"] == 3  # stdlib records share the bound context
     assert len([h for h in logging.getLogger().handlers
-                if isinstance(h, observability._ForwardToStructlog)]) == 1
+                if isinstance(h, observability.logs._ForwardToStructlog)]) == 1
 
 
 def test_console_format_when_forced_or_on_a_tty(

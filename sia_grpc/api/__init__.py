@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from sia_grpc._proto.sia.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
@@ -60,7 +62,7 @@ TERMINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED,
                              pb.JOB_STATE_CANCELLED})
 
 
-def seconds(ts) -> float:
+def seconds(ts: Timestamp) -> float:
     """A `google.protobuf.Timestamp` as seconds since the epoch (0.0 when unset)."""
     return ts.ToNanoseconds() / 1e9
 

@@ -23,6 +23,7 @@ from sia_grpc.models.efficiency import NEUTRAL_GRAD, GradParams
 from sia_grpc.policy.cluster import Cluster, Config, GpuId, Node
 from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.queues import DEFAULT_QUEUE, Queue, QueueSet
+from sia_grpc.policy.queues.rows import row_binds
 from sia_grpc.policy.types import Adaptivity, JobAllocation, PolicyJob, RoundResult
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "queues_from_pb",
     "queues_to_pb",
     "round_to_pb",
-    "row_binds",
     "side_rows_to_pb",
     "usage_to_pb",
 ]
@@ -350,10 +350,11 @@ def queues_from_pb(cfg: pb.QueueConfig, path: str = "queues") -> QueueSet:
     (`QueueSet.from_mapping`), so a mistake is named by the same path as in the file:
     INVALID_ARGUMENT on `queues.queue[1].guarantee.rtx`. Proto3's zeros: a class's
     weight 0 = 1, default_priority "" = "default"; the optional fields unset = not given."""
-    data: dict = {"queue": [_queue_table(q) for q in cfg.queue],
-                  "priority_class": [{"name": c.name, **({"weight": c.weight} if c.weight else {})}
-                                     for c in cfg.priority_class],
-                  "unit_weights": dict(cfg.unit_weights), "min_runtime_s": cfg.min_runtime_s}
+    data: dict[str, object] = {
+        "queue": [_queue_table(q) for q in cfg.queue],
+        "priority_class": [{"name": c.name, **({"weight": c.weight} if c.weight else {})}
+                           for c in cfg.priority_class],
+        "unit_weights": dict(cfg.unit_weights), "min_runtime_s": cfg.min_runtime_s}
     if cfg.default_priority:
         data["default_priority"] = cfg.default_priority
     if cfg.HasField("max_restarts_per_round"):
@@ -364,8 +365,8 @@ def queues_from_pb(cfg: pb.QueueConfig, path: str = "queues") -> QueueSet:
         raise invalid(f"{path}.{err.field}", err.problem) from None
 
 
-def _queue_table(q: pb.QueueSpec) -> dict:
-    table = {"name": q.name, "tenants": list(q.tenants),
+def _queue_table(q: pb.QueueSpec) -> dict[str, object]:
+    table: dict[str, object] = {"name": q.name, "tenants": list(q.tenants),
              "guarantee": {t: int(n) for t, n in q.guarantee.items()},
              "guarantee_units": q.guarantee_units,
              "borrow_limit": {t: int(n) for t, n in q.borrow_limit.items()}}
@@ -399,12 +400,6 @@ def queues_to_pb(queues: QueueSet) -> pb.QueueConfig:
     if queues.max_restarts_per_round is not None:
         cfg.max_restarts_per_round = queues.max_restarts_per_round
     return cfg
-
-
-def row_binds(activity: float, bound: float) -> bool:
-    """A side row Σ coef·x ≤ bound that binds: at its bound, or past it (a soft row
-    paying its penalty), up to rounding."""
-    return activity >= bound - 1e-6 * max(1.0, abs(bound))
 
 
 def usage_to_pb(usage: Mapping[str, Mapping[str, int]]) -> list[pb.QueueUsage]:

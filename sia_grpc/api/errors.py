@@ -15,6 +15,7 @@ from typing import cast
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -130,7 +131,7 @@ def permission_denied(message: str, reason: str = "PERMISSION_DENIED") -> ApiErr
     return ApiError(grpc.StatusCode.PERMISSION_DENIED, message, reason=reason)
 
 
-def _pack(msg) -> any_pb2.Any:
+def _pack(msg: Message) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
     return a

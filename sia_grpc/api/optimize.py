@@ -2,7 +2,7 @@
 `OptimizeRequest` means (the cluster, the jobs with their goodput data, the previous
 round's allocations, the policy and its params) and the reply Sia's policy gives it.
 Nothing is kept between calls. The controller serves it over gRPC
-(`controller/policy_service.py`, off its event loop); the Slurm bridge may call it in
+(`controller/service/policy_service.py`, off its event loop); the Slurm bridge may call it in
 its own process (`slurm/bridge.py`, `in_process_optimizer`): the same message and
 answer either way.
 """
@@ -26,6 +26,7 @@ from sia_grpc.api.convert import (
 )
 from sia_grpc.api.errors import invalid
 from sia_grpc.policy import POLICIES, SettingError
+from sia_grpc.policy.cluster import GpuId
 from sia_grpc.policy.params import make_policy
 from sia_grpc.policy.queues import QueueSet
 from sia_grpc.policy.types import JobAllocation, Policy, PolicyJob
@@ -59,7 +60,7 @@ def optimize_request(request: pb.OptimizeRequest,
         jobs.append(policy_job_from_pb(j, f"jobs[{i}]"))
         queue_of(queues or QueueSet(), j.queue, j.priority, f"jobs[{i}]")
     previous: dict[str, JobAllocation] = {}
-    owner: dict = {}  # GpuId -> job holding it in `previous`
+    owner: dict[GpuId, str] = {}  # the job holding each GPU in `previous`
     for i, p in enumerate(request.previous):
         here = f"previous[{i}]"
         if p.job_id not in first:

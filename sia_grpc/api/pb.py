@@ -5,6 +5,7 @@ checker sees each name, through the generated stubs (`*_pb2.pyi`)."""
 # ruff: noqa: F403
 from sia_grpc._proto.sia.v1.agent_service_pb2 import *
 from sia_grpc._proto.sia.v1.cluster_service_pb2 import *
+from sia_grpc._proto.sia.v1.event_pb2 import *
 from sia_grpc._proto.sia.v1.goodput_pb2 import *
 from sia_grpc._proto.sia.v1.job_pb2 import *
 from sia_grpc._proto.sia.v1.job_service_pb2 import *

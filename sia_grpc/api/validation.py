@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sia_grpc.api import pb
@@ -65,16 +65,56 @@ def _app_limits(name: str) -> Mapping[str, tuple[int, int]]:
 
 def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     """Validate `spec` and return its scheduling parameters; raises ApiError."""
-
-    def bad(field: str, message: str) -> ApiError:
-        return invalid(f"{path}.{field}", message)
-
+    bad = _invalid_in(path)
     if spec.name and not is_name(spec.name, MAX_ID):
         raise bad("name", f"{spec.name!r} is not a valid name ([A-Za-z0-9._-], at most 63)")
     if spec.adaptivity not in ADAPTIVITY:
         raise bad("adaptivity", "must be set to adaptive, strong-scaling or rigid")
     adaptivity = ADAPTIVITY[spec.adaptivity]
     app = _application(spec.application)
+    _check_program(spec, app, bad)
+    pipeline, min_gpus, max_gpus, num_gpus = _gpus(spec, adaptivity, bad)
+    for i, t in enumerate(spec.allowed_gpu_types):
+        if not is_name(t, MAX_ID):
+            raise bad(f"allowed_gpu_types[{i}]", f"{t!r} is not a valid GPU type name")
+    limits, init, max_batch = _batches(spec, adaptivity, app, bad)
+    which = spec.WhichOneof("target")
+    if which == "epochs" and not (math.isfinite(spec.epochs) and 0 <= spec.epochs <= _MAX_EPOCHS):
+        raise bad("epochs", f"must be a number in [0, {_MAX_EPOCHS:g}], got {spec.epochs}")
+    if which == "samples" and spec.samples > _MAX_SAMPLES:
+        raise bad("samples", f"{spec.samples} is above the limit of {_MAX_SAMPLES}")
+    if not (math.isfinite(spec.restart_cost_s) and 0 <= spec.restart_cost_s <= 86400):
+        raise bad("restart_cost_s", f"must be within [0, 86400] seconds, got {spec.restart_cost_s}")
+    restart = spec.restart_cost_s or (app.restart_delay if app is not None else 30.0)
+    _check_owner(spec, bad)
+    _check_env(spec.env, path)
+    mem = spec.memory_mib_per_gpu
+    if mem and not _MIN_MEMORY_MIB <= mem <= _MAX_MEMORY_MIB:
+        raise bad("memory_mib_per_gpu", f"must be within [{_MIN_MEMORY_MIB}, "
+                  f"{_MAX_MEMORY_MIB}] MiB (0: the node's share), got {mem}")
+    return Resolved(
+        adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,
+        pipeline_gpus=pipeline,
+        allowed_types=frozenset(spec.allowed_gpu_types) if spec.allowed_gpu_types else None,
+        batch_size=spec.batch_size if adaptivity is not Adaptivity.ADAPTIVE else None,
+        init_batch_size=int(init), max_batch_size=int(max_batch),
+        local_bsz_limits=limits, restart_cost=float(restart))
+
+
+# `bad(field, message)`: the INVALID_ARGUMENT error naming `path.field`.
+_Bad = Callable[[str, str], ApiError]
+
+
+def _invalid_in(path: str) -> _Bad:
+    def bad(field: str, message: str) -> ApiError:
+        return invalid(f"{path}.{field}", message)
+
+    return bad
+
+
+def _check_program(spec: pb.JobSpec, app: AppInfo | None, bad: _Bad) -> None:
+    """What the job runs (its application, its command) and the sizes of its lists
+    and counts."""
     if not spec.application:
         raise bad("application", "must be set (the model the job trains, e.g. cifar10)")
     if len(spec.application) > _MAX_APPLICATION:
@@ -97,6 +137,11 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     for field in ("batch_size", "max_batch_size"):
         if getattr(spec, field) > _MAX_BATCH:
             raise bad(field, f"{getattr(spec, field)} is above the limit of {_MAX_BATCH}")
+
+
+def _gpus(spec: pb.JobSpec, adaptivity: Adaptivity,
+          bad: _Bad) -> tuple[int, int, int | None, int | None]:
+    """The GPU counts, defaults applied: (pipeline, min, max, fixed count)."""
     pipeline = spec.pipeline_gpus or 1
     min_gpus = spec.min_gpus or 1
     max_gpus = spec.max_gpus or None
@@ -112,9 +157,13 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
             raise bad("num_gpus", f"{num_gpus} is outside [min_gpus, max_gpus]")
     if adaptivity is not Adaptivity.ADAPTIVE and not spec.batch_size:
         raise bad("batch_size", f"required for {adaptivity.value} jobs")
-    for i, t in enumerate(spec.allowed_gpu_types):
-        if not is_name(t, MAX_ID):
-            raise bad(f"allowed_gpu_types[{i}]", f"{t!r} is not a valid GPU type name")
+    return pipeline, min_gpus, max_gpus, num_gpus
+
+
+def _batches(spec: pb.JobSpec, adaptivity: Adaptivity, app: AppInfo | None,
+             bad: _Bad) -> tuple[dict[str, tuple[int, int]], int, int]:
+    """The batch sizes, the application's where the spec leaves them unset: (the
+    micro-batch limits per GPU type, the initial batch, the largest batch)."""
     limits = dict(_app_limits(spec.application))
     for i, lim in enumerate(spec.type_batch_limits):
         f = f"type_batch_limits[{i}]"
@@ -134,14 +183,11 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     max_batch = max(max_batch, spec.batch_size)  # a fixed batch is its own limit
     if max_batch < init:
         raise bad("max_batch_size", f"{max_batch} is below the initial batch size {init}")
-    which = spec.WhichOneof("target")
-    if which == "epochs" and not (math.isfinite(spec.epochs) and 0 <= spec.epochs <= _MAX_EPOCHS):
-        raise bad("epochs", f"must be a number in [0, {_MAX_EPOCHS:g}], got {spec.epochs}")
-    if which == "samples" and spec.samples > _MAX_SAMPLES:
-        raise bad("samples", f"{spec.samples} is above the limit of {_MAX_SAMPLES}")
-    if not (math.isfinite(spec.restart_cost_s) and 0 <= spec.restart_cost_s <= 86400):
-        raise bad("restart_cost_s", f"must be within [0, 86400] seconds, got {spec.restart_cost_s}")
-    restart = spec.restart_cost_s or (app.restart_delay if app is not None else 30.0)
+    return limits, init, max_batch
+
+
+def _check_owner(spec: pb.JobSpec, bad: _Bad) -> None:
+    """The tenant and the labels."""
     if spec.tenant and not is_name(spec.tenant, MAX_ID):
         raise bad("tenant", f"{spec.tenant!r} is not a valid tenant name")
     if len(spec.labels) > _MAX_LABELS:
@@ -149,18 +195,6 @@ def resolve(spec: pb.JobSpec, path: str = "spec") -> Resolved:
     for key, value in spec.labels.items():
         if not is_name(key, MAX_ID) or len(value) > 256:
             raise bad(f"labels[{key!r}]", "keys are names ([A-Za-z0-9._-]), values at most 256")
-    _check_env(spec.env, path)
-    mem = spec.memory_mib_per_gpu
-    if mem and not _MIN_MEMORY_MIB <= mem <= _MAX_MEMORY_MIB:
-        raise bad("memory_mib_per_gpu", f"must be within [{_MIN_MEMORY_MIB}, "
-                  f"{_MAX_MEMORY_MIB}] MiB (0: the node's share), got {mem}")
-    return Resolved(
-        adaptivity=adaptivity, min_gpus=min_gpus, max_gpus=max_gpus, num_gpus=num_gpus,
-        pipeline_gpus=pipeline,
-        allowed_types=frozenset(spec.allowed_gpu_types) if spec.allowed_gpu_types else None,
-        batch_size=spec.batch_size if adaptivity is not Adaptivity.ADAPTIVE else None,
-        init_batch_size=int(init), max_batch_size=int(max_batch),
-        local_bsz_limits=limits, restart_cost=float(restart))
 
 
 # A job's memory per GPU (the nodes' share caps it too): below 64 MiB not even the
@@ -177,9 +211,7 @@ _LIBRARY_SETTINGS = frozenset(("SIA_REPORT_INTERVAL_S", "SIA_CHECKPOINT_INTERVAL
 
 
 def _check_env(env: Mapping[str, str], path: str) -> None:
-    def bad(field: str, message: str) -> ApiError:
-        return invalid(f"{path}.{field}", message)
-
+    bad = _invalid_in(path)
     if len(env) > _MAX_ENV:
         raise bad("env", f"at most {_MAX_ENV} variables")
     for key, value in env.items():

@@ -33,16 +33,18 @@ import resource
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
-from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import loop_factory
-from sia_grpc.controller.store import Store, describe, open_store
+from sia_grpc.controller.machine import state as sm
+from sia_grpc.controller.shell.server import loop_factory
+from sia_grpc.controller.stores import SqliteStore as Store
+from sia_grpc.controller.stores import describe, open_store
 from sia_grpc.testing.localcluster import LocalCluster
 
 _TYPES = ("rtx", "dgx-ext")  # both 8 GPUs per node in the artifact's profiles
@@ -60,8 +62,7 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
     type (so the controller's process is the controller alone), or with
     `in_process` as tasks in this one, sharing the controller's core. `store`: a
     PostgreSQL DSN (else an in-memory SQLite store)."""
-    per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
-                for i, t in enumerate(_TYPES)}
+    per_type = _per_type(agents, gpus_per_agent)
     rate = 50.0  # profiling passes take ~0.5 s of wall time; jobs last hours
     config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:", store=store,
                               round_duration=1e9, early_round_delay=1e9,
@@ -72,73 +73,115 @@ async def round_latency(agents: int, gpus_per_agent: int, jobs: int, rounds: int
         stack.push_async_callback(lc.close)
         await lc.start(agents=in_process)
         if not in_process:
-            for gpu_type, (count, per) in per_type.items():
-                if count:
-                    lc.spawn_agent(gpu_type, gpu_type, per, count=count)
+            _spawn_agents(lc, per_type)
         client = await stack.enter_async_context(AsyncSiaClient(lc.target, timeout=120))
         await lc.wait_registered(agents, timeout=120)
-        limit = asyncio.Semaphore(64)  # like many users, not one burst of thousands
+        await _submit_and_profile(lc, client, jobs)
+        timed = await _time_rounds(lc, rounds + 1)  # the first places everyone: reported apart
+        assert lc.controller is not None
+        return {"agents": agents, "gpus": sum(n * g for n, g in per_type.values()),
+                "jobs": jobs, "rounds": rounds, "agents_in_process": in_process,
+                **timed.summary(moved_last=int(lc.controller.rounds[-1].jobs_moved)),
+                # (this process: the controller and the submitting client; the agents
+                # and the solver run in their own)
+                "controller_peak_rss_mib": _peak_rss_mib()}
 
-        async def submit(k: int) -> None:
-            async with limit:
-                await client.submit(_spec(k))
-        await asyncio.gather(*(submit(k) for k in range(jobs)))
-        c = lc.controller
-        assert c is not None
-        async with asyncio.timeout(600):  # every job profiled
-            while c.state.jobs_by_state().get("PROFILING", 0):
-                await asyncio.sleep(0.2)
-        totals, solves, phases, cpu, moved = [], [], [], [], []
-        agent_pids = [p.pid for p in lc.processes.values()]
-        for _ in range(rounds + 1):  # the first round places everyone: reported apart
-            before = len(c.rounds)
-            cpu0 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
-            c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
-            async with asyncio.timeout(600):
-                while len(c.rounds) == before:
-                    await asyncio.sleep(0.005)
-            # (the solver's worker may have been replaced meanwhile: a new one counts
-            # from 0)
-            cpu1 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
-            cpu.append({g: sum(t - cpu0.get(g, {}).get(pid, 0.0) for pid, t in by.items())
-                        for g, by in cpu1.items()})
-            rnd = c.rounds[-1]
-            totals.append(rnd.total_ms)
-            moved.append(int(rnd.jobs_moved))
-            solves.append(rnd.total_ms - rnd.dispatch_ms)
-            phases.append((rnd.estimate_ms, rnd.solve_ms, rnd.place_ms))
-            await asyncio.sleep(1.0)  # telemetry flows between rounds, as in a 60 s round
-        gpus = sum(n * g for n, g in per_type.values())
-        t, s = np.array(totals[1:]), np.array(solves[1:])
+
+def _per_type(agents: int, gpus_per_agent: int) -> dict[str, tuple[int, int]]:
+    """(agents, GPUs each) per GPU type: `agents` spread over the types evenly."""
+    return {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
+            for i, t in enumerate(_TYPES)}
+
+
+def _spawn_agents(lc: LocalCluster, per_type: dict[str, tuple[int, int]]) -> None:
+    """One process per GPU type running all its agents (`sia-nodeagent --count`)."""
+    for gpu_type, (count, per) in per_type.items():
+        if count:
+            lc.spawn_agent(gpu_type, gpu_type, per, count=count)
+
+
+async def _submit_and_profile(lc: LocalCluster, client: AsyncSiaClient, jobs: int) -> None:
+    """Submit `jobs` jobs, at most 64 at a time, and wait until every one is profiled."""
+    limit = asyncio.Semaphore(64)  # like many users, not one burst of thousands
+
+    async def submit(k: int) -> None:
+        async with limit:
+            await client.submit(_spec(k))
+    await asyncio.gather(*(submit(k) for k in range(jobs)))
+    c = lc.controller
+    assert c is not None
+    async with asyncio.timeout(600):  # every job profiled
+        while c.state.jobs_by_state().get("PROFILING", 0):
+            await asyncio.sleep(0.2)
+
+
+@dataclass
+class _RoundTimes:
+    """What `_time_rounds` measured, one entry per round, the first included."""
+
+    totals: list[float] = field(default_factory=list)  # tick to last ack, ms
+    solves: list[float] = field(default_factory=list)  # tick to the solver's result, ms
+    phases: list[tuple[float, float, float]] = field(default_factory=list)  # in the solve
+    cpu: list[dict[str, float]] = field(default_factory=list)  # CPU s per process group
+    moved: list[int] = field(default_factory=list)  # jobs the round moved
+
+    def summary(self, *, moved_last: int) -> dict:
+        """Percentiles over the rounds after the first (`moved_last`: the jobs the
+        controller's last round moved)."""
+        t, s = np.array(self.totals[1:]), np.array(self.solves[1:])
         rest = t - s
-        return {"agents": agents, "gpus": gpus, "jobs": jobs, "rounds": rounds,
-                "agents_in_process": in_process,
-                "first_round_ms": totals[0],
+        cpu = self.cpu
+        return {"first_round_ms": self.totals[0],
                 "round_p50_ms": float(np.median(t)), "round_p95_ms": float(np.percentile(t, 95)),
                 "solve_p50_ms": float(np.median(s)), "solve_p95_ms": float(np.percentile(s, 95)),
                 "rest_p50_ms": float(np.median(rest)),
                 "rest_p95_ms": float(np.percentile(rest, 95)),
                 # the solver process's phases (medians): estimate, build + solve, place
                 **dict(zip(("estimate_p50_ms", "ilp_p50_ms", "place_p50_ms"),
-                           np.median(np.array(phases[1:]), axis=0).tolist(), strict=True)),
-                "jobs_moved_last": int(c.rounds[-1].jobs_moved),
+                           np.median(np.array(self.phases[1:]), axis=0).tolist(), strict=True)),
+                "jobs_moved_last": moved_last,
                 # Jobs each round moved, first included: how much a round has to do (the
                 # jobs' modeled progress runs on the wall clock, so it varies run to run).
-                "moved_per_round": moved,
+                "moved_per_round": self.moved,
                 # CPU seconds each process group spent from tick to last ack (medians
                 # over the timed rounds; `cpu_per_round_s`: every round, first included):
                 # on a machine with fewer cores than busy processes the round waits for
                 # CPU, whoever's it is. "agents" only for agents in their own processes.
                 "cpu_p50_s": {k: float(np.median([r[k] for r in cpu[1:]])) for k in cpu[0]},
-                "cpu_per_round_s": cpu,
-                # (this process: the controller and the submitting client; the agents
-                # and the solver run in their own)
-                "controller_peak_rss_mib": _peak_rss_mib()}
+                "cpu_per_round_s": cpu}
+
+
+async def _time_rounds(lc: LocalCluster, rounds: int) -> _RoundTimes:
+    """`rounds` full rounds, one at a time, each timed from its tick to its last ack,
+    with the CPU each process group spent meanwhile."""
+    c = lc.controller
+    assert c is not None
+    out = _RoundTimes()
+    agent_pids = [p.pid for p in lc.processes.values()]
+    for _ in range(rounds):
+        before = len(c.rounds)
+        cpu0 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
+        c.post(sm.Tick(c.clock.time(), "timer"))  # a full round, as the timer's
+        async with asyncio.timeout(600):
+            while len(c.rounds) == before:
+                await asyncio.sleep(0.005)
+        # (the solver's worker may have been replaced meanwhile: a new one counts
+        # from 0)
+        cpu1 = _cpu_by_process({"agents": agent_pids, "solver": solver_pids(c)})
+        out.cpu.append({g: sum(t - cpu0.get(g, {}).get(pid, 0.0) for pid, t in by.items())
+                        for g, by in cpu1.items()})
+        rnd = c.rounds[-1]
+        out.totals.append(rnd.total_ms)
+        out.moved.append(int(rnd.jobs_moved))
+        out.solves.append(rnd.total_ms - rnd.dispatch_ms)
+        out.phases.append((rnd.estimate_ms, rnd.solve_ms, rnd.place_ms))
+        await asyncio.sleep(1.0)  # telemetry flows between rounds, as in a 60 s round
+    return out
 
 
 def solver_pids(controller) -> list[int]:
     """The controller's solver worker processes (none before its first start)."""
-    from sia_grpc.controller.solver_pool import _workers
+    from sia_grpc.controller.shell.solver_pool import _workers
 
     pool = getattr(controller._pool, "_pool", None)
     return [] if pool is None else [p.pid for p in _workers(pool) if p.pid is not None]
@@ -232,8 +275,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
     """`agents` modeled agents in their own processes, `jobs` submitted by `clients`
     concurrent clients (another process), then `rounds` full rounds over all of
     them; every accepted job must be in the store after the controller stops."""
-    per_type = {t: (agents // len(_TYPES) + (i < agents % len(_TYPES)), gpus_per_agent)
-                for i, t in enumerate(_TYPES)}
+    per_type = _per_type(agents, gpus_per_agent)
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "load.db")
         config = ControllerConfig(listen="127.0.0.1:0", db_path=db, round_duration=1e9,
@@ -244,9 +286,7 @@ async def load(agents: int, gpus_per_agent: int, jobs: int, clients: int,
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(lc.close)
             await lc.start(agents=False)
-            for gpu_type, (count, per) in per_type.items():
-                if count:
-                    lc.spawn_agent(gpu_type, gpu_type, per, count=count)
+            _spawn_agents(lc, per_type)
             await lc.wait_registered(agents, timeout=300)
             c = lc.controller
             assert c is not None

@@ -334,7 +334,7 @@ def passed(r: dict) -> bool:
 
 def run(*, kills: int, agents: int, gpus_per_agent: int, ttl: float, rate: float,
         clients: int, store: str = "", json_out: str | None = None) -> int:
-    from sia_grpc.controller.server import loop_factory
+    from sia_grpc.controller.shell.server import loop_factory
     from sia_grpc.observability import configure_logging
     from sia_grpc.testing.postgres import PostgresServer
 

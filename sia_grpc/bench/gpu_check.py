@@ -54,7 +54,7 @@ def make_plan(cuda: bool, root: Path, job_epochs: int = 0) -> Plan:
     2 MB of activations per sample: 2^16 samples need more than an H200's 141 GB); on
     the CPU, tiny ones. The job is long enough to be moved before it ends (raise
     `job_epochs` where it is not: the job step fails saying so)."""
-    from sia_grpc.controller.validation import profile_batch_sizes
+    from sia_grpc.controller.machine.validation import profile_batch_sizes
 
     if cuda:
         return Plan(cuda=True, root=root, overhead=(300, 256, 1024),

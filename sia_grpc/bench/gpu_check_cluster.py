@@ -117,7 +117,7 @@ async def _cluster(plan: Plan, gpu_type: str) -> dict[str, Any]:
 
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.controller.config import ControllerConfig
-    from sia_grpc.controller.server import Controller
+    from sia_grpc.controller.shell.server import Controller
 
     os.chmod(plan.root, 0o711)  # the workers run as job users: the way is open to them
     config = ControllerConfig(

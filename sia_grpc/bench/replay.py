@@ -140,9 +140,7 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
     import json
 
     from sia_grpc.observability import configure_logging
-    from sia_grpc.policy import make_policy
     from sia_grpc.sim.clusters import load_cluster
-    from sia_grpc.sim.engine import simulate
     from sia_grpc.sim.workload import load_workload
 
     configure_logging(level="error")  # (the embedded services: the replay prints its own story)
@@ -157,41 +155,55 @@ def run(workload: str, *, rate: float, policy: str = "sia", cluster: str = "hete
                               config=ControllerConfig(reuse_profiles=reuse_profiles),
                               progress=print_progress))
     print(file=sys.stderr)
-    rows = {"live": live.avg_jct_h}
     report: dict[str, Any] = {
-              "workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
-              "reuse_profiles": reuse_profiles,
-              "live": {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
-                       "avg_wait_s": float(np.mean(list(live.wait.values()))),
-                       "rounds": live.rounds, "states": live.states,
-                       "rounds_by_trigger": live.triggers,
-                       "restarts_per_job": float(np.mean(list(live.restarts.values()))),
-                       "round_ms_p50": float(np.median(live.round_ms)) if live.round_ms else None,
-                       "round_ms_p95": float(np.percentile(live.round_ms, 95))
-                       if live.round_ms else None}}
+        "workload": workload, "jobs": len(jobs), "rate": rate, "policy": policy,
+        "reuse_profiles": reuse_profiles, "live": _live_summary(live)}
     if compare:
-        sim = simulate(jobs, topology, make_policy(policy), workload_name=workload)
-        jcts = [j.finish_time - j.submit_time for j in sim.jobs if j.finish_time is not None]
-        rows["simulated"] = float(np.mean(jcts)) / 3600
-        report["simulated"] = {"avg_jct_h": rows["simulated"],
-                               "avg_wait_s": float(np.mean([(j.start_time or j.submit_time)
-                                                            - j.submit_time for j in sim.jobs])),
-                               "restarts_per_job": float(np.mean([j.restarts
-                                                                  for j in sim.jobs]))}
-        report["difference"] = rows["live"] / rows["simulated"] - 1
+        report["simulated"] = _simulated_summary(jobs, topology, policy, workload)
+        report["difference"] = live.avg_jct_h / report["simulated"]["avg_jct_h"] - 1
     failed = [n for n, s in live.states.items() if s != "JOB_STATE_SUCCEEDED"]
-    print(f"{'':10s} avg JCT h  restarts/job  wait to start s")
-    for name in ("live", "simulated") if compare else ("live",):
-        r = report[name]
-        print(f"{name:10s} {r['avg_jct_h']:9.3f}  {r['restarts_per_job']:12.2f}  "
-              f"{r['avg_wait_s']:15.0f}")
-    if compare:
-        print(f"live vs simulated: {report['difference'] * 100:+.1f}%")
-    print(f"{len(jobs) - len(failed)}/{len(jobs)} jobs succeeded; {live.rounds} rounds in "
-          f"{live.wall_seconds:.0f} s of wall time")
-    print("rounds (jobs moved) by trigger: " + ", ".join(
-        f"{t} {n} ({m})" for t, (n, m) in sorted(live.triggers.items())))
+    _print_summary(report, live, succeeded=len(jobs) - len(failed))
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
     return 0 if not failed else 1
+
+
+def _live_summary(live: ReplayResult) -> dict[str, Any]:
+    """The live replay's part of the report."""
+    return {"avg_jct_h": live.avg_jct_h, "wall_s": live.wall_seconds,
+            "avg_wait_s": float(np.mean(list(live.wait.values()))),
+            "rounds": live.rounds, "states": live.states,
+            "rounds_by_trigger": live.triggers,
+            "restarts_per_job": float(np.mean(list(live.restarts.values()))),
+            "round_ms_p50": float(np.median(live.round_ms)) if live.round_ms else None,
+            "round_ms_p95": float(np.percentile(live.round_ms, 95)) if live.round_ms else None}
+
+
+def _simulated_summary(jobs: Sequence[TraceJob], topology: Cluster, policy: str,
+                       workload: str) -> dict[str, Any]:
+    """The same jobs in the simulator, summarised as the live replay is."""
+    from sia_grpc.policy import make_policy
+    from sia_grpc.sim.engine import simulate
+
+    sim = simulate(jobs, topology, make_policy(policy), workload_name=workload)
+    jcts = [j.finish_time - j.submit_time for j in sim.jobs if j.finish_time is not None]
+    return {"avg_jct_h": float(np.mean(jcts)) / 3600,
+            "avg_wait_s": float(np.mean([(j.start_time or j.submit_time) - j.submit_time
+                                         for j in sim.jobs])),
+            "restarts_per_job": float(np.mean([j.restarts for j in sim.jobs]))}
+
+
+def _print_summary(report: dict[str, Any], live: ReplayResult, *, succeeded: int) -> None:
+    """The report as a table: live (and simulated) side by side."""
+    print(f"{'':10s} avg JCT h  restarts/job  wait to start s")
+    for name in ("live", "simulated") if "simulated" in report else ("live",):
+        r = report[name]
+        print(f"{name:10s} {r['avg_jct_h']:9.3f}  {r['restarts_per_job']:12.2f}  "
+              f"{r['avg_wait_s']:15.0f}")
+    if "simulated" in report:
+        print(f"live vs simulated: {report['difference'] * 100:+.1f}%")
+    print(f"{succeeded}/{report['jobs']} jobs succeeded; {live.rounds} rounds in "
+          f"{live.wall_seconds:.0f} s of wall time")
+    print("rounds (jobs moved) by trigger: " + ", ".join(
+        f"{t} {n} ({m})" for t, (n, m) in sorted(live.triggers.items())))

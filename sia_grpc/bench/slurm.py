@@ -29,6 +29,7 @@ Slurm job's submission to the end of its last copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -42,11 +43,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sia_grpc.api import pb
 from sia_grpc.bench.slurm_truth import TruthServer
+from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
 from sia_grpc.sim.workload import TraceJob, load_workload
 from sia_grpc.slurm.bridge import Bridge, RoundReport, in_process_optimizer
-from sia_grpc.slurm.commands import Slurm
+from sia_grpc.slurm.commands import Slurm, SlurmError
 from sia_grpc.slurm.reports import ReportServer
+from sia_grpc.slurm.submit import submit_job
 from sia_grpc.slurm.translate import Ticket
 
 __all__ = ["ArmResult", "replay_sia", "replay_slurm", "run"]
@@ -200,10 +204,7 @@ def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], floa
 def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
                truth: str, interval_s: float = 1.0, timeout_s: float = 900.0) -> ArmResult:
     """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it)."""
-    from sia_grpc.bench.replay import trace_spec
-    from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
-    from sia_grpc.slurm.commands import SlurmError
-    from sia_grpc.slurm.submit import submit_job
+    from sia_grpc.bench.replay import trace_spec  # (seconds to import: before the clock starts)
 
     token = workdir / "workers.token"
     token.write_text("replay\n")
@@ -221,22 +222,9 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
     bridge = _LockedBridge(lock, slurm, in_process_optimizer(),
                            round_duration_s=interval_s * scale, reports=reports,
                            clock=lambda: modeled(time.time()))
-
-    def submit(job: TraceJob) -> int:
-        spec = workdir / f"{job.name}.json"
-        spec.write_text(json.dumps(spec_to_mapping(trace_spec(job))))
-        with lock:
-            try:  # (what `sia slurm submit` does)
-                job_id = submit_job(
-                    load_spec(spec), _worker(job, scale, truth),
-                    checkpoint_dir=str(workdir / job.name),
-                    report_to=f"127.0.0.1:{reports.port}", report_token_file=str(token),
-                    output=str(workdir / f"{job.name}-%j.out"))
-            except (SpecError, SlurmError, OSError) as err:
-                raise RuntimeError(f"sia slurm submit {job.name} failed: {err}") from err
-            _model_submission(slurm, job_id, modeled)
-        return job_id
-
+    submit = functools.partial(
+        _submit_sia, spec_of=trace_spec, slurm=slurm, lock=lock, workdir=workdir, token=token,
+        report_to=f"127.0.0.1:{reports.port}", scale=scale, truth=truth, modeled=modeled)
     stop = threading.Event()
     rounds = threading.Thread(target=bridge.run, args=(interval_s, stop), daemon=True)
     wall0 = time.monotonic()
@@ -244,30 +232,57 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
     records = _Records(slurm.jobs_json)
     try:
         ids = _submit_at(jobs, scale, t0, submit, _sleep)
-        sia_ids = {str(i): name for name, i in ids.items()}
-
-        def copies(jobs_seen: dict[int, Mapping]) -> dict[str, list[Mapping]]:
-            groups: dict[str, list[Mapping]] = {name: [] for name in ids}
-            for job_id, j in sorted(jobs_seen.items()):
-                ticket = Ticket.parse(j.get("comment") or "", job_id)
-                if ticket is not None and ticket.id in sia_ids:
-                    groups[sia_ids[ticket.id]].append(j)
-            return groups
-
-        def done(jobs_seen: dict[int, Mapping]) -> bool:
-            return all(c and all(j["job_state"] in _DONE for j in c)
-                       and c[-1]["job_state"] != "CANCELLED"
-                       for c in copies(jobs_seen).values())
-
-        seen = _wait_done(records, done, time.time() + timeout_s)
+        seen = _wait_done(records, lambda js: _all_ended(_sia_copies(js, ids)),
+                          time.time() + timeout_s)
     finally:
         stop.set()
         rounds.join(timeout=60)
         reports.stop()
         slurm_cluster.cancel_all()
-    out = _result(copies(seen), scale, wall0)
+    out = _result(_sia_copies(seen, ids), scale, wall0)
     out.round_s, out.actions = bridge.round_s, bridge.actions
     return out
+
+
+def _submit_sia(job: TraceJob, *, spec_of: Callable[[TraceJob], pb.JobSpec], slurm: Slurm,
+                lock: threading.Lock, workdir: Path, token: Path, report_to: str,
+                scale: float, truth: str, modeled: Callable[[float], float]) -> int:
+    """What `sia slurm submit` does with `job` (its spec `spec_of(job)`), under `lock`
+    so that no bridge round sees its ticket before its time is modeled: its Slurm id."""
+    spec = workdir / f"{job.name}.json"
+    spec.write_text(json.dumps(spec_to_mapping(spec_of(job))))
+    with lock:
+        try:
+            job_id = submit_job(
+                load_spec(spec), _worker(job, scale, truth),
+                checkpoint_dir=str(workdir / job.name),
+                report_to=report_to, report_token_file=str(token),
+                output=str(workdir / f"{job.name}-%j.out"))
+        except (SpecError, SlurmError, OSError) as err:
+            raise RuntimeError(f"sia slurm submit {job.name} failed: {err}") from err
+        _model_submission(slurm, job_id, modeled)
+    return job_id
+
+
+def _sia_copies(jobs_seen: Mapping[int, Mapping], ids: Mapping[str, int],
+                ) -> dict[str, list[Mapping]]:
+    """Each trace job's Slurm jobs (the copies the bridge made of it, by its ticket's
+    id: the first copy's Slurm id, `ids`), in submission order."""
+    sia_ids = {str(i): name for name, i in ids.items()}
+    groups: dict[str, list[Mapping]] = {name: [] for name in ids}
+    for job_id, j in sorted(jobs_seen.items()):
+        ticket = Ticket.parse(j.get("comment") or "", job_id)
+        if ticket is not None and ticket.id in sia_ids:
+            groups[sia_ids[ticket.id]].append(j)
+    return groups
+
+
+def _all_ended(groups: Mapping[str, Sequence[Mapping]]) -> bool:
+    """Whether every job's copies have all ended, its last not cancelled (a copy the
+    bridge cancelled to move the job is followed by another)."""
+    return all(c and all(j["job_state"] in _DONE for j in c)
+               and c[-1]["job_state"] != "CANCELLED"
+               for c in groups.values())
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,

@@ -120,22 +120,6 @@ def queue_rows(p: ChoiceProblem, qs: Queues, current: np.ndarray | None = None,
     return add_rows(p, rows)
 
 
-def random_current(rng: np.random.Generator, p: ChoiceProblem,
-                   running: float = 0.6) -> np.ndarray:
-    """Each job's current column (-1: not running): a share of the jobs run on
-    one of their columns, together within the capacities, as running jobs are."""
-    counts = np.bincount(p.col_job, minlength=p.num_jobs)
-    starts = np.cumsum(counts) - counts
-    cur = np.full(p.num_jobs, -1, dtype=np.int64)
-    free = p.capacity.astype(np.int64).copy()
-    for j in np.flatnonzero((counts > 0) & (rng.random(p.num_jobs) < running)):
-        col = int(starts[j] + rng.integers(counts[j]))
-        if p.col_gpus[col] <= free[p.col_type[col]]:
-            cur[j] = col
-            free[p.col_type[col]] -= p.col_gpus[col]
-    return cur
-
-
 def add_rows(p: ChoiceProblem, rows) -> ChoiceProblem:
     """`p` with side rows given as (columns, coefficients, rhs, penalty) each."""
     def cat(k: int, dt) -> np.ndarray:
@@ -159,7 +143,8 @@ def queue_rounds(rounds: int, *, scale: int = 32, num_jobs: int = 2000, seed: in
     from sia_grpc.bench.scenarios import sample_jobs
     from sia_grpc.policy.candidates import build_candidates, current_index
     from sia_grpc.policy.cluster import paper_hetero_cluster
-    from sia_grpc.policy.rounds import assemble, finish_round
+    from sia_grpc.policy.ilp import assemble
+    from sia_grpc.policy.result import finish_round
     from sia_grpc.policy.sia import SiaPolicy
     from sia_grpc.policy.solvers import solve
 
@@ -269,7 +254,7 @@ def run_policy(rounds: int = 10, *, scale: int = 32, num_jobs: int = 2000,
     out: dict[str, list[float]] = {"queues": [], "plain": [], "queues_solve": [],
                                    "plain_solve": []}
     silos: list[float] = []  # silos solved a round (of the queues with guarantees)
-    passes: list[float] = []  # shared solves a round (`rounds._guaranteed_round`)
+    passes: list[float] = []  # shared solves a round (`lazy_rows.guaranteed_round`)
     previous: dict = {}
     # Each call starts from the last of its kind, as the controller's and simulator's
     # rounds do (without queues: the last round's capacity prices).

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from sia_grpc.api import pb
-from sia_grpc.controller.validation import profile_batch_sizes
+from sia_grpc.controller.machine.validation import profile_batch_sizes
 from sia_grpc.nodeagent.backend import Launch
 from sia_grpc.nodeagent.torchbackend import TorchBackend, free_port
 

@@ -2,9 +2,11 @@
 (`argparsing.command`), one error wrapper (`main`).
 
 Each module registers its commands: `demo` (the demos), `sim` (simulate, report,
-policy-settings), `bench` (benchmarks, replay), `jobs` (the commands that talk to a
-controller), `dashboard` (the web view), `security` (certs, tokens) and `slurm`
-(`sia slurm submit`)."""
+policy-settings), `bench` (benchmarks, replay), `jobs` (submit, ls, get, cancel,
+delete, watch) and `cluster` (cluster, queues, drain, undrain, forget), which talk to
+a controller (`connection`), `dashboard` (the web view), `security` (certs, tokens)
+and `slurm` (`sia slurm submit`). `reference` renders the whole parser as the command
+reference, docs/cli.md (`make docs`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,19 @@ from sia_grpc.api.errors import ApiError
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole `sia` command line (every subcommand registered)."""
-    from sia_grpc.cli import argparsing, bench, dashboard, demo, jobs, security, sim, slurm
+    from sia_grpc.cli import (
+        argparsing,
+        bench,
+        cluster,
+        connection,
+        dashboard,
+        demo,
+        events,
+        jobs,
+        security,
+        sim,
+        slurm,
+    )
 
     parser = argparse.ArgumentParser(
         prog="sia", description="sia-grpc: the Sia scheduler's command line ('sia COMMAND "
@@ -28,13 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     flags = parser.add_argument_group(
         "global flags", "also accepted after COMMAND (given in both places, the one after "
                         "COMMAND wins); only for the commands that take them")
-    jobs.connection_flags(flags, defaults=False)
+    connection.connection_flags(flags, defaults=False)
     flags.add_argument("-o", "--output", choices=("json", "yaml", "wide"),
                        default=argparse.SUPPRESS,
                        help="output format of ls, get, cluster, queues (see their --help)")
     parser.register("action", "parsers", argparsing.GlobalFlagsFirst)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, sim, bench, jobs, dashboard, security, slurm):
+    for module in (demo, sim, bench, jobs, cluster, events, dashboard, security, slurm):
         module.add_commands(sub)
     return parser
 
@@ -51,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except ApiError as err:  # (only commands that talk to a controller)
-        from sia_grpc.cli.jobs import api_error_line
+        from sia_grpc.cli.connection import api_error_line
 
         print(api_error_line(err, args), file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """How every `sia` subcommand is declared: one summary shown both in its parent's
-list of commands and at the top of its own `--help`, and the function it runs with
-what its failures mean (`command`). `sia_grpc.cli.main` runs it through the one
+list of commands and at the top of its own `--help`, the function it runs with what
+its failures mean (`command`), and its examples (`examples`: the end of its `--help`
+and of its section in docs/cli.md). `sia_grpc.cli.main` runs it through the one
 error wrapper."""
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ class UsageError(Exception):
 def subcommand(subparsers: Any, name: str, summary: str, **kw: Any) -> argparse.ArgumentParser:
     """`subparsers.add_parser(name)` with `summary` as its help and its description."""
     return subparsers.add_parser(name, help=summary, description=summary, **kw)
+
+
+EXAMPLES = "examples:"  # the line an epilog's examples follow (`examples`, cli/reference.py)
+
+
+def examples(parser: argparse.ArgumentParser, *lines: tuple[str, str]) -> argparse.ArgumentParser:
+    """Give `parser` an epilog of examples, each (command line, what it does), shown
+    as written at the end of its `--help` (as kubectl's: what it does as a comment,
+    then the command) and in the CLI reference (docs/cli.md, which `cli/reference.py`
+    renders from the parsers; the docs' tests parse each command line)."""
+    body = "\n".join(f"  # {what}\n  {cmd}" if what else f"  {cmd}" for cmd, what in lines)
+    parser.epilog = f"{EXAMPLES}\n{body}"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # (the epilog as written)
+    return parser
 
 
 def command(subparsers: Any, name: str, summary: str, func: Func, *, prefix: str = "error",

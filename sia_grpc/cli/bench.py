@@ -70,7 +70,7 @@ def _isolation(args: argparse.Namespace) -> int:
 
 def _control_plane(args: argparse.Namespace) -> int:
     from sia_grpc.bench.control_plane import run
-    from sia_grpc.controller.store import is_postgres
+    from sia_grpc.controller.stores import is_postgres
 
     if args.store and not is_postgres(args.store):
         print("error: --store: expected a postgresql:// DSN (SQLite is always measured)",
@@ -83,7 +83,7 @@ def _control_plane(args: argparse.Namespace) -> int:
 
 def _failover(args: argparse.Namespace) -> int:
     from sia_grpc.bench.failover import run
-    from sia_grpc.controller.store import is_postgres
+    from sia_grpc.controller.stores import is_postgres
     from sia_grpc.testing.postgres import unavailable
 
     if args.store and not is_postgres(args.store):
@@ -124,10 +124,12 @@ def _replay(args: argparse.Namespace) -> int:
                reuse_profiles=not args.no_profile_reuse)
 
 
-def add_commands(sub: Any) -> None:
-    bench = subcommand(sub, "bench", "benchmarks of the policy, simulator, control plane "
-                                     "and training back-end (docs/benchmarks.md)")
-    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+# -- the parsers, one function each ---------------------------------------------------
+
+_count = positive(int)  # (agents, jobs, repeats, ...)
+
+
+def _add_policy(bench_sub: Any) -> None:
     pol = command(bench_sub, "policy", "time whole Sia rounds vs the CVXPY+GLPK_MI path",
                   _policy)
     pol.add_argument("--scales", type=_scales, default=[1, 8, 32, 128],
@@ -143,6 +145,9 @@ def add_commands(sub: Any) -> None:
                           "limits, type-flexible guarantees, a restart budget; then the "
                           "same queues without the budget) beside the same rounds without "
                           "queues, at 2,048 GPUs / 2,000 jobs (0: skip)")
+
+
+def _add_sim(bench_sub: Any) -> None:
     bsim = command(bench_sub, "sim", "CPU-seconds to simulate whole workloads", _sim,
                    prefix="sia bench sim", usage=(ValueError,))
     bsim.add_argument("workloads", nargs="*", metavar="WORKLOAD",
@@ -154,36 +159,47 @@ def add_commands(sub: Any) -> None:
                       help="hetero64, homo64, or a cluster TOML file (default hetero64)")
     bsim.add_argument("--scale", type=positive(int), default=1,
                       help="multiply the cluster's nodes (as sia simulate --scale)")
-    count = positive(int)
+
+
+def _add_load(bench_sub: Any) -> None:
     ld = command(bench_sub, "load", "many agents and many submitted jobs: none lost, "
                                     "controller memory and CPU recorded", _load)
-    ld.add_argument("--agents", type=count, default=1000)
-    ld.add_argument("--gpus-per-agent", type=count, default=8)
-    ld.add_argument("--jobs", type=count, default=10000)
-    ld.add_argument("--clients", type=count, default=64)
+    ld.add_argument("--agents", type=_count, default=1000)
+    ld.add_argument("--gpus-per-agent", type=_count, default=8)
+    ld.add_argument("--jobs", type=_count, default=10000)
+    ld.add_argument("--clients", type=_count, default=64)
     ld.add_argument("--json", action="store_true")
+
+
+def _add_training(bench_sub: Any) -> None:
     tr = command(bench_sub, "training", "resize latency and profiling time of real workers "
                                         "through the agent's torch back-end", _training)
     tr.add_argument("--json", action="store_true")
+
+
+def _add_isolation(bench_sub: Any) -> None:
     iso = command(bench_sub, "isolation", "what node isolation (none, user, sandbox) costs "
                                           "a job's start, resize, stop and steps, with real "
                                           "workers on emulated GPUs", _isolation)
     iso.add_argument("--levels", type=_levels, default=list(_LEVELS),
                      help="the levels to measure, those the host gives (default "
                           "none,user,sandbox; user and sandbox need root)")
-    iso.add_argument("--repeats", type=count, default=5,
+    iso.add_argument("--repeats", type=_count, default=5,
                      help="fresh jobs per level, each started, resized and stopped (default 5)")
     iso.add_argument("--steady", type=positive(float), default=3.0, metavar="SECONDS",
                      help="training time per job for the steady step time (default 3)")
     iso.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def _add_control_plane(bench_sub: Any) -> None:
     cp = command(bench_sub, "control-plane",
                  "round latency and CreateJob throughput over loopback", _control_plane)
-    cp.add_argument("--agents", type=count, default=128)
-    cp.add_argument("--gpus-per-agent", type=count, default=8)
-    cp.add_argument("--jobs", type=count, default=256, help="active jobs during the rounds")
-    cp.add_argument("--rounds", type=count, default=10)
-    cp.add_argument("--creates", type=count, default=5000)
-    cp.add_argument("--clients", type=count, default=32)
+    cp.add_argument("--agents", type=_count, default=128)
+    cp.add_argument("--gpus-per-agent", type=_count, default=8)
+    cp.add_argument("--jobs", type=_count, default=256, help="active jobs during the rounds")
+    cp.add_argument("--rounds", type=_count, default=10)
+    cp.add_argument("--creates", type=_count, default=5000)
+    cp.add_argument("--clients", type=_count, default=32)
     cp.add_argument("--json", action="store_true")
     cp.add_argument("--store", default="", metavar="DSN",
                     help="measure on this PostgreSQL store too (postgresql://USER@HOST/DB; "
@@ -192,37 +208,43 @@ def add_commands(sub: Any) -> None:
                     help="run the agents as tasks in the controller's process "
                          "(default: one agent process per GPU type)")
 
+
+def _add_failover(bench_sub: Any) -> None:
     fo = command(bench_sub, "failover",
                  "a controller pair on PostgreSQL, the leader SIGKILLed again and again "
                  "under load: failover time, and nothing lost or double-booked", _failover)
-    fo.add_argument("--kills", type=count, default=20, help="SIGKILLs of the leader")
-    fo.add_argument("--agents", type=count, default=32, help="modeled agents (default 32)")
-    fo.add_argument("--gpus-per-agent", type=count, default=8)
+    fo.add_argument("--kills", type=_count, default=20, help="SIGKILLs of the leader")
+    fo.add_argument("--agents", type=_count, default=32, help="modeled agents (default 32)")
+    fo.add_argument("--gpus-per-agent", type=_count, default=8)
     fo.add_argument("--lease-ttl", type=positive(float), default=4.0, metavar="SECONDS",
                     help="the controllers' lease_ttl_s (default 4, the config's default)")
     fo.add_argument("--rate", type=positive(float), default=20.0,
                     help="CreateJob calls per second, all clients together (default 20)")
-    fo.add_argument("--clients", type=count, default=4)
+    fo.add_argument("--clients", type=_count, default=4)
     fo.add_argument("--store", default="", metavar="DSN",
                     help="an empty PostgreSQL database (default: a throwaway server on "
                          "this machine, fsync on)")
     fo.add_argument("--json", metavar="OUT", help="also write the results as JSON")
 
+
+def _add_dashboard(bench_sub: Any) -> None:
     db = command(bench_sub, "dashboard", "the dashboard with many jobs in headless Chromium: "
                                          "page load, and CreateJob to its row on screen",
                  _dashboard)
-    db.add_argument("--jobs", type=count, default=1000, help="jobs first (default 1000)")
-    db.add_argument("--samples", type=count, default=30,
+    db.add_argument("--jobs", type=_count, default=1000, help="jobs first (default 1000)")
+    db.add_argument("--samples", type=_count, default=30,
                     help="jobs then created one at a time, each timed (default 30)")
     db.add_argument("--json", action="store_true")
 
+
+def _add_slurm(bench_sub: Any) -> None:
     sl = command(bench_sub, "slurm", "a trace on a throwaway Slurm cluster: Sia through the "
                                      "sia-slurm bridge beside Slurm alone (FIFO with "
                                      "backfill)", _slurm, prefix="sia bench slurm",
                  usage=(ValueError,))
     sl.add_argument("workload", nargs="?", default="saturn/workload-1", metavar="WORKLOAD",
                     help="a CSV file or shipped workload (default saturn/workload-1)")
-    sl.add_argument("--first", type=count, default=30, help="the first N jobs (default 30)")
+    sl.add_argument("--first", type=_count, default=30, help="the first N jobs (default 30)")
     sl.add_argument("--time-scale", type=positive(float), default=360.0,
                     help="trace (and modeled training) seconds per real second (default 360)")
     sl.add_argument("--interval", type=positive(float), default=1.0, metavar="SECONDS",
@@ -231,6 +253,8 @@ def add_commands(sub: Any) -> None:
                     help="give up on an arm after this long (default 900)")
     sl.add_argument("--json", metavar="OUT", help="also write the results as JSON")
 
+
+def _add_replay(sub: Any) -> None:
     rp = command(sub, "replay", "submit a trace to a live controller with modeled agents, "
                                 "and compare with the simulator", _replay)
     rp.add_argument("workload", metavar="WORKLOAD",
@@ -245,3 +269,15 @@ def add_commands(sub: Any) -> None:
     rp.add_argument("--no-profile-reuse", action="store_true",
                     help="profile every job afresh (the controller's reuse_profiles = false)")
     rp.add_argument("--json", help="write the comparison as JSON")
+
+
+def add_commands(sub: Any) -> None:
+    """`sia bench BENCHMARK` (each benchmark's parser from its `_add_...`, in the order
+    `sia bench --help` lists them) and `sia replay`."""
+    bench = subcommand(sub, "bench", "benchmarks of the policy, simulator, control plane "
+                                     "and training back-end (docs/benchmarks.md)")
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    for add in (_add_policy, _add_sim, _add_load, _add_training, _add_isolation,
+                _add_control_plane, _add_failover, _add_dashboard, _add_slurm):
+        add(bench_sub)
+    _add_replay(sub)

@@ -13,7 +13,7 @@ from sia_grpc.cli.argparsing import UsageError, command
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from sia_grpc.cli.jobs import connect
+    from sia_grpc.cli.connection import connect
     from sia_grpc.client.sdk import AsyncSiaClient
     from sia_grpc.dashboard import Dashboard
     from sia_grpc.security.tls import is_loopback
@@ -60,7 +60,7 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    from sia_grpc.cli.jobs import connection_flags
+    from sia_grpc.cli.connection import connection_flags
 
     p = command(sub, "dashboard", "a live web view of the cluster: GPUs by holder, jobs, "
                                   "rounds, queues (docs/dashboard.md)", _dashboard)

@@ -1,54 +1,32 @@
-"""The user-facing `sia` commands that talk to a controller: submit, ls, get, cancel,
-delete, watch, cluster, queues, and (admin) drain, undrain and forget.
+"""The `sia` commands about one's jobs: submit, ls, get, cancel, delete and watch.
 
 `add_commands` registers them on the main parser's subparsers; each sets
 `func(args) -> exit code`. Failures print one `error: ...` line to stderr and
-return 1 (2 for a spec file that cannot be used), never a traceback. The
-formatting lives in small pure functions so that it can be tested without a
-controller; what the dashboard and the demos show too (GPUs, nodes, ages, reasons,
-the `ls` and `cluster` tables) is `api/present.py`'s.
-
-`-o json` (and `-o yaml`, the same document) is the proto3 JSON mapping of the
-messages (`google.protobuf.json_format`, field names as in the .proto files, every
-field present), so scripts read exactly what `grpcurl` would show:
-`ls` -> {"jobs": [Job, ...]}, `get` -> Job, `cluster` -> {"cluster": Cluster,
-"rounds": [Round, ...]}, `queues` -> ListQueuesResponse (docs/operations.md,
-"Scripting with -o json").
+return 1 (2 for a spec file that cannot be used), never a traceback
+(`cli/connection.py`). The formatting lives in small pure functions so that it can
+be tested without a controller; what the dashboard and the demos show too (GPUs,
+nodes, ages, reasons, the `ls` table) is `api/present.py`'s, and `-o json` / `-o yaml`
+is `cli/output.py`'s. The views of the cluster and the node admin commands are in
+`cli/cluster.py`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-import grpc
-import yaml
-from google.protobuf import json_format
-
-from sia_grpc.api import node_state_name, pb, state_name
+from sia_grpc.api import pb, state_name
 from sia_grpc.api.errors import ApiError
-from sia_grpc.api.present import (
-    cluster_report,
-    format_counts,
-    format_gpus,
-    format_nodes,
-    format_time,
-    job_reason,
-    jobs_table,
-    sorted_jobs,
-    table,
-)
-from sia_grpc.cli import argparsing
-from sia_grpc.cli.argparsing import UsageError
-from sia_grpc.client.sdk import DEFAULT_TARGET, JobHandle, JobView, SiaClient, is_terminal
+from sia_grpc.api.present import format_gpus, format_nodes, job_reason, jobs_table, sorted_jobs
+from sia_grpc.cli.argparsing import UsageError, examples
+from sia_grpc.cli.connection import connect, controller_command, describe_error, unreachable
+from sia_grpc.cli.output import dump, message_to_data, output_flag
+from sia_grpc.client.sdk import JobHandle, SiaClient, is_terminal
 from sia_grpc.client.spec import SpecError, load_spec, parse_spec, spec_to_mapping
-from sia_grpc.security.tls import probe_tls
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase screen: a redraw in place
 STDIN = "-"  # `sia submit -`: the spec comes on standard input
@@ -81,31 +59,6 @@ def event_line(ev: pb.JobEvent) -> str:
     return " ".join(parts) + (f" reason={reason!r}" if reason else "")
 
 
-def queues_report(resp: pb.ListQueuesResponse) -> str:
-    """`sia queues`: each queue's guarantee, what it holds, borrows and may borrow, its
-    jobs; then the priority classes and the preemption bounds."""
-    rows = []
-    for q in resp.queues:
-        s = q.spec
-        units = f"{s.guarantee_units:g} units" if s.guarantee_units else ""
-        held = format_counts(q.held)
-        if s.guarantee_units and q.held_units:
-            held += f" ({q.held_units:g} units)"
-        rows.append([s.name, ",".join(s.tenants) or "*", format_counts(s.guarantee, units),
-                     held, format_counts(q.borrowed), format_counts(s.borrow_limit, zeros=True),
-                     q.pending_jobs, q.running_jobs])
-    out = [table(["QUEUE", "TENANTS", "GUARANTEE", "HELD", "BORROWED", "BORROW LIMIT",
-                  "PENDING", "RUNNING"], rows)]
-    cfg = resp.config
-    classes = ", ".join(f"{c.name} ({c.weight:g})" for c in cfg.priority_class)
-    out += ["", f"priority classes (weight): {classes or '-'}; default {cfg.default_priority}"]
-    restarts = (cfg.max_restarts_per_round if cfg.HasField("max_restarts_per_round")
-                else "no limit")
-    out.append(f"preemption: minimum runtime {cfg.min_runtime_s:g}s; restarts per round: "
-               f"{restarts}")
-    return "\n".join(out)
-
-
 def _timestamp(ts: Any) -> str:
     return ts.ToDatetime(tzinfo=datetime.UTC).isoformat()
 
@@ -132,77 +85,7 @@ def job_to_mapping(job: pb.Job) -> dict[str, Any]:
             "spec": spec_to_mapping(job.spec), "status": status}
 
 
-def message_to_data(msg: Any) -> dict[str, Any]:
-    """The proto3 JSON mapping of a message (an SDK view: of its message), with the
-    .proto's field names and every field present: what `-o json` prints."""
-    return json_format.MessageToDict(msg.proto if isinstance(msg, JobView) else msg,
-                                     preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
-
-
-def dump(data: Any, output: str) -> str:
-    """`data` as `-o json` or `-o yaml` prints it."""
-    if output == "json":
-        return json.dumps(data, indent=2, ensure_ascii=False)
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n")
-
-
-def describe_error(err: ApiError, target: str, hint: str | None = None) -> str:
-    """`hint`: what a failed connection's cause is, when known (`_transport_hint`)."""
-    if hint:
-        return hint
-    # Connection failures come from the client library with no ErrorInfo reason;
-    # an UNAVAILABLE the controller chose to send has one and is shown as sent.
-    if not err.reason and err.code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the controller at {target} (UNAVAILABLE)"
-    if not err.reason and err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"the controller at {target} did not answer in time (DEADLINE_EXCEEDED)"
-    return str(err)
-
-
-def error_line(err: ApiError, target: str, hint: str | None = None) -> str:
-    return f"error: {describe_error(err, target, hint)}"
-
-
-def _unreachable(err: ApiError) -> bool:
-    """A failure of the connection, not the controller's answer about one request."""
-    return not err.reason and err.code in (grpc.StatusCode.UNAVAILABLE,
-                                           grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
 # -- commands ------------------------------------------------------------------------
-
-
-def _token(args: argparse.Namespace) -> str | None:
-    """--token-file's contents, else $SIA_TOKEN (the token itself)."""
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as err:
-            raise UsageError(f"--token-file: cannot read {args.token_file}: "
-                              f"{err.strerror or err}") from None
-        if not token:
-            raise UsageError(f"--token-file: {args.token_file} is empty")
-        return token
-    return os.environ.get("SIA_TOKEN", "").strip() or None
-
-
-def _files(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
-    """The TLS files (CA, client certificate, key): flags, else environment."""
-    return (args.ca or os.environ.get("SIA_CA") or None,
-            args.cert or os.environ.get("SIA_CERT") or None,
-            args.key or os.environ.get("SIA_KEY") or None)
-
-
-def connect(args: argparse.Namespace, make: Callable[..., Any] = SiaClient) -> Any:
-    """A client (`make`: SiaClient, or AsyncSiaClient) for the connection flags
-    (`connection_flags`): the controller's address, its token and TLS files."""
-    ca, cert, key = _files(args)
-    try:
-        return make(args.controller, token=_token(args), ca=ca, cert=cert, key=key)
-    except ValueError as err:  # an unreadable PEM file, a cert without its key
-        raise UsageError(str(err)) from None
 
 
 def _read_spec(name: str) -> pb.JobSpec:
@@ -255,7 +138,7 @@ def _submit(args: argparse.Namespace) -> int:
             try:
                 handles.append(sia.submit(spec, job_id=args.id or ""))
             except ApiError as err:
-                if not several or _unreachable(err):
+                if not several or unreachable(err):
                     raise
                 print(f"error: {name}: {describe_error(err, args.controller)}", file=sys.stderr)
                 rejected += 1
@@ -271,13 +154,26 @@ def _jobs(args: argparse.Namespace, sia: SiaClient) -> list[pb.Job]:
                                                        tenant=args.tenant)))
 
 
+def _default_priority(sia: SiaClient) -> str | None:
+    """The configured default priority class, which `-o wide` names for a job that
+    names none; None where the controller does not say (one without queues' API)."""
+    try:
+        return sia.queues().config.default_priority
+    except ApiError as err:
+        if unreachable(err):
+            raise
+        return None
+
+
 def _ls(args: argparse.Namespace) -> int:
+    wide = args.output == "wide"
     with connect(args) as sia:
         jobs = _jobs(args, sia)
+        default = _default_priority(sia) if wide and jobs else None
     if args.output in ("json", "yaml"):
         print(dump({"jobs": [message_to_data(j) for j in jobs]}, args.output))
     else:
-        print(jobs_table(jobs, now=_now(), wide=args.output == "wide") if jobs
+        print(jobs_table(jobs, now=_now(), wide=wide, default_priority=default) if jobs
               else "no jobs")
     return 0
 
@@ -285,10 +181,11 @@ def _ls(args: argparse.Namespace) -> int:
 def _get(args: argparse.Namespace) -> int:
     with connect(args) as sia:
         job = sia.get(args.job)
+        default = _default_priority(sia) if args.output == "wide" else None
     if args.output in ("json", "yaml"):
         print(dump(message_to_data(job), args.output))
     elif args.output == "wide":
-        print(jobs_table([job], now=_now(), wide=True))
+        print(jobs_table([job], now=_now(), wide=True, default_priority=default))
     else:
         print(dump(job_to_mapping(job), "yaml"))
     return 0
@@ -376,7 +273,7 @@ def _each(args: argparse.Namespace, finished: bool,
             try:
                 line = act(sia, job_id)
             except ApiError as err:
-                if _unreachable(err):
+                if unreachable(err):
                     raise
                 print(f"error: {job_id}: {describe_error(err, args.controller)}",
                       file=sys.stderr, flush=True)
@@ -422,190 +319,74 @@ def _watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        cluster, rounds = sia.cluster(), sia.rounds(limit=args.rounds)
-    if args.output in ("json", "yaml"):
-        print(dump({"cluster": message_to_data(cluster),
-                    "rounds": [message_to_data(r) for r in rounds]}, args.output))
-    else:
-        print(cluster_report(cluster, rounds, wide=args.output == "wide"))
-    return 0
-
-
-def _queues(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        resp = sia.queues()
-    if args.output in ("json", "yaml"):
-        print(dump(message_to_data(resp), args.output))
-    else:
-        print(queues_report(resp))
-    return 0
-
-
-def _drain(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        node = sia.drain(args.node, args.reason or "")
-        print(f"{node.name} draining: {node.drain_reason}")
-        if not args.wait:
-            return 0
-        deadline = time.monotonic() + args.timeout
-        while True:
-            (node,) = [n for n in sia.cluster().nodes if n.name == args.node] or [node]
-            jobs = sorted({g.job_id for g in node.gpus if g.job_id})
-            if not jobs:
-                print(f"{node.name} drained: no job holds its GPUs")
-                return 0
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{node.name} still holds {', '.join(jobs)} after "
-                                   f"{args.timeout:g} s")
-            print(f"  waiting for {len(jobs)} job(s) to move: {', '.join(jobs)}", flush=True)
-            time.sleep(2.0)
-
-
-def _undrain(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        node = sia.undrain(args.node)
-    print(f"{node.name} {node_state_name(node.state).lower()}")
-    return 0
-
-
-def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
-    """For a connection that failed below gRPC (UNAVAILABLE, no reason): a TLS
-    mismatch found by a handshake of our own, said with the flags that fix it."""
-    if err.reason or err.code != grpc.StatusCode.UNAVAILABLE:
-        return None
-    ca, cert, key = _files(args)
-    problem = probe_tls(args.controller.split(",")[0].strip(), ca, cert, key)  # (of a pair: one)
-    if problem is None:
-        return None
-    return problem.hint(ca=ca, cert=cert, ca_flag="--ca FILE (or SIA_CA)",
-                        cert_flags="--cert FILE --key FILE (or SIA_CERT, SIA_KEY)",
-                        issue="sia certs issue DIR --admin NAME")
-
-
-def _forget(args: argparse.Namespace) -> int:
-    with connect(args) as sia:
-        node = sia.forget_node(args.node)
-    print(f"{node.name} forgotten ({node.gpu_type or 'unknown type'}, {node.num_gpus} GPUs, "
-          f"last heartbeat {format_time(node.last_heartbeat)})")
-    return 0
-
-
-def api_error_line(err: ApiError, args: argparse.Namespace) -> str:
-    """How a command that talks to a controller reports its error (exit 1)."""
-    return error_line(err, args.controller, _transport_hint(err, args))
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def connection_flags(p: Any, *, defaults: bool = True) -> Any:
-    """--controller, --token-file, --ca, --cert, --key: how a command reaches the
-    controller (`connect`), on parser or argument group `p`. `defaults=False`: none
-    (argparse.SUPPRESS), for the same flags before the subcommand
-    (`argparsing.GlobalFlagsFirst`)."""
-    def default(value: str | None) -> str | None:
-        return value if defaults else argparse.SUPPRESS
-
-    p.add_argument("--controller", metavar="HOST:PORT[,HOST:PORT]",
-                   default=default(DEFAULT_TARGET),
-                   help=f"the controller's address, or a pair's comma-separated, or one "
-                        f"DNS name with several records (the leader is found; default "
-                        f"{DEFAULT_TARGET}; env SIA_CONTROLLER)")
-    p.add_argument("--token-file", metavar="FILE", default=default(None),
-                   help="file holding the bearer token (default: env SIA_TOKEN, the "
-                        "token itself)")
-    p.add_argument("--ca", metavar="FILE", default=default(None),
-                   help="CA certificate (PEM) of the controller's TLS certificate: "
-                        "connect with TLS (env SIA_CA; default plaintext)")
-    p.add_argument("--cert", metavar="FILE", default=default(None),
-                   help="client certificate (PEM; env SIA_CERT)")
-    p.add_argument("--key", metavar="FILE", default=default(None),
-                   help="its private key (PEM; env SIA_KEY)")
-    return p
+def _selection_flags(p: Any, everything: str) -> None:
+    """How cancel and delete pick their jobs (`_targets`): ids, a label selector, or
+    `everything` they can act on."""
+    p.add_argument("jobs", metavar="JOB", nargs="*",
+                   help="the jobs' ids; each is reported on its own line, and the exit "
+                        "status is 1 if any failed")
+    p.add_argument("-l", "--selector", type=parse_selector, metavar="KEY=VALUE[,...]",
+                   help=f"instead of ids: {everything} whose labels match all of these")
+    p.add_argument("--all", action="store_true", help=f"instead of ids: {everything}")
+    p.add_argument("-y", "--yes", action="store_true",
+                   help="with --selector or --all: no confirmation (needed when there "
+                        "is no terminal to ask on)")
 
 
 def add_commands(subparsers: Any) -> None:
-    """Register the controller commands on `parser.add_subparsers()`."""
-    def command(name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
-        return connection_flags(
-            argparsing.command(subparsers, name, summary, func, usage=(SpecError,)))
-
-    def selection(p: Any, everything: str) -> None:
-        p.add_argument("jobs", metavar="JOB", nargs="*",
-                       help="the jobs' ids; each is reported on its own line, and the exit "
-                            "status is 1 if any failed")
-        p.add_argument("-l", "--selector", type=parse_selector, metavar="KEY=VALUE[,...]",
-                       help=f"instead of ids: {everything} whose labels match all of these")
-        p.add_argument("--all", action="store_true", help=f"instead of ids: {everything}")
-        p.add_argument("-y", "--yes", action="store_true",
-                       help="with --selector or --all: no confirmation (needed when there "
-                            "is no terminal to ask on)")
-
-    def output(p: Any, default: str) -> None:
-        p.add_argument("-o", "--output", choices=("json", "yaml", "wide"), default=None,
-                       help=f"json or yaml: the proto3 JSON mapping, for scripts "
-                            f"(docs/operations.md); wide: more columns (default: {default})")
-
-    p = command("submit", "submit jobs from YAML, TOML or JSON spec files ('-': from stdin)",
-                _submit)
+    """Register the job commands on `parser.add_subparsers()`."""
+    p = controller_command(
+        subparsers, "submit", "submit jobs from YAML, TOML or JSON spec files ('-': from stdin)",
+        _submit)
     p.add_argument("files", metavar="FILE", nargs="+",
                    help="a spec file, or '-' to read one (YAML or JSON) from standard input; "
                         "all are checked before any is submitted")
     p.add_argument("--id", metavar="JOB_ID", help="the job's id (default: generated)")
     p.add_argument("--wait", action="store_true",
                    help="follow the jobs; exit 0 only if they all succeed")
+    examples(p, ("sia submit job.yaml", "prints the new job's id"),
+             ("sia submit a.yaml b.yaml --wait", "both, then follow them to the end"),
+             ("sia submit job.yaml --id resnet-1", "with an id of one's own"),
+             ("cat job.json | sia submit -", "a spec on standard input"))
 
-    p = command("ls", "list jobs, oldest first (by create time, then id)", _ls)
+    p = controller_command(subparsers, "ls", "list jobs, oldest first (by create time, then id)",
+                           _ls)
     p.add_argument("--state", type=parse_state, nargs="+", action="extend", metavar="STATE",
                    help="only jobs in these states (queued, running, ...)")
     p.add_argument("--tenant", default="", metavar="T", help="only this tenant's jobs")
-    output(p, "a table")
+    output_flag(p, "a table")
+    examples(p, ("sia ls", "every job, oldest first"),
+             ("sia ls --state queued running -o wide", "with queue, priority, batch, goodput"),
+             ("sia ls --tenant team-a -o json", "the proto3 JSON mapping, for scripts"),
+             ("sia --controller ctl-a:50051,ctl-b:50051 ls", "a controller pair (flags "
+                                                               "before or after COMMAND)"))
 
-    p = command("get", "show one job", _get)
+    p = controller_command(subparsers, "get", "show one job", _get)
     p.add_argument("job", metavar="JOB", help="the job's id")
-    output(p, "a readable YAML view whose spec is a spec file")
+    output_flag(p, "a readable YAML view whose spec is a spec file")
+    examples(p, ("sia get resnet-1", "readable YAML; its spec is a spec file"),
+             ("sia get resnet-1 -o json", "the whole Job message"),
+             ("sia get resnet-1 -o wide", "one row of 'sia ls -o wide'"))
 
-    p = command("cancel", "cancel jobs (they stay listed as CANCELLED): by id, by label, "
-                          "or all", _cancel)
-    selection(p, "every active job")
+    p = controller_command(subparsers, "cancel", "cancel jobs (they stay listed as CANCELLED): "
+                                                 "by id, by label, or all", _cancel)
+    _selection_flags(p, "every active job")
+    examples(p, ("sia cancel resnet-1", "one job"),
+             ("sia cancel resnet-1 bert-2 gpt-3", "several: one line each"),
+             ("sia cancel -l team=nlp", "every active job labelled team=nlp (asks first)"),
+             ("sia cancel --all --yes", "every active job, without asking"))
 
-    p = command("delete", "remove finished jobs' records: by id, by label, or all", _delete)
-    selection(p, "every finished job")
+    p = controller_command(subparsers, "delete",
+                           "remove finished jobs' records: by id, by label, or all", _delete)
+    _selection_flags(p, "every finished job")
+    examples(p, ("sia delete resnet-1", "one finished job's record"),
+             ("sia delete -l team=nlp --yes", "every finished job labelled team=nlp"))
 
-    p = command("watch", "follow jobs live: a table redrawn in place on a terminal, else "
-                         "one line per change (Ctrl-C to stop)", _watch)
+    p = controller_command(subparsers, "watch", "follow jobs live: a table redrawn in place on a "
+                                                "terminal, else one line per change (Ctrl-C to "
+                                                "stop)", _watch)
     p.add_argument("job", metavar="JOB", nargs="?", help="only this job (default: all)")
     p.add_argument("--events", action="store_true",
                    help="one line per change even on a terminal")
-
-    p = command("cluster", "nodes, GPUs by type, and the last scheduling rounds", _cluster)
-    p.add_argument("--rounds", type=_positive, default=20, metavar="N",
-                   help="how many recent rounds (default 20; the controller keeps 1000)")
-    output(p, "tables")
-
-    p = command("queues", "queues: guarantees, GPUs held and borrowed, waiting jobs", _queues)
-    p.add_argument("-o", "--output", choices=("json", "yaml"), default=None,
-                   help="json or yaml: the proto3 JSON mapping, for scripts (default: a table)")
-
-    p = command("drain", "admin: take a node out of scheduling; its jobs move elsewhere", _drain)
-    p.add_argument("node", metavar="NODE", help="the node's id (as 'sia cluster' lists it)")
-    p.add_argument("--reason", metavar="TEXT", help="shown in 'sia cluster' and the agent's log")
-    p.add_argument("--wait", action="store_true", help="return once no job holds its GPUs")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="with --wait: give up after S seconds (default 600)")
-
-    p = command("undrain", "admin: let a drained node take work again", _undrain)
-    p.add_argument("node", metavar="NODE", help="the node's id")
-
-    p = command("forget", "admin: remove a LOST node (its agent gone for good) and its drain",
-                _forget)
-    p.add_argument("node", metavar="NODE", help="the node's id; it must be LOST")
+    examples(p, ("sia watch", "every job, redrawn in place"),
+             ("sia watch resnet-1 --events", "one job, a line per change"))

@@ -25,7 +25,7 @@ class _Names(argparse.Action):
     """`--agents n1,n2`, `--agents n1 n2` (what `$(kubectl get nodes ...)` gives) or
     both: one list of names."""
 
-    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+    def __call__(self, parser: Any, namespace: Any, values: Any, _option: Any = None) -> None:
         setattr(namespace, self.dest, [n for v in values for n in _names(v)])
 
 

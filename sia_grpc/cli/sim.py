@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sia_grpc.cli.argparsing import UsageError, command
+from sia_grpc.cli.argparsing import UsageError, command, examples
 
 PREFIX = "sia simulate"
 
@@ -70,6 +70,12 @@ def add_commands(sub: Any) -> None:
     sim.add_argument("-q", "--quiet", action="store_true",
                      help="no progress on stderr (bars on a terminal, else a line per run "
                           "at most every 30 s, and one as each run ends): only the table")
+    examples(sim, ("sia simulate saturn/workload-1", "one shipped workload, Sia alone"),
+             ("sia simulate philly saturn --policy sia,pollux,gavel --json results.json",
+              "policies side by side"),
+             ("sia simulate saturn --set sia.p=-1,-0.5 --cluster homo64", "two variants"),
+             ("sia simulate saturn --queues sia_grpc/data/queues/three-queues.toml", "with "
+              "queues"))
 
     command(sub, "policy-settings", "each policy's settings, defaults and help "
                                     "([policy.<name>], --set, --policy-set)", _policy_settings)

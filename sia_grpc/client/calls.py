@@ -95,6 +95,19 @@ def list_queues() -> Rpc[pb.ListQueuesResponse]:
     return Rpc(CLUSTER, "ListQueues", pb.ListQueuesRequest())
 
 
+def event_filter(job_id: str = "", node: str = "", queue: str = "",
+                 kinds: Iterable[int] = ()) -> pb.EventFilter:
+    """Which events (all of the given fields must match; `kinds`: any of them)."""
+    return pb.EventFilter(job_id=job_id, node=node, queue=queue,
+                          kinds=cast("list[pb.EventKind]", list(kinds)))
+
+
+def list_events(where: pb.EventFilter, after_id: int, limit: int) -> Rpc[list[pb.Event]]:
+    return Rpc(CLUSTER, "ListEvents", pb.ListEventsRequest(filter=where, after_id=after_id,
+                                                           limit=limit),
+               lambda resp: list(resp.events))
+
+
 def drain_node(node: str, reason: str) -> Rpc[pb.Node]:
     return Rpc(CLUSTER, "DrainNode", pb.DrainNodeRequest(node=node, reason=reason), kind=WRITE)
 
@@ -173,7 +186,26 @@ class RoundsCursor:
         return True
 
 
-Cursor = WatchCursor | RoundsCursor  # a stream: the transports' `_stream` takes one
+class EventsCursor:
+    """WatchEvents: the cluster's events after an id, then each new one. A reopened
+    stream resumes after the last id yielded (none missed, none twice)."""
+
+    service, method = CLUSTER, "WatchEvents"
+
+    def __init__(self, where: pb.EventFilter, after_id: int) -> None:
+        self.where, self.after = where, after_id
+
+    def request(self) -> pb.WatchEventsRequest:
+        return pb.WatchEventsRequest(filter=self.where, after_id=self.after)
+
+    def accept(self, event: pb.Event) -> bool:
+        if event.id <= self.after:
+            return False
+        self.after = event.id
+        return True
+
+
+Cursor = WatchCursor | RoundsCursor | EventsCursor  # a stream: the transports' `_stream` takes one
 
 
 class Follow:

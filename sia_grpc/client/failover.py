@@ -29,7 +29,8 @@ import grpc
 from sia_grpc.api.addresses import Resolve, expand, host_name, normalize, resolve, split_targets
 from sia_grpc.api.errors import ApiError
 
-NOT_LEADER = "NOT_LEADER"  # (controller/leadership.py's; not imported: the SDK is server-free)
+# (controller/shell/leadership.py's; not imported: the SDK is server-free)
+NOT_LEADER = "NOT_LEADER"
 # What sends a client with several addresses to the next one: the controller is down,
 # unreachable or a standby; or it did not answer one try in time (paused, hung).
 _MOVE_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

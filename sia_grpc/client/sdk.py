@@ -144,6 +144,22 @@ class SiaClient(SyncTransport):
         """Every queue: its guarantee, what it holds and borrows, its waiting jobs."""
         return self._unary(calls.list_queues())
 
+    def events(self, *, job_id: str = "", node: str = "", queue: str = "",
+               kinds: Iterable[int] = (), after_id: int = 0,
+               limit: int = 100) -> builtins.list[pb.Event]:
+        """The newest `limit` events of the cluster's history after `after_id` that
+        match, oldest first (a tenant sees its own jobs' events and none of others')."""
+        return self._unary(calls.list_events(calls.event_filter(job_id, node, queue, kinds),
+                                             after_id, limit))
+
+    def watch_events(self, *, job_id: str = "", node: str = "", queue: str = "",
+                     kinds: Iterable[int] = (), after_id: int = 0) -> Iterator[pb.Event]:
+        """The events after `after_id` (0: from now), then each new one, forever; a
+        stream broken with UNAVAILABLE (a restart, a failover) resumes after the last
+        one yielded."""
+        return self._stream(calls.EventsCursor(calls.event_filter(job_id, node, queue, kinds),
+                                               after_id))
+
     def drain(self, node: str, reason: str = "") -> pb.Node:
         """Admin: no new work on `node`; the next round moves its jobs elsewhere."""
         return self._unary(calls.drain_node(node, reason))
@@ -216,6 +232,17 @@ class AsyncSiaClient(AsyncTransport):
 
     async def queues(self) -> pb.ListQueuesResponse:
         return await self._unary(calls.list_queues())
+
+    async def events(self, *, job_id: str = "", node: str = "", queue: str = "",
+                     kinds: Iterable[int] = (), after_id: int = 0,
+                     limit: int = 100) -> builtins.list[pb.Event]:
+        return await self._unary(calls.list_events(
+            calls.event_filter(job_id, node, queue, kinds), after_id, limit))
+
+    def watch_events(self, *, job_id: str = "", node: str = "", queue: str = "",
+                     kinds: Iterable[int] = (), after_id: int = 0) -> AsyncIterator[pb.Event]:
+        return self._stream(calls.EventsCursor(calls.event_filter(job_id, node, queue, kinds),
+                                               after_id))
 
     async def drain(self, node: str, reason: str = "") -> pb.Node:
         return await self._unary(calls.drain_node(node, reason))

@@ -51,22 +51,26 @@ class Backoff:
 
 
 class _Reconnects:
-    """How long to wait before reopening a broken stream: `failures` counts reconnects
-    since the last message, so the retry budget bounds consecutive failures, not a
-    long stream's lifetime."""
+    """How long to wait before reopening a broken stream, or whether to give up: the
+    retries of one call (`Attempts`) from the first failure after the last message, so
+    the budget bounds consecutive failures, not a long stream's lifetime. With several
+    addresses that is the client's timeout, as for a unary call: a stream rides through
+    a failover (the old leader refusing, the standby saying NOT_LEADER until it leads),
+    following the leader; with one, the backoff's retry count."""
 
-    def __init__(self, backoff: Backoff) -> None:
-        self.backoff, self.failures = backoff, 0
+    def __init__(self, targets: Targets, backoff: Backoff, timeout: float) -> None:
+        self.targets, self.backoff, self.timeout = targets, backoff, timeout
+        self.tries: Attempts | None = None
 
     def received(self) -> None:
-        self.failures = 0
+        self.tries = None
 
     def retry(self, err: grpc.RpcError) -> float | None:
-        """The delay before reconnecting after `err`, or None to give up."""
-        if not self.backoff.should_retry(err, self.failures):
-            return None
-        self.failures += 1
-        return self.backoff.delay(self.failures - 1)
+        """The delay before reconnecting after `err` (0: to the leader a standby
+        named), or None to give up."""
+        if self.tries is None:
+            self.tries = Attempts(self.targets, self.backoff, self.timeout)
+        return self.tries.retry(err)
 
 
 def _channel_setup(target: str, token: str | None, ca: PemSource | None,
@@ -192,7 +196,8 @@ class SyncTransport(_Transport):
                 deadline: float | None = None) -> Generator[Any, None, None]:
         """The stream's messages that `cursor` accepts, forever (or until the server ends
         it); one broken with UNAVAILABLE is reopened with `cursor.request()`."""
-        method, reconnects = self._method(cursor.service, cursor.method), _Reconnects(self._backoff)
+        method = self._method(cursor.service, cursor.method)
+        reconnects = _Reconnects(self._targets, self._backoff, self._timeout)
         while True:
             self._targets.refresh()
             call = method(cursor.request(), timeout=_remaining(deadline), metadata=self._md)
@@ -205,7 +210,7 @@ class SyncTransport(_Transport):
             except grpc.RpcError as err:
                 if _timed_out(err, deadline):
                     raise TimeoutError("timed out waiting for the job to finish") from err
-                delay = 0.0 if self._targets.moved(err) else reconnects.retry(err)
+                delay = reconnects.retry(err)
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             finally:
@@ -249,7 +254,8 @@ class AsyncTransport(_Transport):
             await self._targets.refresh_async()
 
     async def _stream(self, cursor: Cursor) -> AsyncGenerator[Any, None]:
-        method, reconnects = self._method(cursor.service, cursor.method), _Reconnects(self._backoff)
+        method = self._method(cursor.service, cursor.method)
+        reconnects = _Reconnects(self._targets, self._backoff, self._timeout)
         while True:
             await self._targets.refresh_async()
             call = method(cursor.request(), metadata=self._md)
@@ -260,7 +266,7 @@ class AsyncTransport(_Transport):
                         yield message
                 return
             except grpc.RpcError as err:
-                delay = 0.0 if self._targets.moved(err) else reconnects.retry(err)
+                delay = reconnects.retry(err)
                 if delay is None:
                     raise ApiError.from_rpc_error(err) from err
             finally:

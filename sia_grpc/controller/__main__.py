@@ -14,8 +14,8 @@ import structlog
 
 from sia_grpc import signals
 from sia_grpc.controller.config import ConfigError, load_config
-from sia_grpc.controller.server import Controller, loop_factory
-from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.shell.server import Controller, loop_factory
+from sia_grpc.controller.stores import StoreError
 from sia_grpc.observability import add_logging_arguments, configure_logging, setup_telemetry
 from sia_grpc.policy import POLICIES
 

@@ -82,6 +82,9 @@ class ControllerConfig:
     # `default` queue without guarantees (a flat pool, as before queues).
     queues: QueueSet = field(default_factory=QueueSet)
     queues_file: str = ""
+    # The file this configuration was read from (set by `load_config`, never in the
+    # file): SIGHUP reads its [queues] again when there is no queues_file.
+    config_file: str = ""
 
     @property
     def store_target(self) -> str:
@@ -198,10 +201,11 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] = os.e
     fields = {f.name: f for f in dataclasses.fields(ControllerConfig)}
     if path is not None:
         values, from_file = _read_toml(path, fields)
+        values["config_file"] = str(path)
         _merge(settings, from_file)
     for name, f in fields.items():
         raw = env.get(f"SIA_{name.upper()}")
-        if raw is not None and name not in ("policy_params", "queues"):
+        if raw is not None and name not in ("policy_params", "queues", "config_file"):
             values[name] = _parse(name, raw, f.type)
     _merge(settings, _env_settings(env))
     _merge(settings, _flag_settings(policy_set))
@@ -242,7 +246,7 @@ def _read_toml(path: str | Path, fields: Mapping[str, object]) -> tuple[dict, di
     if queues:
         values["queues"] = _queues(queues[0], f"{path}: queues.")
     for key, value in section.items():
-        if key not in fields or key in ("policy_params", "queues"):
+        if key not in fields or key in ("policy_params", "queues", "config_file"):
             raise ConfigError(f"{path}: unknown setting {key!r}")
         values[key] = value
     try:
@@ -260,6 +264,15 @@ def _queues(table: object, where: str) -> QueueSet:
         return QueueSet.from_mapping(table)
     except FieldError as err:
         raise ConfigError(f"{where}{err.field}: {err.problem}") from None
+
+
+def read_config_queues(path: str | Path) -> QueueSet:
+    """The [queues] of a controller configuration file (none: the default, one flat
+    queue); ConfigError naming the file and the key at fault."""
+    values, _ = _read_toml(path, {f.name: f for f in dataclasses.fields(ControllerConfig)})
+    queues = values.get("queues", QueueSet())
+    assert isinstance(queues, QueueSet)  # (`_queues` made it)
+    return queues
 
 
 def read_queues_file(path: str | Path) -> QueueSet:

@@ -4,7 +4,8 @@ A separate process that is only a client of the controller's gRPC API: it sees w
 its token may see (a tenant's token: that tenant's jobs; an admin's: all), keeps one
 upstream watch (`feed.Feed`) and pushes each change to every open page as a
 server-sent event (`server.Dashboard`). The pages are drawn on the server
-(`render`, with inline SVG charts); no file is fetched from outside at run time.
+(`render`, `job_page`, with inline SVG charts from `charts`); no file is fetched from
+outside at run time.
 """
 
 from sia_grpc.dashboard.server import Dashboard

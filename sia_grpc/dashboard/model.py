@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from sia_grpc.api import pb, seconds, state_name
+from sia_grpc.api.present import UNITS  # (also a queue's series of its type-flexible guarantee)
 
 MAX_ROUNDS = 50  # rounds kept (and shown)
 MAX_STEPS = 500  # allocation changes kept per job (the oldest are dropped)
@@ -20,7 +21,9 @@ MAX_SAMPLES = 2000  # changes kept of each series over time (GPUs allocated per 
 # Changes kept of each queue's series: a queue has one per GPU type, so fewer each,
 # to keep the Queues page's charts (redrawn on each change) as light as the cluster's.
 MAX_QUEUE_SAMPLES = 500
-UNITS = "units"  # a queue's series of its type-flexible guarantee (QueueHistory.use)
+# A job's history where what it held is not known: from its start to its last change
+# before this process first saw it (JobRecord.history; no GPU type has this name).
+UNKNOWN = "?"
 # The jobs counted over time, by what they are doing.
 ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
               "running": (pb.JOB_STATE_RUNNING, pb.JOB_STATE_RESTARTING)}
@@ -28,7 +31,8 @@ ACTIVITIES = {"waiting": (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PROFILING),
 
 @dataclass(frozen=True)
 class Step:
-    """From `at` on, the job held `num_gpus` GPUs of `gpu_type` ("" and 0: none)."""
+    """From `at` on, the job held `num_gpus` GPUs of `gpu_type` ("" and 0: none;
+    `UNKNOWN` and 0: not known)."""
 
     at: float
     gpu_type: str
@@ -98,6 +102,9 @@ class JobRecord:
     # When this process first saw the job: history before it is what the job's
     # create and start times tell, not every change.
     seen_from: float = 0.0
+    # When this process last took a version of it: a snapshot after the watch was
+    # down cannot say when, since then, the job was moved (`_allocation_change`).
+    seen_at: float = 0.0
 
     def allocation(self) -> tuple[str, int]:
         a = self.job.status.allocation
@@ -140,7 +147,8 @@ class Model:
         rec = self.jobs.get(job.job_id)
         before: pb.JobStatus | None = None  # the version this one follows, if seen
         if rec is None:
-            rec = self.jobs[job.job_id] = self._first_sight(job, now)
+            rec = self.jobs[job.job_id] = self._first_sight(
+                job, now, ev.kind == pb.JobEvent.KIND_SNAPSHOT)
         elif job.revision and job.revision < rec.job.revision:
             return rec  # an older version (a snapshot after a reconnect raced a change)
         else:
@@ -152,9 +160,8 @@ class Model:
         if before is not None:
             _restarts(rec, before, held, at)
         _rate(rec, at)
-        alloc = rec.allocation()
-        if held != alloc:
-            _append(rec.history, Step(max(at, rec.history[-1].at), *alloc), MAX_STEPS)
+        _allocation_change(rec, before, held, at, ev.kind == pb.JobEvent.KIND_SNAPSHOT)
+        rec.seen_at = now
         note = _note(job, at)
         if note and (not rec.notes or (rec.notes[-1].state, rec.notes[-1].text)
                      != (note.state, note.text)):
@@ -162,15 +169,26 @@ class Model:
         return rec
 
     @staticmethod
-    def _first_sight(job: pb.Job, now: float) -> JobRecord:
+    def _first_sight(job: pb.Job, now: float, snapshot: bool) -> JobRecord:
         """A job seen for the first time: its history from its create time, with no
-        GPUs, and (if it holds some) its current allocation from its start time."""
+        GPUs until its start; from its start on, what it holds now only where that is
+        known to be so (its first allocation, held since), else `UNKNOWN` until the
+        version seen was made (a snapshot's update time; a live change's, now), never
+        an allocation drawn over a time it may not have held it."""
         created = seconds(job.status.create_time) or now
         rec = JobRecord(job, [Step(created, "", 0)], seen_from=now)
-        if job.status.allocation.num_gpus:
-            started = seconds(job.status.start_time) or _when(job, now)
-            a = job.status.allocation
-            rec.history.append(Step(max(started, created), a.gpu_type, a.num_gpus))
+        a = job.status.allocation
+        started = seconds(job.status.start_time) or (_when(job, now) if a.num_gpus else 0.0)
+        if not started:
+            return rec  # never started: no GPUs since its creation
+        started = max(started, created)
+        known = max(_when(job, now) if snapshot else now, started)
+        if known > started and not (a.num_gpus and job.status.generation <= 1):
+            rec.history.append(Step(started, UNKNOWN, 0))
+        else:
+            known = started  # its first allocation, held since it started
+        if a.num_gpus or rec.history[-1].gpu_type == UNKNOWN:
+            rec.history.append(Step(known, a.gpu_type if a.num_gpus else "", a.num_gpus))
         return rec
 
     def keep_only(self, job_ids: set[str]) -> list[str]:
@@ -226,6 +244,22 @@ class Model:
             return False
         self.rounds.append(rnd)
         return True
+
+
+def _allocation_change(rec: JobRecord, before: pb.JobStatus | None, held: tuple[str, int],
+                       at: float, snapshot: bool) -> None:
+    """Note where the job's allocation changed from `held`, at `at`. A snapshot after
+    this process was away that says the job was moved (another allocation, or a later
+    generation) cannot say when: from when this process last saw it until the version
+    was made, what it held is `UNKNOWN`, not the old allocation drawn on."""
+    alloc, last = rec.allocation(), rec.history[-1].at
+    moved = held != alloc or (before is not None and rec.job.status.generation
+                              != before.generation)
+    if snapshot and before is not None and moved and at > max(rec.seen_at, last):
+        _append(rec.history, Step(max(rec.seen_at, last), UNKNOWN, 0), MAX_STEPS)
+        _append(rec.history, Step(at, *alloc), MAX_STEPS)
+    elif held != alloc:
+        _append(rec.history, Step(max(at, last), *alloc), MAX_STEPS)
 
 
 def _rate(rec: JobRecord, at: float) -> None:

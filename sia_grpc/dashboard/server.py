@@ -16,8 +16,10 @@ from typing import TextIO
 
 from aiohttp import web
 
+from sia_grpc.api import pb
+from sia_grpc.api.errors import ApiError
 from sia_grpc.client.sdk import AsyncSiaClient
-from sia_grpc.dashboard import render
+from sia_grpc.dashboard import job_page, render
 from sia_grpc.dashboard.feed import Feed, Hub, encode
 from sia_grpc.dashboard.model import Model
 from sia_grpc.security.tls import split_host_port
@@ -42,6 +44,7 @@ class Dashboard:
         self.controller = controller or client.target
         self.clock = clock
         self.model, self.hub = Model(), Hub()
+        self.client = client
         self.feed = Feed(client, self.model, self.hub, clock=clock, backstop=backstop)
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task | None = None
@@ -111,7 +114,9 @@ class Dashboard:
             return self._page("Not found", render.not_found(
                 f"no job {job_id!r} (or not one this dashboard's token may see)"), "/jobs",
                 status=404)
-        return self._page(f"Job {job_id}", render.job_page(rec, self.model, self.clock()),
+        story = await self._story(job_id)
+        return self._page(f"Job {job_id}",
+                          job_page.job_page(rec, self.model, self.clock(), story),
                           "/jobs", job=job_id)
 
     async def _job_detail(self, request: web.Request) -> web.Response:
@@ -119,8 +124,17 @@ class Dashboard:
         rec = self.model.jobs.get(request.match_info["job"])
         if rec is None:
             raise web.HTTPNotFound(text="no such job")
-        return web.Response(text=render.job_detail(rec, self.model, self.clock()),
+        story = await self._story(rec.job.job_id)
+        return web.Response(text=job_page.job_detail(rec, self.model, self.clock(), story),
                             content_type="text/html")
+
+    async def _story(self, job_id: str) -> list[pb.Event] | None:
+        """The job's events from the controller's history (None if it cannot say: an
+        older controller, or none reachable now)."""
+        try:
+            return await self.client.events(job_id=job_id, limit=1000)
+        except ApiError:
+            return None
 
     async def _rounds(self, request: web.Request) -> web.Response:
         return self._page("Rounds", render.rounds_page(self.model), "/rounds")

@@ -4,7 +4,7 @@ the Helios mix, printed as readable tables."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, TextIO, cast
 
 import numpy as np
 
@@ -12,6 +12,11 @@ from sia_grpc.bench.scenarios import run_rounds, sample_jobs
 from sia_grpc.policy.cluster import Cluster, paper_hetero_cluster
 from sia_grpc.policy.sia import SiaPolicy
 from sia_grpc.policy.types import RoundResult
+
+if TYPE_CHECKING:  # (imported when the live demo runs: the offline one needs none of them)
+    from sia_grpc.api import pb
+    from sia_grpc.client.sdk import AsyncJobHandle, AsyncSiaClient
+    from sia_grpc.clock import Clock
 
 # The artifact's names for the paper's GPU types.
 PAPER_NAMES = {"aws": "t4", "rtx": "rtx", "dgx-ext": "a100"}
@@ -87,26 +92,22 @@ def live_spec(k: int, app: str, kind: str):
     return spec
 
 
-async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
+async def live_demo(rate: float = 120.0, refresh: float = 2.0, out: TextIO | None = None,
                     dashboard: str | None = None) -> int:
     """A controller and modeled agents of three GPU types on loopback; the trace
     submitted through the SDK at its arrival times; the allocation table as it
     changes; a JCT summary at the end. `dashboard`: where to serve `sia dashboard`
     meanwhile (HOST:PORT)."""
-    import asyncio
     import contextlib
     import sys
 
-    from sia_grpc import api
-    from sia_grpc.api import pb
-    from sia_grpc.api.present import cluster_report, jobs_table
+    from sia_grpc.api.present import cluster_report
     from sia_grpc.client import AsyncSiaClient
     from sia_grpc.controller.config import ControllerConfig
     from sia_grpc.dashboard.server import beside
     from sia_grpc.testing.localcluster import LocalCluster
 
     out = out or sys.stdout
-    tty = out.isatty()
     config = ControllerConfig(listen="127.0.0.1:0", db_path=":memory:")
     gpus = sum(n * g for n, g in LIVE_CLUSTER.values())
     print(f"Starting a controller and {sum(n for n, _ in LIVE_CLUSTER.values())} modeled node "
@@ -120,35 +121,57 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
         assert lc.controller is not None
         clock = lc.controller.clock
         url = await stack.enter_async_context(beside(client, dashboard, out, clock=clock.time))
-        t0 = clock.time()
-        handles = []
-
-        async def submit_all() -> None:
-            for k, (minute, app, kind) in enumerate(LIVE_TRACE):
-                delay = t0 + minute * 60 - clock.time()
-                if delay > 0:
-                    await clock.sleep(delay)
-                handles.append(await client.submit(live_spec(k, app, kind)))
-
-        submitter = asyncio.create_task(submit_all())
-        while True:
-            await asyncio.sleep(refresh)
-            # (JobViews: each reads as the pb.Job it wraps)
-            jobs = cast(list[pb.Job], [j async for j in client.list()])
-            elapsed = (clock.time() - t0) / 60
-            text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
-                    f"submitted{f' — dashboard {url}' if url else ''}\n"
-                    f"{jobs_table(jobs, now=clock.time())}")
-            print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
-            if submitter.done() and all(j.status.state in (pb.JOB_STATE_SUCCEEDED,
-                                                          pb.JOB_STATE_FAILED,
-                                                          pb.JOB_STATE_CANCELLED)
-                                        for j in jobs):
-                break
-        await submitter
+        handles = await _run_trace(client, clock, url, out, refresh)
         finals = [await h.job() for h in handles]
         print("\n" + cluster_report(await client.cluster(), await client.rounds(limit=5)),
               file=out)
+    return _summary(cast("list[pb.Job]", finals), out)  # (JobViews: each reads as its pb.Job)
+
+
+async def _run_trace(client: AsyncSiaClient, clock: Clock, url: str | None, out: TextIO,
+                     refresh: float) -> list[AsyncJobHandle]:
+    """Submit LIVE_TRACE at its arrival times (from now), and redraw the jobs table every
+    `refresh` seconds until every job has ended; their handles."""
+    import asyncio
+
+    from sia_grpc.api import pb
+    from sia_grpc.api.present import jobs_table
+
+    tty = out.isatty()
+    t0 = clock.time()
+    handles = []
+
+    async def submit_all() -> None:
+        for k, (minute, app, kind) in enumerate(LIVE_TRACE):
+            delay = t0 + minute * 60 - clock.time()
+            if delay > 0:
+                await clock.sleep(delay)
+            handles.append(await client.submit(live_spec(k, app, kind)))
+
+    submitter = asyncio.create_task(submit_all())
+    while True:
+        await asyncio.sleep(refresh)
+        # (JobViews: each reads as the pb.Job it wraps)
+        jobs = cast(list[pb.Job], [j async for j in client.list()])
+        elapsed = (clock.time() - t0) / 60
+        text = (f"cluster time {elapsed:5.1f} min — {len(jobs)}/{len(LIVE_TRACE)} jobs "
+                f"submitted{f' — dashboard {url}' if url else ''}\n"
+                f"{jobs_table(jobs, now=clock.time())}")
+        print(("\x1b[2J\x1b[H" if tty else "\n") + text, file=out, flush=True)
+        if submitter.done() and all(j.status.state in (pb.JOB_STATE_SUCCEEDED,
+                                                      pb.JOB_STATE_FAILED,
+                                                      pb.JOB_STATE_CANCELLED)
+                                    for j in jobs):
+            break
+    await submitter
+    return handles
+
+
+def _summary(finals: list[pb.Job], out: TextIO) -> int:
+    """Each job's state, JCT (cluster hours) and restarts, and the average JCT; 0 if
+    every job succeeded."""
+    from sia_grpc import api
+
     rows = []
     for j in finals:
         jct = (j.status.finish_time.ToNanoseconds() - j.status.create_time.ToNanoseconds()) / 3.6e12
@@ -156,8 +179,8 @@ async def live_demo(rate: float = 120.0, refresh: float = 2.0, out=None,
                      f"{jct:.2f}", j.status.restarts))
     print("\nSummary (cluster time)", file=out)
     print(f"{'job':16s} {'state':10s} {'JCT h':>6s} {'restarts':>8s}", file=out)
-    for name, state, jct, restarts in rows:
-        print(f"{name:16s} {state:10s} {jct:>6s} {restarts:>8d}", file=out)
+    for name, state, hours, restarts in rows:
+        print(f"{name:16s} {state:10s} {hours:>6s} {restarts:>8d}", file=out)
     done = [float(r[2]) for r in rows if r[1] == "SUCCEEDED"]
     print(f"average JCT {sum(done) / max(len(done), 1):.2f} h over {len(done)} jobs", file=out)
     return 0 if len(done) == len(rows) else 1

@@ -29,7 +29,7 @@ from sia_grpc.api.present import cluster_report, format_gpus, jobs_table
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.client.sdk import is_terminal
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.dashboard.server import beside
 from sia_grpc.testing.localcluster import stop_agents
 
@@ -190,7 +190,7 @@ async def _run(client: AsyncSiaClient, demo_jobs: Sequence[DemoJob], gpu_types: 
 
 
 def main(keep: str | None = None, dashboard: str | None = None) -> int:
-    from sia_grpc.controller.server import loop_factory
+    from sia_grpc.controller.shell.server import loop_factory
     from sia_grpc.observability import configure_logging
 
     configure_logging(level="error")  # (the embedded services: the demo prints its own story)

@@ -4,8 +4,9 @@ bootstrapped per-GPU-type estimates, and loaders for the shipped artifact profil
 The functions `throughput.throughput` and `efficiency.efficiency` are not re-exported:
 at package level those names are the submodules (re-exporting would shadow them)."""
 
-from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import GradParams, gain, grad_params_at_progress
+from sia_grpc.models.estimator import ThroughputEstimator
 from sia_grpc.models.goodput import (
     GoodputEstimate,
     GoodputFunction,

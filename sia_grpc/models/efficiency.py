@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["GradParams", "gain", "efficiency", "grad_params_at_progress"]
 
@@ -31,13 +32,16 @@ class GradParams:
 NEUTRAL_GRAD = GradParams(sqr=1.0, var=0.0)
 
 
-def gain(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
+def gain(grad: GradParams, batch_size: npt.ArrayLike,
+         init_batch_size: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Progress per step at `batch_size` relative to a step at `init_batch_size`."""
-    scale = np.asarray(batch_size, dtype=float) / np.asarray(init_batch_size, dtype=float)
+    scale: npt.NDArray[np.float64] = (np.asarray(batch_size, dtype=float)
+                                      / np.asarray(init_batch_size, dtype=float))
     return efficiency(grad, batch_size, init_batch_size) * scale
 
 
-def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
+def efficiency(grad: GradParams, batch_size: npt.ArrayLike,
+               init_batch_size: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Progress per sample at `batch_size` relative to `init_batch_size` (1 at B0).
 
     gain / S = (var + sqr) / (var + sqr·S); 1/S (gain 1) where that denominator
@@ -60,11 +64,11 @@ def efficiency(grad: GradParams, batch_size, init_batch_size) -> np.ndarray:
 
 class _GradTable(Protocol):
     @property
-    def progress(self) -> np.ndarray: ...
+    def progress(self) -> npt.NDArray[np.float64]: ...
     @property
-    def grad_sqr(self) -> np.ndarray: ...
+    def grad_sqr(self) -> npt.NDArray[np.float64]: ...
     @property
-    def grad_var(self) -> np.ndarray: ...
+    def grad_var(self) -> npt.NDArray[np.float64]: ...
 
 
 def grad_params_at_progress(table: _GradTable, fraction: float) -> GradParams:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -87,7 +87,7 @@ class EstimateCache:
     def get(self, key: Hashable) -> Entry[Any] | None:
         return self.get_many([key])[0]
 
-    def get_many(self, keys: list[Hashable]) -> list[Entry[Any] | None]:
+    def get_many(self, keys: Sequence[Hashable]) -> list[Entry[Any] | None]:
         """`get` of each key (one call for a round's 20,000 jobs)."""
         with self._lock:
             entries, touch, now = self._entries, self._entries.move_to_end, self._round

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.models.efficiency import GradParams, efficiency
 from sia_grpc.models.throughput import PerfParams, step_time, throughput
@@ -46,7 +47,7 @@ class GoodputEstimate:
     accum_steps: np.ndarray  # extra micro-batches before each all-reduce
 
     def __len__(self) -> int:
-        return self.goodput.shape[0]
+        return len(self.goodput)
 
     @staticmethod
     def zeros(n: int) -> GoodputEstimate:
@@ -55,7 +56,9 @@ class GoodputEstimate:
         return GoodputEstimate(z, z.copy(), zi, zi.copy(), zi.copy())
 
 
-def split_local_batch(local_bsz, max_atomic_bsz, accumulation: bool = True):
+def split_local_batch(local_bsz: npt.ArrayLike, max_atomic_bsz: npt.ArrayLike,
+                      accumulation: bool = True,
+                      ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Split a per-replica batch into (atomic_bsz, accum_steps), the fewest micro-batches
     of at most `max_atomic_bsz` each (atomic rounded up, so the batch may grow a little)."""
     local = np.asarray(local_bsz, dtype=float)
@@ -67,7 +70,8 @@ def split_local_batch(local_bsz, max_atomic_bsz, accumulation: bool = True):
     return atomic, accum
 
 
-def _flat_configs(num_nodes, num_replicas) -> tuple[np.ndarray, np.ndarray]:
+def _flat_configs(num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     nodes = np.asarray(num_nodes, dtype=np.int64)
     reps = np.asarray(num_replicas, dtype=np.int64)
     if nodes.shape != reps.shape:
@@ -76,7 +80,7 @@ def _flat_configs(num_nodes, num_replicas) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.cache
-def _unit_steps(num_samples: int) -> np.ndarray:
+def _unit_steps(num_samples: int) -> npt.NDArray[np.float64]:
     steps = np.linspace(0.0, 1.0, num_samples)
     steps.setflags(write=False)
     return steps
@@ -101,8 +105,10 @@ class BatchGrid:
                            for f in ("total", "atomic", "accum", "throughput")))
 
 
-def batch_grid(time_fn: TimeFn, init_batch_size, num_nodes, num_replicas, *,
-               max_batch_size, atomic_bsz_range: tuple, accumulation: bool = True,
+def batch_grid(time_fn: TimeFn, init_batch_size: npt.ArrayLike, num_nodes: npt.ArrayLike,
+               num_replicas: npt.ArrayLike, *, max_batch_size: npt.ArrayLike,
+               atomic_bsz_range: tuple[npt.ArrayLike, npt.ArrayLike],
+               accumulation: bool = True,
                num_samples: int = NUM_BATCH_SAMPLES) -> BatchGrid:
     """Throughput of `num_samples` global batch sizes per configuration, spaced
     geometrically from the smallest the configuration can run (at least
@@ -134,7 +140,8 @@ def batch_grid(time_fn: TimeFn, init_batch_size, num_nodes, num_replicas, *,
     return BatchGrid(total=total, atomic=atomic, accum=accum, throughput=xput)
 
 
-def best_on_grid(grid: BatchGrid, grad: GradParams, init_batch_size) -> GoodputEstimate:
+def best_on_grid(grid: BatchGrid, grad: GradParams,
+                 init_batch_size: npt.ArrayLike) -> GoodputEstimate:
     """The goodput-maximising entry of each row of `grid` (zeros where none is feasible).
 
     `grad` fields and `init_batch_size` may be column vectors, one value per row,
@@ -156,8 +163,9 @@ def best_on_grid(grid: BatchGrid, grad: GradParams, init_batch_size) -> GoodputE
     )
 
 
-def choose_batch(time_fn: TimeFn, grad: GradParams, init_batch_size: float, num_nodes,
-                 num_replicas, *, max_batch_size: float, atomic_bsz_range: tuple[float, float],
+def choose_batch(time_fn: TimeFn, grad: GradParams, init_batch_size: float,
+                 num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike, *,
+                 max_batch_size: float, atomic_bsz_range: tuple[float, float],
                  accumulation: bool = True,
                  num_samples: int = NUM_BATCH_SAMPLES) -> GoodputEstimate:
     """Goodput-maximising batch size per (num_nodes, num_replicas), as Pollux does it:
@@ -168,7 +176,8 @@ def choose_batch(time_fn: TimeFn, grad: GradParams, init_batch_size: float, num_
     return best_on_grid(grid, grad, init_batch_size)
 
 
-def fixed_batch(time_fn: TimeFn, num_nodes, num_replicas, batch_size: float, *,
+def fixed_batch(time_fn: TimeFn, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                batch_size: float, *,
                 atomic_bsz_range: tuple[int, int], accumulation: bool = True) -> GoodputEstimate:
     """Throughput at a fixed global batch size (strong-scaling and rigid jobs).
 
@@ -196,8 +205,12 @@ def fixed_batch(time_fn: TimeFn, num_nodes, num_replicas, batch_size: float, *,
     )
 
 
-def _unflatten(values, shape, scalar: bool):
-    return values.item() if scalar else values.reshape(shape)
+def _unflatten(values: np.ndarray, shape: tuple[int, ...],
+               scalar: bool) -> float | np.ndarray:
+    if scalar:
+        value: float = values.item()
+        return value
+    return values.reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -208,16 +221,21 @@ class GoodputFunction:
     grad: GradParams
     init_batch_size: float
 
-    def _time(self, nodes, reps, atomic, accum):
+    def _time(self, nodes: np.ndarray, reps: np.ndarray, atomic: np.ndarray,
+              accum: np.ndarray) -> npt.NDArray[np.float64]:
         return step_time(self.perf, nodes, reps, atomic, accum)
 
-    def throughput(self, num_nodes, num_replicas, atomic_bsz, accum_steps=0) -> np.ndarray:
+    def throughput(self, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                   atomic_bsz: npt.ArrayLike,
+                   accum_steps: npt.ArrayLike = 0) -> npt.NDArray[np.float64]:
         return throughput(self.perf, num_nodes, num_replicas, atomic_bsz, accum_steps)
 
-    def efficiency(self, batch_size) -> np.ndarray:
+    def efficiency(self, batch_size: npt.ArrayLike) -> npt.NDArray[np.float64]:
         return efficiency(self.grad, batch_size, self.init_batch_size)
 
-    def evaluate(self, num_nodes, num_replicas, atomic_bsz, accum_steps=0) -> np.ndarray:
+    def evaluate(self, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                 atomic_bsz: npt.ArrayLike,
+                 accum_steps: npt.ArrayLike = 0) -> npt.NDArray[np.float64]:
         batch = (np.asarray(num_replicas) * np.asarray(atomic_bsz)
                  * (np.asarray(accum_steps) + 1))
         return (self.throughput(num_nodes, num_replicas, atomic_bsz, accum_steps)
@@ -225,9 +243,11 @@ class GoodputFunction:
 
     __call__ = evaluate
 
-    def optimize(self, num_nodes, num_replicas, *, max_batch_size: float | None = None,
+    def optimize(self, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike, *,
+                 max_batch_size: float | None = None,
                  atomic_bsz_range: tuple[int | None, int | None] | None = None,
-                 accumulation: bool = True):
+                 accumulation: bool = True,
+                 ) -> tuple[float | np.ndarray, float | np.ndarray, float | np.ndarray]:
         """Best (goodput, atomic_bsz, accum_steps) per configuration; scalars for scalars."""
         max_bs = self.init_batch_size if max_batch_size is None else max_batch_size
         if max_bs < self.init_batch_size:
@@ -243,7 +263,8 @@ class GoodputFunction:
                 _unflatten(est.atomic_bsz, shape, scalar),
                 _unflatten(est.accum_steps, shape, scalar))
 
-    def fixed_batch(self, num_nodes, num_replicas, batch_size: float, *,
+    def fixed_batch(self, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                    batch_size: float, *,
                     atomic_bsz_range: tuple[int, int],
                     accumulation: bool = True) -> GoodputEstimate:
         return fixed_batch(self._time, num_nodes, num_replicas, batch_size,

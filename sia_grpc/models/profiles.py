@@ -13,12 +13,15 @@ import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
-from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
+from sia_grpc.models.bootstrap import JobGoodputModel
 from sia_grpc.models.efficiency import grad_params_at_progress
+from sia_grpc.models.estimator import ThroughputEstimator
 
 __all__ = [
     "Application",
@@ -74,7 +77,7 @@ class StepTimes:
     placement: tuple[str, ...] | None = None  # digit strings, placements files only
 
     def __len__(self) -> int:
-        return self.step_time.shape[0]
+        return len(self.step_time)
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,10 +92,10 @@ class ValidationTable:
     grad_var: np.ndarray
 
     def __len__(self) -> int:
-        return self.progress.shape[0]
+        return len(self.progress)
 
 
-def _root():
+def _root() -> Traversable:
     return resources.files("sia_grpc").joinpath("data", "artifact")
 
 
@@ -109,20 +112,21 @@ def _read_csv(*parts: str) -> dict[str, list[str]]:
     return cols
 
 
-def _frozen(values, dtype) -> np.ndarray:
+def _frozen(values: npt.ArrayLike, dtype: npt.DTypeLike) -> np.ndarray:
     arr = np.asarray(values, dtype=dtype)
     arr.setflags(write=False)
     return arr
 
 
-def _ints(values: list[str]) -> np.ndarray:
+def _ints(values: list[str]) -> npt.NDArray[np.int64]:
     arr = np.asarray(values, dtype=float)
     if np.any(arr != np.round(arr)):
         raise ValueError("expected integer values")
     return _frozen(arr.astype(np.int64), np.int64)
 
 
-def _step_times(cols: dict[str, list[str]], nodes, reps, placement=None) -> StepTimes:
+def _step_times(cols: dict[str, list[str]], nodes: npt.ArrayLike, reps: npt.ArrayLike,
+                placement: tuple[str, ...] | None = None) -> StepTimes:
     return StepTimes(num_nodes=_frozen(nodes, np.int64), num_replicas=_frozen(reps, np.int64),
                      local_bsz=_ints(cols["local_bsz"]),
                      step_time=_frozen(cols["step_time"], float),

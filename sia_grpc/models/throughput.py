@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import scipy.optimize
 from threadpoolctl import ThreadpoolController
 
@@ -56,19 +58,20 @@ class PerfParams:
     beta_r: float  # intra-node retrogression per replica beyond 2 (s)
     gamma: float  # compute/communication overlap exponent, in [1, 10]
 
-    def as_array(self) -> np.ndarray:
+    def as_array(self) -> npt.NDArray[np.float64]:
         # Not dataclasses.astuple: it deep-copies each field, and this runs for every
         # type of every job whose model changed (a third of a 1,000-job round's time).
         return np.array([self.alpha_c, self.beta_c, self.alpha_n, self.beta_n,
                          self.alpha_r, self.beta_r, self.gamma], dtype=float)
 
 
-def compute_time(params: PerfParams, atomic_bsz) -> np.ndarray:
+def compute_time(params: PerfParams, atomic_bsz: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Time of one micro-batch's forward and backward pass."""
     return params.alpha_c + params.beta_c * np.asarray(atomic_bsz, dtype=float)
 
 
-def network_time(params: PerfParams, num_nodes, num_replicas) -> np.ndarray:
+def network_time(params: PerfParams, num_nodes: npt.ArrayLike,
+                 num_replicas: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """All-reduce time of one optimizer step."""
     nodes = np.asarray(num_nodes)
     reps = np.asarray(num_replicas)
@@ -78,7 +81,8 @@ def network_time(params: PerfParams, num_nodes, num_replicas) -> np.ndarray:
     return np.where(nodes > 1, inter, np.where(reps > 1, intra, _TINY))
 
 
-def sync_time(params: PerfParams, num_nodes, num_replicas, atomic_bsz) -> np.ndarray:
+def sync_time(params: PerfParams, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+              atomic_bsz: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Time of the micro-batch that ends with the gradient all-reduce (T_sync)."""
     t_c = compute_time(params, atomic_bsz)
     t_n = network_time(params, num_nodes, num_replicas)
@@ -86,8 +90,9 @@ def sync_time(params: PerfParams, num_nodes, num_replicas, atomic_bsz) -> np.nda
     return (t_c**g + t_n**g) ** (1.0 / g)
 
 
-def step_time(params: PerfParams, num_nodes, num_replicas, atomic_bsz,
-              accum_steps=0) -> np.ndarray:
+def step_time(params: PerfParams, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+              atomic_bsz: npt.ArrayLike,
+              accum_steps: npt.ArrayLike = 0) -> npt.NDArray[np.float64]:
     """Time of one optimizer step (iteration), accumulation included."""
     t_c = compute_time(params, atomic_bsz)
     t_n = network_time(params, num_nodes, num_replicas)
@@ -95,19 +100,34 @@ def step_time(params: PerfParams, num_nodes, num_replicas, atomic_bsz,
     return np.asarray(accum_steps) * t_c + (t_c**g + t_n**g) ** (1.0 / g)
 
 
-def throughput(params: PerfParams, num_nodes, num_replicas, atomic_bsz,
-               accum_steps=0) -> np.ndarray:
+def throughput(params: PerfParams, num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+               atomic_bsz: npt.ArrayLike,
+               accum_steps: npt.ArrayLike = 0) -> npt.NDArray[np.float64]:
     """Samples per second."""
     accum = np.asarray(accum_steps)
     samples = np.asarray(num_replicas) * np.asarray(atomic_bsz) * (accum + 1)
-    return samples / step_time(params, num_nodes, num_replicas, atomic_bsz, accum)
+    out: npt.NDArray[np.float64] = samples / step_time(params, num_nodes, num_replicas,
+                                                        atomic_bsz, accum)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Fitting
 
 
-def _objective(theta: np.ndarray, data: tuple) -> tuple[float, np.ndarray]:
+class _Observations(NamedTuple):
+    """The data of a fit, in the form the loss reads it: one entry per observation."""
+
+    bsz: npt.NDArray[np.float64]
+    extra: npt.NDArray[np.float64]  # replicas beyond 2
+    is_inter: npt.NDArray[np.bool_]  # spans nodes
+    is_intra: npt.NDArray[np.bool_]  # several replicas within one node
+    y_accum: npt.NDArray[np.float64]  # log of the non-syncing micro-batch's time
+    y_optim: npt.NDArray[np.float64]  # log of the syncing micro-batch's time
+
+
+def _objective(theta: npt.NDArray[np.float64],
+               data: _Observations) -> tuple[float, npt.NDArray[np.float64]]:
     """Pollux's fitting loss and its analytic gradient w.r.t. all 7 parameters."""
     bsz, extra, is_inter, is_intra, y_accum, y_optim = data
     ac, bc, an, bn, ar, br, g = theta
@@ -155,8 +175,9 @@ def _blas_controller() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_step_time,
-                    optim_step_time) -> PerfParams:
+def fit_perf_params(num_nodes: npt.ArrayLike, num_replicas: npt.ArrayLike,
+                    atomic_bsz: npt.ArrayLike, accum_step_time: npt.ArrayLike,
+                    optim_step_time: npt.ArrayLike) -> PerfParams:
     """Fit PerfParams to observed step times, as Pollux does.
 
     A pure function of the data, memoised on it: jobs of one application share
@@ -189,12 +210,15 @@ def fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_step_time,
     return params
 
 
-_FITS: dict[tuple, PerfParams] = {}  # memo of fit_perf_params by its data
+_FITS: dict[tuple[bytes, ...], PerfParams] = {}  # memo of fit_perf_params by its data
 _FITS_LIMIT = 4096
 
 
-def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
-
+def _start(nodes: npt.NDArray[np.int64], reps: npt.NDArray[np.int64],
+           bsz: npt.NDArray[np.float64], t_accum: npt.NDArray[np.float64],
+           ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The fit's start and which of its parameters stay there: those the data cannot
+    identify, frozen the way Pollux freezes them."""
     theta = _START.copy()
     fixed = np.zeros(7, dtype=bool)
     if np.unique(bsz).size == 1:
@@ -211,8 +235,14 @@ def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
     if not np.any(reps > 2):
         theta[[_BN, _BR]] = _TINY
         fixed[[_BN, _BR]] = True
+    return theta, fixed
 
-    data = (
+
+def _fit(nodes: npt.NDArray[np.int64], reps: npt.NDArray[np.int64],
+         bsz: npt.NDArray[np.float64], t_accum: npt.NDArray[np.float64],
+         t_optim: npt.NDArray[np.float64]) -> PerfParams:
+    theta, fixed = _start(nodes, reps, bsz, t_accum)
+    data = _Observations(
         bsz,
         np.maximum(reps - 2, 0).astype(float),
         nodes > 1,
@@ -226,7 +256,7 @@ def _fit(nodes, reps, bsz, t_accum, t_optim) -> PerfParams:
     # the exact parameters of noise-free data by 10-50% in step time.
     is_log = free < _G
 
-    def fun(x: np.ndarray) -> tuple[float, np.ndarray]:
+    def fun(x: npt.NDArray[np.float64]) -> tuple[float, npt.NDArray[np.float64]]:
         with np.errstate(all="ignore"):
             values = np.where(is_log, np.exp(np.where(is_log, x, 0.0)), x)
             full = theta.copy()

@@ -13,15 +13,10 @@ Command line: `python -m sia_grpc.nodeagent --controller HOST:PORT --gpus rtx:8`
 """
 
 from sia_grpc.clock import Clock, ManualClock, MonotonicClock
-from sia_grpc.nodeagent.agent import (
-    ACK_MEMORY,
-    AgentConfig,
-    AgentConfigError,
-    AgentStatus,
-    NodeAgent,
-    full_jitter_backoff,
-)
+from sia_grpc.nodeagent.agent import AgentStatus, NodeAgent
 from sia_grpc.nodeagent.backend import ExitCallback, Launch, WorkerBackend
+from sia_grpc.nodeagent.config import AgentConfig, AgentConfigError, full_jitter_backoff
+from sia_grpc.nodeagent.directives import ACK_MEMORY
 from sia_grpc.nodeagent.modeled import PROFILE_STEPS, ModeledBackend, Trajectory
 from sia_grpc.nodeagent.torchbackend import TorchBackend
 

@@ -26,7 +26,8 @@ from typing import Any
 import structlog
 
 from sia_grpc import signals
-from sia_grpc.nodeagent.agent import AgentConfig, AgentConfigError, NodeAgent
+from sia_grpc.nodeagent.agent import NodeAgent
+from sia_grpc.nodeagent.config import AgentConfig, AgentConfigError
 from sia_grpc.nodeagent.gpus import (
     NodeGpus,
     parse_gpu_spec,
@@ -63,6 +64,16 @@ def _seconds(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sia-nodeagent",
                                 description="sia node agent: one node, one GPU type")
+    _add_node_arguments(p)
+    _add_worker_arguments(p)
+    _add_isolation_arguments(p)
+    _add_tls_arguments(p)
+    add_logging_arguments(p)
+    return p
+
+
+def _add_node_arguments(p: argparse.ArgumentParser) -> None:
+    """The node: its controller, its name, its workers' kind and its GPUs."""
     p.add_argument("--controller", required=True, metavar="HOST:PORT[,HOST:PORT]",
                    help="the controller; a pair's addresses comma-separated, or one DNS "
                         "name with several records (the agent finds the leader and "
@@ -79,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", type=_gpus, metavar="TYPE:COUNT",
                    help="torch back-end without GPUs: EMULATE COUNT GPUs of TYPE by running "
                         "workers on the CPU, paced to TYPE's relative speed")
+
+
+def _add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """How workers run (torch's folders and time limits, modeled pacing), and the stream."""
     p.add_argument("--workdir", type=Path, metavar="DIR",
                    help="torch: worker socket, logs and default checkpoints "
                         "(default: <tmp>/sia-nodeagent-<node-id>)")
@@ -99,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=1, metavar="N",
                    help="modeled: run N agents in this process, named NODE-ID-0 .. "
                         "NODE-ID-(N-1) (load tests: many nodes, few processes)")
+
+
+def _add_isolation_arguments(p: argparse.ArgumentParser) -> None:
     iso = p.add_argument_group(
         "isolation (torch back-end)",
         "how a job is kept apart from the agent and from other tenants' jobs "
@@ -134,13 +152,14 @@ def _parser() -> argparse.ArgumentParser:
     iso.add_argument("--worker-env", action="append", default=[], metavar="PATTERN",
                      help="pass the agent's variables matching PATTERN to workers, beside "
                           f"{' '.join(DEFAULT_PASS_ENV)} (repeatable; never SIA_*)")
+
+
+def _add_tls_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", metavar="FILE",
                    help="CA certificate (PEM) of the controller: connect with TLS")
     p.add_argument("--tls-cert", metavar="FILE",
                    help="this node's client certificate (PEM; CN or SAN = --node-id)")
     p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
-    add_logging_arguments(p)
-    return p
 
 
 def _uid_range(text: str) -> tuple[int, int]:

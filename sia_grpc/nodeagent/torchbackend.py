@@ -40,7 +40,6 @@ import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -62,6 +61,7 @@ from sia_grpc.nodeagent.torchworkers.environment import (
     single_node,
     worker_env,
 )
+from sia_grpc.nodeagent.torchworkers.exits import memory_note
 from sia_grpc.nodeagent.torchworkers.group import WorkerGroup, spawn_ranks
 from sia_grpc.nodeagent.torchworkers.profiling import ProfileRun, profile_env
 from sia_grpc.nodeagent.torchworkers.reports import drain, on_report
@@ -492,13 +492,3 @@ class TorchBackend:
             return pb.WorkerReply(current=True)
         return on_report(report, group, run, self._log)
 
-
-def memory_note(space: Space) -> str:
-    """"killed for memory ..." when the run's cgroup saw the kernel kill for memory."""
-    m: Any = space.memory
-    if m is None or not m.oom_kills:
-        return ""
-    limit = f"{m.limit_bytes / 2**20:.0f} MiB" if m.limit_bytes else "its limit"
-    peak = f", peak {m.peak_bytes / 2**20:.0f} MiB" if m.peak_bytes else ""
-    return (f"killed for memory: the job used all the host memory it may use on this node "
-            f"({limit}{peak}; {m.oom_kills} process(es) killed by the kernel)")

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from scipy import sparse
 
 from sia_grpc.policy.candidates import (
@@ -50,7 +51,7 @@ from sia_grpc.policy.candidates import (
 from sia_grpc.policy.cluster import Cluster, Config, GpuId
 from sia_grpc.policy.gcpause import collection_paused
 from sia_grpc.policy.queues import QueueSet, partitioned
-from sia_grpc.policy.rounds import finish_round
+from sia_grpc.policy.result import finish_round
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
 from sia_grpc.policy.solvers import lp_interior
 from sia_grpc.policy.types import (
@@ -194,7 +195,8 @@ def time_share_priority(table: CandidateTable, jobs: Sequence[PolicyJob], shares
     received = np.array([[j.attained.get(t, 0.0) for t in types] for j in jobs],
                         dtype=float).reshape(len(jobs), len(types)) + round_duration / 2
     fraction = received / received.sum(axis=0)
-    return shares / fraction[table.job, table.types()]
+    priority: npt.NDArray[np.float64] = shares / fraction[table.job, table.types()]
+    return priority
 
 
 def greedy_grant(table: CandidateTable, jobs: Sequence[PolicyJob], priority: np.ndarray,

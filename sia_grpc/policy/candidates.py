@@ -12,11 +12,12 @@ then one numpy expression instead of 5,000 small ones.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.models.bootstrap import JobGoodputModel, evaluate_jobs
 from sia_grpc.policy.cluster import Cluster, Config
@@ -32,7 +33,7 @@ class CandidateTable:
 
     cluster: Cluster
     offsets: np.ndarray  # int64[num_jobs + 1]
-    config: np.ndarray  # int64[n]: index into cluster.configs
+    config: npt.NDArray[np.int64]  # [n]: index into cluster.configs
     replicas: np.ndarray  # data-parallel replicas
     goodput: np.ndarray  # samples/s × efficiency (throughput for fixed-batch jobs)
     batch_size: np.ndarray
@@ -114,14 +115,6 @@ def count_bounds(cluster: Cluster, jobs: Sequence[PolicyJob],
                      np.where(rigid, unbounded, limit)], axis=1)
 
 
-def candidate_configs(cluster: Cluster, job: PolicyJob, current: Config | None, *,
-                      max_scale_up: float = 2.0, scale_rules: bool = True) -> list[Config]:
-    """One job's candidate configurations (see `count_bounds`)."""
-    offsets, index = candidate_index(cluster, [job], [current], max_scale_up=max_scale_up,
-                                     scale_rules=scale_rules)
-    return [cluster.configs[k] for k in index]
-
-
 def candidate_index(cluster: Cluster, jobs: Sequence[PolicyJob],
                     current: Sequence[Config | None], *, max_scale_up: float = 2.0,
                     scale_rules: bool = True,
@@ -195,15 +188,7 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     gpus_of, types_of, nodes_of = cluster.config_arrays
     counts = np.diff(offsets)
     n = len(config)
-    pipeline = np.repeat(np.array([j.pipeline_gpus for j in jobs], dtype=np.int64), counts)
-    replicas = gpus_of[config] // np.maximum(pipeline, 1)
-    # A rigid count rounded up to the configuration set still runs its own count.
-    unbounded = np.iinfo(np.int64).max
-    # (a rigid job's num_gpus is set: PolicyJob checks it)
-    rigid_reps = np.repeat(np.array([cast(int, j.num_gpus) // j.pipeline_gpus
-                                     if j.adaptivity is Adaptivity.RIGID else unbounded
-                                     for j in jobs], dtype=np.int64), counts)
-    replicas = np.minimum(replicas, rigid_reps)
+    replicas = _replicas(jobs, gpus_of[config], counts)
     nodes = nodes_of[config]
     out = {f: np.zeros(n) for f in _FIELDS}
     # Plain Python lists and slices below: this loop runs once per job, 20,000 a round.
@@ -213,15 +198,63 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
     def type_names(a: int, b: int) -> tuple[str, ...]:  # (only where a job needs them)
         return tuple(gpu_types[t] for t in codes[a:b])
 
+    batched = _Batched()
+    _evaluate_each(cluster, jobs, offsets.tolist(), type_codes, nodes, replicas, type_maps,
+                   type_names, out, batched)
+
+    def rows_of(k: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        a, b, mapped = batched.spans[k]
+        return mapped or type_names(a, b), nodes[a:b], replicas[a:b]
+
+    est = evaluate_jobs(batched.models, batched.row_keys, rows_of)
+    batched_rows = np.repeat(batched.jobs, counts)
+    for f, arr in out.items():
+        arr[batched_rows] = getattr(est, f)
+    table = CandidateTable(cluster, offsets, config, replicas, out["goodput"],
+                           out["batch_size"].astype(np.int64), out["atomic_bsz"].astype(np.int64),
+                           out["accum_steps"].astype(np.int64))
+    return table.where(np.isfinite(table.goodput) & (table.goodput > 0))
+
+
+def _replicas(jobs: Sequence[PolicyJob], gpus: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Data-parallel replicas of each row (`gpus`: its GPU count; `counts`: rows per job)."""
+    pipeline = np.repeat(np.array([j.pipeline_gpus for j in jobs], dtype=np.int64), counts)
+    replicas = gpus // np.maximum(pipeline, 1)
+    # A rigid count rounded up to the configuration set still runs its own count.
+    unbounded = np.iinfo(np.int64).max
+    # (a rigid job's num_gpus is set: PolicyJob checks it)
+    rigid_reps = np.repeat(np.array([cast(int, j.num_gpus) // j.pipeline_gpus
+                                     if j.adaptivity is Adaptivity.RIGID else unbounded
+                                     for j in jobs], dtype=np.int64), counts)
+    capped: npt.NDArray[np.int64] = np.minimum(replicas, rigid_reps)
+    return capped
+
+
+@dataclass
+class _Batched:
+    """The jobs `estimate` leaves to one batched `evaluate_jobs` pass: their models,
+    their rows (first, last, the types as their model names them, if mapped), each
+    one's row key, and which jobs they are."""
+
+    models: list[JobGoodputModel] = field(default_factory=list)
+    spans: list[tuple[int, int, tuple[str, ...] | None]] = field(default_factory=list)
+    row_keys: list[Hashable] = field(default_factory=list)
+    jobs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+def _evaluate_each(cluster: Cluster, jobs: Sequence[PolicyJob], bounds: list[int],
+                   type_codes: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
+                   type_maps: Sequence[Mapping[str, str] | None] | None,
+                   type_names: Callable[[int, int], tuple[str, ...]],
+                   out: dict[str, np.ndarray], batched: _Batched) -> None:
+    """Score each job's rows (`bounds[i]:bounds[i+1]`) into `out` by its model's
+    `evaluate`, one call per type, or note it in `batched` where its model has batch
+    grids."""
     # Each row's (type, nodes, replicas) as bytes: a slice names a job's candidate
     # rows in one small object (`evaluate_jobs`'s row keys).
     width = 3 * 8
     row_bytes = np.stack([type_codes, nodes, replicas], axis=1).astype(np.int64).tobytes()
-    bounds = offsets.tolist()
-    models: list[JobGoodputModel] = []
-    spans: list[tuple[int, int, tuple[str, ...] | None]] = []
-    row_keys: list[Hashable] = []
-    batched_jobs = np.zeros(len(jobs), dtype=bool)
+    batched.jobs = batched_jobs = np.zeros(len(jobs), dtype=bool)
     adaptive = Adaptivity.ADAPTIVE
     for i, job in enumerate(jobs):
         a, b = bounds[i], bounds[i + 1]
@@ -231,9 +264,10 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
         mapped = tuple(tmap.get(t, t) for t in type_names(a, b)) if tmap else None
         model = job.model
         if job.adaptivity is adaptive and hasattr(model, "grid_rows"):
-            models.append(cast(JobGoodputModel, model))  # (a model with batch grids)
-            spans.append((a, b, mapped))
-            row_keys.append((mapped or cluster.gpu_types, row_bytes[a * width:b * width]))
+            batched.models.append(cast(JobGoodputModel, model))  # (a model with batch grids)
+            batched.spans.append((a, b, mapped))
+            batched.row_keys.append((mapped or cluster.gpu_types,
+                                     row_bytes[a * width:b * width]))
             batched_jobs[i] = True
             continue
         names = mapped or type_names(a, b)
@@ -243,19 +277,6 @@ def estimate(cluster: Cluster, jobs: Sequence[PolicyJob], offsets: np.ndarray,
             est = model.evaluate(t, nodes[ix], replicas[ix], fixed_batch_size=fixed)
             for f, arr in out.items():
                 arr[ix] = getattr(est, f)
-
-    def rows_of(k: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-        a, b, mapped = spans[k]
-        return mapped or type_names(a, b), nodes[a:b], replicas[a:b]
-
-    est = evaluate_jobs(models, row_keys, rows_of)
-    batched_rows = np.repeat(batched_jobs, counts)
-    for f, arr in out.items():
-        arr[batched_rows] = getattr(est, f)
-    table = CandidateTable(cluster, offsets, config, replicas, out["goodput"],
-                           out["batch_size"].astype(np.int64), out["atomic_bsz"].astype(np.int64),
-                           out["accum_steps"].astype(np.int64))
-    return table.where(np.isfinite(table.goodput) & (table.goodput > 0))
 
 
 def current_index(cluster: Cluster, jobs: Sequence[PolicyJob],

@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.names import is_name
 from sia_grpc.policy.errors import FieldError
@@ -188,7 +189,8 @@ class Cluster:
         return info
 
     @cached_property
-    def config_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def config_arrays(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                                     npt.NDArray[np.int64]]:
         """(GPU count, type index into `gpu_types`, node count) per entry of
         `configs`, for vectorised work: the set has ~N per type, thousands at scale."""
         index = {t: k for k, t in enumerate(self.gpu_types)}
@@ -203,7 +205,8 @@ class Cluster:
                     gpu_type: str | None = None) -> int | None:
         """The smallest GPU count in the configuration set (of `gpu_type`, or of
         any type) that is ≥ `want` and a multiple of `multiple_of` (None if none)."""
-        cache = self.__dict__.setdefault("_first_count", {})
+        cache: dict[tuple[int, int, str | None], int | None] = self.__dict__.setdefault(
+            "_first_count", {})
         key = (want, multiple_of, gpu_type)
         if key not in cache:
             gpus, types, _ = self.config_arrays
@@ -220,16 +223,6 @@ class Cluster:
         return tuple((int(np.searchsorted(types, k)), int(np.searchsorted(types, k, "right")))
                      for k in range(len(self.gpu_types)))
 
-    def config_for(self, gpu_type: str, num_gpus: int) -> Config | None:
-        """The configuration of `num_gpus` GPUs of `gpu_type`, if the set has one."""
-        r = self.gpus_per_vnode.get(gpu_type)
-        if r is None or num_gpus <= 0:
-            return None
-        if num_gpus <= r:
-            return Config(gpu_type, 1, num_gpus) if num_gpus & (num_gpus - 1) == 0 else None
-        m, rem = divmod(num_gpus, r)
-        fits = rem == 0 and m <= len(self.vnodes[gpu_type])
-        return Config(gpu_type, m, num_gpus) if fits else None
 
 
 def paper_hetero_cluster(scale: int = 1) -> Cluster:

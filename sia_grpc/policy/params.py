@@ -20,7 +20,6 @@ import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from sia_grpc.policy.baselines import (
     FifoPolicy,
@@ -33,11 +32,11 @@ from sia_grpc.policy.sia_plus import SiaPlusPolicy
 from sia_grpc.policy.types import Policy, SettingError
 
 # A policy class (called with no arguments, for its defaults), or a stand-in for one.
-PolicyClass = Callable[[], Any]
+PolicyClass = Callable[[], Policy]
 
-POLICIES: dict[str, type] = {"sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy,
-                             "fifo": FifoPolicy, "sia-partitioned": PartitionedSiaPolicy,
-                             "sia-plus": SiaPlusPolicy}
+POLICIES: dict[str, PolicyClass] = {
+    "sia": SiaPolicy, "pollux": PolluxPolicy, "gavel": GavelPolicy, "fifo": FifoPolicy,
+    "sia-partitioned": PartitionedSiaPolicy, "sia-plus": SiaPlusPolicy}
 
 # `lambda_` is the field (λ; `lambda` is a Python keyword), but `lambda` is what
 # people write in TOML and environment variables: both are accepted.
@@ -69,7 +68,7 @@ def policy_class(name: str, policies: Mapping[str, PolicyClass] = POLICIES) -> P
                                      f"{', '.join(policies)}") from None
 
 
-def _fields(default: Policy) -> dict[str, dataclasses.Field]:
+def _fields(default: Policy) -> dict[str, dataclasses.Field[object]]:
     """The settable fields of a policy's config: those declared with a help text."""
     config = getattr(default, "config", None)
     if config is None:
@@ -80,7 +79,8 @@ def _fields(default: Policy) -> dict[str, dataclasses.Field]:
 def settings(name: str, policies: Mapping[str, PolicyClass] = POLICIES) -> list[Setting]:
     """Each setting of the named policy, with that policy's default and help."""
     default = policy_class(name, policies)()
-    return [Setting(f.name, str(f.type), getattr(default.config, f.name), f.metadata["help"])
+    config = getattr(default, "config", None)
+    return [Setting(f.name, str(f.type), getattr(config, f.name), f.metadata["help"])
             for f in _fields(default).values()]
 
 
@@ -123,15 +123,17 @@ def make_policy(name: str, params: Mapping[str, object] = {}, *,  # noqa: B006 (
     return _build(policy_class(name, policies)(), values, name, {})
 
 
-def _build(default: Any, values: Mapping[str, object], name: str,
+def _build(default: Policy, values: Mapping[str, object], name: str,
            given: Mapping[str, str]) -> Policy:
     # (`default`: a policy, a dataclass whose `config`, where it has settings, is one too)
     if not values:
         return default
-    if getattr(default, "config", None) is None:  # a policy without settings (a test's)
+    config = getattr(default, "config", None)
+    if config is None or isinstance(default, type) or not dataclasses.is_dataclass(default):
+        # (a policy without settings: a test's)
         raise SettingError(next(iter(values)), f"{name} takes no settings")
     try:
-        config = dataclasses.replace(default.config, **values)
+        config = dataclasses.replace(config, **values)
     except SettingError as err:  # from the config's __post_init__: name the user's key
         raise SettingError(given.get(err.setting, err.setting), err.problem,
                            "" if err.setting == "round_duration" else name) from None

@@ -22,10 +22,10 @@ during the search and concrete GPU indices are handed out at the end.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sia_grpc.policy.cluster import Cluster, Config, GpuId
+from sia_grpc.policy.cluster import Cluster, Config, GpuId, VirtualNode
 
 __all__ = ["PlacementError", "PlacementResult", "place"]
 
@@ -165,6 +165,46 @@ def _place_type(
     """Place type `t`'s jobs (positions, ascending) into `placed`."""
     r = cluster.gpus_per_vnode[t]
     vnodes = cluster.vnodes[t]
+    whole, partial, kept_whole, kept_part = _by_shape(r, jobs, cfgs, kept)
+    fit = _fit(r, len(vnodes), whole, partial, kept_whole, kept_part, pinned)
+    if fit is None:  # unreachable by the argument in the module doc; kept as a safety net
+        # Last resort: repack the whole type from scratch, which always fits.
+        fit = _fit(r, len(vnodes), whole + [(k, len(v)) for k, v in kept_whole.items()],
+                   partial + [(k, g) for k, (_, g) in kept_part.items()], {}, {})
+        assert fit is not None, "from-scratch packing failed with per-type totals in capacity"
+        fit = (fit[0], [*kept_whole, *kept_part])
+    vnode_of, type_evicted = fit
+    evicted.update(type_evicted)
+    gone = set(type_evicted)
+    incoming = _place_spanning(r, vnodes, cfgs, placed, vnode_of,
+                               (*(k for k, _ in whole), *(k for k, _ in partial),
+                                *type_evicted))
+    # (a kept job's kept_gpus and prevs are set: it keeps what it had)
+    for k in kept_whole:
+        if k not in gone:
+            gpus = kept_gpus[k]
+            assert gpus is not None
+            placed[k] = gpus
+    used: dict[int, set[int]] = {}  # vnode -> local GPU indices held by kept partial jobs
+    for k, (v, _) in kept_part.items():
+        if k not in gone:
+            gpus, prev = kept_gpus[k], prevs[k]
+            assert gpus is not None and prev is not None
+            placed[k] = gpus
+            if v in incoming:
+                off = vnodes[v].offset
+                used.setdefault(v, set()).update(g.index - off for g in prev)
+    for v, movers in incoming.items():
+        _place_partial(r, vnodes[v], v, movers, cfgs, prevs, kept_part, kept_gpus, placed,
+                       used.get(v, set()))
+
+
+def _by_shape(r: int, jobs: list[int], cfgs: list[Config], kept: list[tuple[int, ...] | None],
+              ) -> tuple[list[tuple[int, int]], list[tuple[int, int]],
+                         dict[int, tuple[int, ...]], dict[int, tuple[int, int]]]:
+    """One type's jobs by shape (`r` GPUs a vnode): (whole-vnode jobs to place, with
+    their vnode count; partial ones, with their GPUs; whole ones kept, with their
+    vnodes; partial ones kept, with their vnode and GPUs)."""
     whole: list[tuple[int, int]] = []
     partial: list[tuple[int, int]] = []
     kept_whole: dict[int, tuple[int, ...]] = {}
@@ -181,21 +221,17 @@ def _place_type(
             partial.append((k, g))
         else:
             kept_part[k] = (vns[0], g)
+    return whole, partial, kept_whole, kept_part
 
-    fit = _fit(r, len(vnodes), whole, partial, kept_whole, kept_part, pinned)
-    if fit is None:  # unreachable by the argument in the module doc; kept as a safety net
-        # Last resort: repack the whole type from scratch, which always fits.
-        fit = _fit(r, len(vnodes), whole + [(k, len(v)) for k, v in kept_whole.items()],
-                   partial + [(k, g) for k, (_, g) in kept_part.items()], {}, {})
-        assert fit is not None, "from-scratch packing failed with per-type totals in capacity"
-        fit = (fit[0], [*kept_whole, *kept_part])
-    vnode_of, type_evicted = fit
-    evicted.update(type_evicted)
-    gone = set(type_evicted)
 
+def _place_spanning(r: int, vnodes: Sequence[VirtualNode], cfgs: list[Config],
+                    placed: list[tuple[GpuId, ...]], vnode_of: Mapping[int, tuple[int, ...]],
+                    movers: Iterable[int]) -> dict[int, list[int]]:
+    """Place each of `movers` that fills its vnodes (its GPUs: theirs, in physical
+    order); returns the others, partial jobs placed afresh, by vnode."""
     incoming: dict[int, list[int]] = {}  # vnode -> partial jobs placed there afresh
     rank: dict[int, int] | None = None
-    for k in (*(k for k, _ in whole), *(k for k, _ in partial), *type_evicted):
+    for k in movers:
         vns = vnode_of[k]
         if len(vns) > 1 or cfgs[k].num_gpus == r:
             if rank is None:  # sorting vnodes, not GpuIds; `Cluster(...)` need not be sorted
@@ -206,47 +242,37 @@ def _place_type(
                               for g in vnodes[v].gpus())
         else:
             incoming.setdefault(vns[0], []).append(k)
+    return incoming
 
-    # (a kept job's kept_gpus and prevs are set: it keeps what it had)
-    for k in kept_whole:
-        if k not in gone:
+
+def _place_partial(r: int, vn: VirtualNode, v: int, movers: list[int], cfgs: list[Config],
+                   prevs: list[Sequence[GpuId] | None],
+                   kept_part: Mapping[int, tuple[int, int]],
+                   kept_gpus: list[tuple[GpuId, ...] | None],
+                   placed: list[tuple[GpuId, ...]], taken: set[int]) -> None:
+    """Place the partial jobs `movers` on vnode `v` (`vn`), around the GPUs kept
+    jobs hold there (`taken`): largest first, onto the lowest free GPUs."""
+    movers.sort(key=lambda k: (-cfgs[k].num_gpus, k))
+    rest = []
+    for k in movers:
+        # An evicted job that landed back on its own vnode gets its old GPUs if
+        # they are still free, which undoes the eviction.
+        own = None
+        if k in kept_part and kept_part[k][0] == v:
+            prev = prevs[k]
+            assert prev is not None
+            own = {g.index - vn.offset for g in prev}
+        if own is not None and taken.isdisjoint(own):
             gpus = kept_gpus[k]
             assert gpus is not None
+            taken = taken | own
             placed[k] = gpus
-    used: dict[int, set[int]] = {}  # vnode -> local GPU indices held by kept partial jobs
-    for k, (v, _) in kept_part.items():
-        if k not in gone:
-            gpus, prev = kept_gpus[k], prevs[k]
-            assert gpus is not None and prev is not None
-            placed[k] = gpus
-            if v in incoming:
-                off = vnodes[v].offset
-                used.setdefault(v, set()).update(g.index - off for g in prev)
-
-    for v, movers in incoming.items():
-        vn = vnodes[v]
-        taken = used.get(v, set())
-        movers.sort(key=lambda k: (-cfgs[k].num_gpus, k))
-        rest = []
-        for k in movers:
-            # An evicted job that landed back on its own vnode gets its old GPUs if
-            # they are still free, which undoes the eviction.
-            own = None
-            if k in kept_part and kept_part[k][0] == v:
-                prev = prevs[k]
-                assert prev is not None
-                own = {g.index - vn.offset for g in prev}
-            if own is not None and taken.isdisjoint(own):
-                gpus = kept_gpus[k]
-                assert gpus is not None
-                taken = taken | own
-                placed[k] = gpus
-            else:
-                rest.append(k)
-        free = iter([n for n in range(r) if n not in taken])
-        for k in rest:
-            placed[k] = tuple(GpuId(vn.physical, vn.offset + next(free))
-                              for _ in range(cfgs[k].num_gpus))
+        else:
+            rest.append(k)
+    free = iter([n for n in range(r) if n not in taken])
+    for k in rest:
+        placed[k] = tuple(GpuId(vn.physical, vn.offset + next(free))
+                          for _ in range(cfgs[k].num_gpus))
 
 
 def _fit(
@@ -264,100 +290,125 @@ def _fit(
     `kept_*` are pinned where they are unless evicted. Returns job -> vnodes and the
     evicted jobs, or None if no assignment was found.
     """
-    free = [r] * n
-    owned = [False] * n  # held by a whole-node job; never shared
-    residents: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # kept partial jobs
-    out: dict[int, tuple[int, ...]] = {}
-    evicted: list[int] = []
-    pending = [(-g, job) for job, g in partial]  # min-heap: largest first, then by id
+    packing = _Packing(r, n, partial, kept_whole, kept_part)
+    if not packing.place_whole(whole, pinned) or not packing.place_partial(pinned):
+        return None
+    return packing.out, packing.evicted
 
-    for job, vns in kept_whole.items():
-        for v in vns:
-            owned[v] = True
-            free[v] = 0
-        out[job] = vns
-    for job, (v, g) in kept_part.items():
-        free[v] -= g
-        residents[v].append((g, job))
-        out[job] = (v,)
 
-    def evict(v: int, victims: list[tuple[int, int]]) -> None:
+class _Packing:
+    """`_fit`'s state: one type's vnodes as the kept jobs leave them, then as the
+    jobs to place (whole-node ones first, then partial ones) fill them."""
+
+    def __init__(self, r: int, n: int, partial: list[tuple[int, int]],
+                 kept_whole: Mapping[int, tuple[int, ...]],
+                 kept_part: Mapping[int, tuple[int, int]]) -> None:
+        self.r, self.n = r, n
+        self.free = [r] * n
+        self.owned = [False] * n  # held by a whole-node job; never shared
+        # The kept partial jobs on each vnode, as (GPUs, job).
+        self.residents: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.out: dict[int, tuple[int, ...]] = {}
+        self.evicted: list[int] = []
+        self.pending = [(-g, job) for job, g in partial]  # min-heap: largest first, then by id
+        free, owned, residents, out = self.free, self.owned, self.residents, self.out
+        for job, vns in kept_whole.items():
+            for v in vns:
+                owned[v] = True
+                free[v] = 0
+            out[job] = vns
+        for job, (v, g) in kept_part.items():
+            free[v] -= g
+            residents[v].append((g, job))
+            out[job] = (v,)
+
+    def evict(self, v: int, victims: list[tuple[int, int]]) -> None:
+        residents, free, out = self.residents, self.free, self.out
         for g, job in victims:
             residents[v].remove((g, job))
             free[v] += g
             del out[job]
-            evicted.append(job)
-            heapq.heappush(pending, (-g, job))
+            self.evicted.append(job)
+            heapq.heappush(self.pending, (-g, job))
 
-    # Whole-node jobs need empty vnodes. If too few are empty, clear those cheapest to
-    # clear (fewest kept jobs, then fewest GPUs); their jobs join the partial queue.
-    empty = [v for v in range(n) if free[v] == r]
-    need = sum(m for _, m in whole)
-    if need > len(empty):
-        busy = [v for v in range(n) if not owned[v] and free[v] < r]
-        def clearing(v: int) -> tuple[int, int, int, int]:
-            return (sum(j in pinned for _, j in residents[v]), len(residents[v]),
-                    r - free[v], v)
-
-        for v in heapq.nsmallest(need - len(empty), busy, key=clearing):
-            evict(v, sorted(residents[v]))
-            empty.append(v)
+    def place_whole(self, whole: list[tuple[int, int]], pinned: frozenset[int]) -> bool:
+        """Whole-node jobs need empty vnodes. If too few are empty, clear those cheapest
+        to clear (fewest kept jobs, then fewest GPUs); their jobs join the partial
+        queue. False: too few vnodes even so."""
+        r, n, free, owned, residents = self.r, self.n, self.free, self.owned, self.residents
+        empty = [v for v in range(n) if free[v] == r]
+        need = sum(m for _, m in whole)
         if need > len(empty):
-            return None
-        empty.sort()
-    nxt = 0
-    for job, m in sorted(whole, key=lambda x: (-x[1], x[0])):
-        vns = tuple(empty[nxt:nxt + m])
-        nxt += m
-        for v in vns:
-            owned[v] = True
-            free[v] = 0
-        out[job] = vns
+            busy = [v for v in range(n) if not owned[v] and free[v] < r]
+            def clearing(v: int) -> tuple[int, int, int, int]:
+                return (sum(j in pinned for _, j in residents[v]), len(residents[v]),
+                        r - free[v], v)
 
-    # Partial jobs, largest first, best fit: the most-occupied vnode that fits, so
-    # empty vnodes stay empty for later whole-node jobs. buckets[f] is a lazy heap
-    # of vnodes with f free GPUs; an entry is stale once free[v] != f.
-    buckets: list[list[int]] = [[] for _ in range(r + 1)]
-    for v in range(n):
-        if not owned[v] and free[v]:
-            buckets[free[v]].append(v)  # ascending, hence already a heap
-    for res in residents:
-        res.sort(key=lambda x: (-x[0], x[1]))  # largest first: fewest evictions
-    # Lazy heap of eviction costs for size room_g. Costs only rise as vnodes fill,
-    # so a popped entry whose cost is still current is the cheapest.
-    room: list[tuple[int, int, int, int]] = []
-    room_g = 0
-    heapq.heapify(pending)
-    while pending:
-        neg, job = heapq.heappop(pending)
-        g = -neg
-        fit = _best_fit(buckets, free, g, r)
-        if fit is None:
-            if room_g != g:
-                room_g = g
-                room = [c for u in range(n)
-                        if (c := _room_cost(u, g, owned, free, residents, pinned))]
-                heapq.heapify(room)
-            while room:
-                cost = heapq.heappop(room)
-                now = _room_cost(cost[-1], g, owned, free, residents, pinned)
-                if now == cost:
-                    fit = cost[-1]
-                    break
-                if now is not None:
-                    heapq.heappush(room, now)
+            for v in heapq.nsmallest(need - len(empty), busy, key=clearing):
+                self.evict(v, sorted(residents[v]))
+                empty.append(v)
+            if need > len(empty):
+                return False
+            empty.sort()
+        nxt = 0
+        for job, m in sorted(whole, key=lambda x: (-x[1], x[0])):
+            vns = tuple(empty[nxt:nxt + m])
+            nxt += m
+            for v in vns:
+                owned[v] = True
+                free[v] = 0
+            self.out[job] = vns
+        return True
+
+    def place_partial(self, pinned: frozenset[int]) -> bool:
+        """Partial jobs, largest first, best fit: the most-occupied vnode that fits, so
+        empty vnodes stay empty for later whole-node jobs; where none fits, the vnode
+        cheapest to make room on (`_room_cost`). False: no room anywhere."""
+        r, n, free, owned, residents = self.r, self.n, self.free, self.owned, self.residents
+        pending, out = self.pending, self.out
+        # buckets[f] is a lazy heap of vnodes with f free GPUs; an entry is stale once
+        # free[v] != f.
+        buckets: list[list[int]] = [[] for _ in range(r + 1)]
+        for v in range(n):
+            if not owned[v] and free[v]:
+                buckets[free[v]].append(v)  # ascending, hence already a heap
+        for res in residents:
+            res.sort(key=lambda x: (-x[0], x[1]))  # largest first: fewest evictions
+        # Lazy heap of eviction costs for size room_g. Costs only rise as vnodes fill,
+        # so a popped entry whose cost is still current is the cheapest.
+        room: list[tuple[int, int, int, int]] = []
+        room_g = 0
+        heapq.heapify(pending)
+        while pending:
+            neg, job = heapq.heappop(pending)
+            g = -neg
+            fit = _best_fit(buckets, free, g, r)
             if fit is None:
-                return None
-            evict(fit, _victims(residents[fit], g - free[fit], g, pinned))
-            free[fit] -= g
-            if c := _room_cost(fit, g, owned, free, residents, pinned):  # popped: re-enter it
-                heapq.heappush(room, c)
-        else:
-            free[fit] -= g
-        out[job] = (fit,)
-        if free[fit]:
-            heapq.heappush(buckets[free[fit]], fit)
-    return out, evicted
+                if room_g != g:
+                    room_g = g
+                    room = [c for u in range(n)
+                            if (c := _room_cost(u, g, owned, free, residents, pinned))]
+                    heapq.heapify(room)
+                while room:
+                    cost = heapq.heappop(room)
+                    now = _room_cost(cost[-1], g, owned, free, residents, pinned)
+                    if now == cost:
+                        fit = cost[-1]
+                        break
+                    if now is not None:
+                        heapq.heappush(room, now)
+                if fit is None:
+                    return False
+                self.evict(fit, _victims(residents[fit], g - free[fit], g, pinned))
+                free[fit] -= g
+                if c := _room_cost(fit, g, owned, free, residents, pinned):  # popped: re-enter
+                    heapq.heappush(room, c)
+            else:
+                free[fit] -= g
+            out[job] = (fit,)
+            if free[fit]:
+                heapq.heappush(buckets[free[fit]], fit)
+        return True
 
 
 def _best_fit(buckets: list[list[int]], free: list[int], g: int, r: int) -> int | None:

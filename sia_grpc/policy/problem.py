@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.policy.errors import FieldError
 
 
-def _empty(dtype) -> np.ndarray:
+def _empty(dtype: type[np.int64] | type[np.float64]) -> np.ndarray:
     return np.zeros(0, dtype=dtype)
 
 
@@ -54,7 +55,7 @@ class ChoiceProblem:
     row_col: np.ndarray = field(default_factory=lambda: _empty(np.int64))  # int64[nnz]
     row_coef: np.ndarray = field(default_factory=lambda: _empty(np.float64))  # float64[nnz]
     row_rhs: np.ndarray = field(default_factory=lambda: _empty(np.float64))  # float64[n_rows]
-    row_penalty: np.ndarray = field(  # float64[n_rows]: inf = hard, finite > 0 = soft
+    row_penalty: npt.NDArray[np.float64] = field(  # [n_rows]: inf = hard, finite > 0 = soft
         default_factory=lambda: _empty(np.float64))
 
     def __post_init__(self) -> None:

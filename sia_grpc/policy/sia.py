@@ -28,13 +28,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.models.estimate_cache import CACHE
 from sia_grpc.policy.candidates import CandidateTable, build_candidates
 from sia_grpc.policy.cluster import Cluster
 from sia_grpc.policy.gcpause import collection_paused
+from sia_grpc.policy.ilp import SOLVERS
 from sia_grpc.policy.queues import QueueSet
-from sia_grpc.policy.rounds import SOLVERS, ilp_round
+from sia_grpc.policy.rounds import ilp_round
 from sia_grpc.policy.types import (
     Adaptivity,
     JobAllocation,
@@ -147,7 +149,8 @@ def normalised_goodput(table: CandidateTable, n_min: np.ndarray, clip: float) ->
     """G_ij ← N_i^min · G_ij / min_j G_ij per job over its candidates, clipped."""
     low = table.per_job_reduce(np.minimum, table.goodput, np.inf)
     job = table.job
-    return np.minimum(n_min[job] * table.goodput / low[job], clip)
+    out: npt.NDArray[np.float64] = np.minimum(n_min[job] * table.goodput / low[job], clip)
+    return out
 
 
 def objective_values(g: np.ndarray, restart: np.ndarray, r: np.ndarray,
@@ -155,7 +158,8 @@ def objective_values(g: np.ndarray, restart: np.ndarray, r: np.ndarray,
     """sign(p)·(r·G)^p per entry, r only where the entry needs a restart."""
     rg = np.where(restart, r * g, g)
     with np.errstate(divide="ignore"):
-        return np.sign(cfg.p) * np.power(rg, cfg.p)
+        out: npt.NDArray[np.float64] = np.sign(cfg.p) * np.power(rg, cfg.p)
+    return out
 
 
 def min_count(job: PolicyJob) -> int:
@@ -241,7 +245,8 @@ class SiaPolicy(RoundFromConfig):
                             current: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Each candidate's restart factor from its job's `r` (used only on rows that
         restart the job); Sia: the job's own, on every row."""
-        return r[table.job]
+        rows: npt.NDArray[np.float64] = r[table.job]
+        return rows
 
     def growth_values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                       current: np.ndarray, chosen: np.ndarray,

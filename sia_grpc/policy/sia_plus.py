@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.policy.candidates import CandidateTable
 from sia_grpc.policy.sia import SiaConfig, SiaPolicy
@@ -114,15 +115,18 @@ class SiaPlusPolicy(SiaPolicy):
             return np.ones(len(jobs))
         left = np.clip(left, cfg.round_duration, cfg.srpt_cap_h * 3600.0)
         w = np.where(known, left, np.median(left[known])) ** -cfg.srpt
-        return w / np.max(w)  # (only ratios matter; ≤ 1 keeps the ILP's scale)
+        # (Only ratios matter; ≤ 1 keeps the ILP's scale.)
+        out: npt.NDArray[np.float64] = w / np.max(w)
+        return out
 
     def row_restart_factors(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                             current: np.ndarray, r: np.ndarray) -> np.ndarray:
         rows = super().row_restart_factors(table, jobs, current, r)
         if self.config.give_way == 0:
             return rows
-        return rows * give_way_factors(table, jobs, current, self.config.give_way,
-                                       net=self.config.net_run)
+        out: npt.NDArray[np.float64] = rows * give_way_factors(
+            table, jobs, current, self.config.give_way, net=self.config.net_run)
+        return out
 
     def values(self, table: CandidateTable, jobs: Sequence[PolicyJob],
                current: np.ndarray, horizon: str | None = None) -> np.ndarray:
@@ -205,4 +209,5 @@ def restart_pays(table: CandidateTable, jobs: Sequence[PolicyJob], current: np.n
     # factor weighs it, as in `sia`.
     slower = table.goodput <= now[job]
     unknown = ~np.isfinite(saved)
-    return ~restart | unknown | slower | (saved > payback * cost[job])
+    out: npt.NDArray[np.bool_] = ~restart | unknown | slower | (saved > payback * cost[job])
+    return out

@@ -166,7 +166,7 @@ class JobAllocation:
 
 @dataclass(frozen=True)
 class SiloHint:
-    """One queue's silo solve in a round (`rounds.silo_use`): its capacity prices
+    """One queue's silo solve in a round (`silos.silo_use`): its capacity prices
     and each job's configuration (job id -> index in the cluster's configs). The
     next round's silo solve of that queue starts from them; only its speed
     depends on them, never its answer beyond the solver's gap."""
@@ -235,10 +235,15 @@ def positive(config: Any, *names: str) -> None:
             raise SettingError(name, f"must be positive, got {value:g}")
 
 
+class _RoundLength(Protocol):
+    @property
+    def round_duration(self) -> float: ...
+
+
 class RoundFromConfig:
     """Mixin for policies whose frozen `config` carries their round length."""
 
-    config: Any
+    config: _RoundLength
 
     @property
     def round_duration(self) -> float:

@@ -6,7 +6,7 @@ running job then advances by what it would really achieve over the round
 (`sia_grpc.emulation`: measured step times, statistical efficiency by epoch, calibrated
 slowdowns), losing its checkpoint-restore delay whenever its GPUs change.
 
-With queues (`sim.queues`), every job carries its queue and priority class and the
+With queues (`policy.queues`), every job carries its queue and priority class and the
 time it has run on its current allocation, the policy gets the queues, and each
 round records what every queue held per GPU type (measured from the allocations
 the simulator applies) and what the policy's guarantee rows say it was owed.
@@ -153,10 +153,8 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
             jobs[pending[k].name] = _Job.arrive(pending[k])
             k += 1
         active = [j for j in jobs.values() if j.finish_time is None]
-        if not active:  # idle until the first round at or after the next arrival
-            n = np.ceil(pending[k].time / round_s)
-            n += n * round_s < pending[k].time  # float rounding can land just before it
-            now = max(now + round_s, n * round_s)
+        if not active:
+            now = _next_round_at(pending[k].time, now, round_s)
             continue
         t0 = time.perf_counter()
         kw: dict[str, Any] = {**({} if queues is None else {"queues": queues}),
@@ -164,23 +162,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         result = policy.optimize(cluster, [j.policy_job(now) for j in active], previous, **kw)
         warm = result.warm
         spent = time.perf_counter() - t0
-        in_use = dict.fromkeys(cluster.gpu_types, 0)
-        restarted = []
-        for j in active:
-            alloc = result.allocations.get(j.trace.name)
-            if _apply(j, alloc, now):
-                restarted.append(j.trace.name)
-            j.active_rounds += 1
-            j.active_sum += len(active)
-            if alloc is not None:
-                in_use[alloc.config.gpu_type] += alloc.config.num_gpus
-                _advance(j, alloc, now, round_s)
-        rounds.append(RoundRecord(
-            time=now, policy_seconds=spent, active_jobs=len(active), gpus_in_use=in_use,
-            allocations={n: (a.config.gpu_type, a.config.num_gpus)
-                         for n, a in result.allocations.items()},
-            restarted=tuple(restarted),
-            **({} if queues is None else _queue_round(active, result, queues, cluster))))
+        rounds.append(_play_round(active, result, now, round_s, cluster, queues, spent))
         previous = {n: a for n, a in result.allocations.items()
                     if jobs[n].finish_time is None}
         now += round_s
@@ -194,6 +176,36 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
         rounds=tuple(rounds), wall_seconds=time.perf_counter() - wall0,
         cpu_seconds=time.process_time() - cpu0, round_seconds=round_s,
         **({} if queues is None else _queue_specs(queues)))
+
+
+def _next_round_at(arrival: float, now: float, round_s: float) -> float:
+    """While nothing is active: the first round at or after the next arrival."""
+    n = np.ceil(arrival / round_s)
+    n += n * round_s < arrival  # float rounding can land just before it
+    return max(now + round_s, n * round_s)
+
+
+def _play_round(active: Sequence[_Job], result: RoundResult, now: float, round_s: float,
+                cluster: Cluster, queues: QueueSet | None, spent: float) -> RoundRecord:
+    """Give every active job its allocation of `result` and advance it over the round;
+    the round's record (`spent`: the policy's wall time)."""
+    in_use = dict.fromkeys(cluster.gpu_types, 0)
+    restarted = []
+    for j in active:
+        alloc = result.allocations.get(j.trace.name)
+        if _apply(j, alloc, now):
+            restarted.append(j.trace.name)
+        j.active_rounds += 1
+        j.active_sum += len(active)
+        if alloc is not None:
+            in_use[alloc.config.gpu_type] += alloc.config.num_gpus
+            _advance(j, alloc, now, round_s)
+    return RoundRecord(
+        time=now, policy_seconds=spent, active_jobs=len(active), gpus_in_use=in_use,
+        allocations={n: (a.config.gpu_type, a.config.num_gpus)
+                     for n, a in result.allocations.items()},
+        restarted=tuple(restarted),
+        **({} if queues is None else _queue_round(active, result, queues, cluster)))
 
 
 def _queue_round(active: Sequence[_Job], result: RoundResult, queues: QueueSet,

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from sia_grpc.sim.queue_metrics import compute_queues
-from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
+from sia_grpc.policy.queues.measures import compute_queues
+from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult, round_length
 
 __all__ = [
     "Metrics",
@@ -182,7 +182,7 @@ def _cell(value: Any, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-# The columns of the per-queue table (`sim.queue_metrics.QueueMetrics`).
+# The columns of the per-queue table (`policy.queues.measures.QueueMetrics`).
 QUEUE_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("jobs", "jobs", 0),
     ("finished", "done", 0),
@@ -235,7 +235,7 @@ def _plain_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
 def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict[str, Any]:
     """The run and its metrics as plain JSON-able data (dicts, lists, str, int, float,
     None; no NaN). `rounds=False` leaves out the per-round records. A run with
-    queues adds their configuration and `metrics.queues.<name>` (`sim.queue_metrics`)."""
+    queues adds their configuration and `metrics.queues.<name>` (`policy.queues.measures`)."""
     out: dict[str, Any] = {
         "workload": result.workload,
         "policy": result.policy,
@@ -247,52 +247,62 @@ def to_json(result: SimResult, metrics: Metrics, *, rounds: bool = True) -> dict
         "cpu_seconds": _num(result.cpu_seconds),
         "round_seconds": _num(result.round_seconds),
         "metrics": _plain_metrics(metrics.as_dict()),
-        "jobs": [
-            {
-                "name": j.name,
-                "application": j.application,
-                "category": j.category,
-                "submit_time": _num(j.submit_time),
-                "start_time": _num(j.start_time),
-                "finish_time": _num(j.finish_time),
-                "jct": _num(j.jct),
-                "gpu_seconds": _num(j.gpu_seconds),
-                "restarts": int(j.restarts),
-                "isolated_jct": _num(j.isolated_jct),
-                "contention": _num(j.contention),
-                "rho": _num(_rho(j)),
-                "queue": j.queue,
-                "priority": j.priority,
-            }
-            for j in result.jobs
-        ],
+        "jobs": [_job_json(j) for j in result.jobs],
     }
     if result.queues:
-        out["queues"] = {q: {"guarantee": {str(t): int(n) for t, n in spec.guarantee.items()},
-                             "guarantee_units": _num(spec.guarantee_units)}
-                         for q, spec in result.queues.items()}
-        out["unit_weights"] = {str(t): _num(w) for t, w in result.unit_weights.items()}
-        out["min_runtime_s"] = _num(result.min_runtime_s)
-        out["metrics"]["queues"] = {q: _plain_metrics(m.as_dict())
-                                    for q, m in compute_queues(result).items()}
+        out.update(_queues_json(result))
+        per_queue = compute_queues(result, round_length(result))
+        out["metrics"]["queues"] = {q: _plain_metrics(m.as_dict()) for q, m in per_queue.items()}
     if rounds:
-        out["rounds"] = [
-            {
-                "time": _num(r.time),
-                "policy_seconds": _num(r.policy_seconds),
-                "active_jobs": int(r.active_jobs),
-                "gpus_in_use": {str(k): int(v) for k, v in r.gpus_in_use.items()},
-                "allocations": {str(k): [str(t), int(g)] for k, (t, g) in r.allocations.items()},
-                "restarted": list(r.restarted),
-                **({} if not result.queues else {
-                    "held": {q: dict(h) for q, h in r.held.items()},
-                    "owed": None if r.owed is None else {
-                        q: {k: _num(v) for k, v in o.items()} for q, o in r.owed.items()},
-                    "restore_s": _num(r.restore_s)}),
-            }
-            for r in result.rounds
-        ]
+        out["rounds"] = [_round_json(r, queues=bool(result.queues)) for r in result.rounds]
     return out
+
+
+def _job_json(j: JobRecord) -> dict[str, Any]:
+    return {
+        "name": j.name,
+        "application": j.application,
+        "category": j.category,
+        "submit_time": _num(j.submit_time),
+        "start_time": _num(j.start_time),
+        "finish_time": _num(j.finish_time),
+        "jct": _num(j.jct),
+        "gpu_seconds": _num(j.gpu_seconds),
+        "restarts": int(j.restarts),
+        "isolated_jct": _num(j.isolated_jct),
+        "contention": _num(j.contention),
+        "rho": _num(_rho(j)),
+        "queue": j.queue,
+        "priority": j.priority,
+    }
+
+
+def _queues_json(result: SimResult) -> dict[str, Any]:
+    """The queue configuration of a run with queues."""
+    return {
+        "queues": {q: {"guarantee": {str(t): int(n) for t, n in spec.guarantee.items()},
+                       "guarantee_units": _num(spec.guarantee_units)}
+                   for q, spec in result.queues.items()},
+        "unit_weights": {str(t): _num(w) for t, w in result.unit_weights.items()},
+        "min_runtime_s": _num(result.min_runtime_s),
+    }
+
+
+def _round_json(r: RoundRecord, *, queues: bool) -> dict[str, Any]:
+    """One round; with `queues`, also what each queue held and was owed."""
+    return {
+        "time": _num(r.time),
+        "policy_seconds": _num(r.policy_seconds),
+        "active_jobs": int(r.active_jobs),
+        "gpus_in_use": {str(k): int(v) for k, v in r.gpus_in_use.items()},
+        "allocations": {str(k): [str(t), int(g)] for k, (t, g) in r.allocations.items()},
+        "restarted": list(r.restarted),
+        **({} if not queues else {
+            "held": {q: dict(h) for q, h in r.held.items()},
+            "owed": None if r.owed is None else {
+                q: {k: _num(v) for k, v in o.items()} for q, o in r.owed.items()},
+            "restore_s": _num(r.restore_s)}),
+    }
 
 
 def from_json(data: Mapping[str, Any]) -> SimResult:

@@ -37,7 +37,7 @@ class RoundRecord:
     gpus_in_use: Mapping[str, int]  # per GPU type
     allocations: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # job → (type, GPUs)
     restarted: tuple[str, ...] = ()  # jobs whose checkpoint-restart cycle began this round
-    # With queues (`sim.queues`): what each queue held per GPU type, measured from the
+    # With queues (`policy.queues`): what each queue held per GPU type, measured from the
     # allocations the simulator applied (not the policy's report), and what it was
     # owed: −bound of the policy's guarantee rows, per type and "units" (a queue with
     # no row for a key is owed nothing there); None where the policy reports no rows

@@ -18,11 +18,11 @@ from pathlib import Path
 from sia_grpc.policy import SettingError, make_policy
 from sia_grpc.policy import params as policy_params
 from sia_grpc.policy.queues import QueueSet
+from sia_grpc.policy.queues.files import assign, read_queues
 from sia_grpc.sim.clusters import load_cluster
 from sia_grpc.sim.engine import SimConfig, simulate
 from sia_grpc.sim.progress import Display, Reporter, Sink, Update, make_display
-from sia_grpc.sim.queues import assign, read_queues
-from sia_grpc.sim.records import SimResult
+from sia_grpc.sim.records import SimResult, round_length
 from sia_grpc.sim.workload import TraceJob, load_workload, shipped_workloads
 
 
@@ -130,7 +130,7 @@ def run_one(workload: str, variant: Variant, cluster: str, scale: int,
             round_duration: float | None = None, queues: str | None = None, *,
             on_progress: Callable[[int, int, float], None] | None = None) -> SimResult:
     """One simulation; `round_duration` None: the policy's own round length;
-    `queues`: the path of a queues file (`sim.queues`), None: no queues;
+    `queues`: the path of a queues file (`policy.queues.files`), None: no queues;
     `on_progress`: as `simulate`'s."""
     policy = make_policy(variant.policy, variant.params, round_duration=round_duration)
     trace, queue_set = load_trace(workload, queues)
@@ -170,13 +170,37 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
     else a line per run at most every 30 s, and a line as each run ends); `quiet`:
     none, only the table."""
     from sia_grpc.sim import metrics
-    from sia_grpc.sim.queue_metrics import compute_queues
 
     refs = resolve_workloads(workloads)
     for p in policies:
         policy_params.policy_class(p)  # "policy: unknown 'x'; choose one of ..."
     runs = variants(policies, read_policy_config(policy_config), sets)
-    for v in runs:  # fail fast on a bad round length or combination
+    _check_before_running(refs, runs, cluster, scale, round_duration, queues, json_out)
+    labels = [v.label for v in runs]
+    tasks = [(w, v) for v in runs for w in refs]
+    results = _run_all(tasks, cluster, scale, processes, round_duration, queues, quiet=quiet)
+    _print_tables(results, labels, refs, with_queues=queues is not None)
+    if json_out:
+        payload = [metrics.to_json(results[(w, v.label)], metrics.compute(results[(w, v.label)]))
+                   for w, v in tasks]
+        Path(json_out).write_text(json.dumps(payload, indent=2, default=_plain))
+    if plots:
+        from sia_grpc.sim import plots as plotting
+
+        by_policy = {p: [results[(w, p)] for w in refs] for p in labels}
+        for path in plotting.write_all(by_policy, plots):
+            if not quiet:
+                print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _check_before_running(refs: Sequence[str], runs: Sequence[Variant], cluster: str,
+                          scale: int, round_duration: float | None, queues: str | None,
+                          json_out: str | None) -> None:
+    """Every error that the arguments make, said now rather than after hours of
+    simulating: a bad round length or combination of settings, cluster, queues file,
+    a trace naming an unknown queue, or a JSON path in no directory."""
+    for v in runs:
         try:
             make_policy(v.policy, v.params, round_duration=round_duration)
         except SettingError as err:
@@ -184,13 +208,18 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
                 raise ValueError(f"--round-duration: {err.problem}") from None
             raise ValueError(f"--set {err}") from None
     load_cluster(cluster, scale=scale)
-    if queues is not None:  # a bad file or a trace naming an unknown queue: said now
+    if queues is not None:
         for w in refs:
             load_trace(w, queues)
-    if json_out and not Path(json_out).parent.is_dir():  # said now, not after hours
+    if json_out and not Path(json_out).parent.is_dir():
         raise ValueError(f"--json {json_out}: no directory {str(Path(json_out).parent)!r}")
-    labels = [v.label for v in runs]
-    tasks = [(w, v) for v in runs for w in refs]
+
+
+def _run_all(tasks: Sequence[tuple[str, Variant]], cluster: str, scale: int, processes: int,
+             round_duration: float | None, queues: str | None, *,
+             quiet: bool) -> dict[tuple[str, str], SimResult]:
+    """Every (workload, variant) of `tasks` in `processes` worker processes, their
+    progress shown on stderr; the results by (workload, variant label)."""
     results: dict[tuple[str, str], SimResult] = {}
     ctx = multiprocessing.get_context("spawn")
     display = make_display(sys.stderr, len(tasks), quiet=quiet)
@@ -218,6 +247,16 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
         display.close()
         if manager is not None:
             manager.shutdown()
+    return results
+
+
+def _print_tables(results: Mapping[tuple[str, str], SimResult], labels: Sequence[str],
+                  refs: Sequence[str], *, with_queues: bool) -> None:
+    """The metrics table (a row per run, and per policy their mean ± std over several
+    workloads) and, for runs with queues, the per-queue table."""
+    from sia_grpc.policy.queues.measures import compute_queues
+    from sia_grpc.sim import metrics
+
     table_rows: dict[str, object] = {}
     per_policy: dict[str, list] = {p: [] for p in labels}
     for p in labels:
@@ -228,23 +267,12 @@ def run(workloads: Sequence[str], policies: Sequence[str], cluster: str, scale: 
         if len(refs) > 1:
             table_rows[f"{p} (mean ± std)"] = metrics.summarize(per_policy[p])
     print(metrics.format_table(table_rows))
-    if queues is not None:
+    if with_queues:
         queue_rows = {f"{p} {w} {q}": m for p in labels for w in refs
-                      for q, m in compute_queues(results[(w, p)]).items() if m.jobs}
+                      for q, m in compute_queues(results[(w, p)],
+                                                 round_length(results[(w, p)])).items() if m.jobs}
         print("\nPer queue (docs/results.md, \"What the columns mean\"):")
         print(metrics.format_table(queue_rows, columns=metrics.QUEUE_COLUMNS))
-    if json_out:
-        payload = [metrics.to_json(results[(w, v.label)], metrics.compute(results[(w, v.label)]))
-                   for w, v in tasks]
-        Path(json_out).write_text(json.dumps(payload, indent=2, default=_plain))
-    if plots:
-        from sia_grpc.sim import plots as plotting
-
-        by_policy = {p: [results[(w, p)] for w in refs] for p in labels}
-        for path in plotting.write_all(by_policy, plots):
-            if not quiet:
-                print(f"wrote {path}", file=sys.stderr)
-    return 0
 
 
 def _plain(obj):

@@ -14,7 +14,7 @@ come in any order; other columns are ignored. Names must be unique.
 `queue` and `priority` (optional; empty or absent: none named) are the job's queue
 and priority class (`sia_grpc.policy.queues`); `sia simulate --queues` checks them
 against the queues file (`load_workload(..., queues=)`) and gives a job that names no
-queue one by the file's assignment rule (`sia_grpc.sim.queues`).
+queue one by the file's assignment rule (`sia_grpc.policy.queues.files`).
 
 The artifact's traces ship in the package (`sia_grpc/data/artifact/workloads/`)
 and are named by their path there without `.csv`: `philly/workload-1`,
@@ -168,25 +168,11 @@ def load_workload(path_or_name: str | os.PathLike[str],
     class they do not define."""
     text, src = _read(path_or_name)
     reader = csv.reader(io.StringIO(text))
-    header: list[str] | None = None
-    for row in reader:
-        if any(cell.strip() for cell in row):
-            header = [cell.strip() for cell in row]
-            break
+    header = next(([cell.strip() for cell in row] for row in reader
+                   if any(cell.strip() for cell in row)), None)
     if header is None:
         raise WorkloadError(f"{src}: empty file (no header)")
-    where = f"{src} line {reader.line_num}"
-    seen: set[str] = set()
-    for col in header:
-        if col in seen:
-            raise WorkloadError(f"{where}: header: duplicate column {col!r}")
-        seen.add(col)
-    missing = [c for c in _REQUIRED if c not in seen]
-    if missing:
-        raise WorkloadError(f"{where}: header: missing column(s) "
-                            f"{', '.join(map(repr, missing))} (have {', '.join(header)})")
-    index = {c: header.index(c) for c in (*_REQUIRED, *_OPTIONAL) if c in seen}
-
+    index = _columns(header, f"{src} line {reader.line_num}")
     jobs: list[TraceJob] = []
     first_line: dict[str, int] = {}
     for row in reader:
@@ -196,36 +182,57 @@ def load_workload(path_or_name: str | os.PathLike[str],
         where = f"{src} line {line}"
         if len(row) != len(header):
             raise WorkloadError(f"{where}: expected {len(header)} fields, got {len(row)}")
-        cell = {c: row[i].strip() for c, i in index.items()}
-        name = cell["name"]
-        if not name:
-            raise WorkloadError(f"{where}: name: empty")
-        if name in first_line:
-            raise WorkloadError(f"{where}: name: duplicate {name!r} "
-                                f"(first on line {first_line[name]})")
-        time = _number(where, "time", cell["time"])
-        if time < 0:
-            raise WorkloadError(f"{where}: time: must be non-negative, got {cell['time']!r}")
-        app = cell["application"]
-        if app not in APPLICATIONS:
-            raise WorkloadError(f"{where}: application: unknown {app!r} "
-                                f"(known: {', '.join(APPLICATIONS)})")
-        replicas = _positive_int(where, "num_replicas", cell["num_replicas"])
-        batch = _positive_int(where, "batch_size", cell["batch_size"])
-        raw = cell.get("category", "")
-        category = _CATEGORY_SPELLINGS.get(raw.lower())
-        if category is None:
-            raise WorkloadError(f"{where}: category: unknown {raw!r} "
-                                f"(use adaptive, rigid or strong-scaling)")
-        queue = _queue_name(where, "queue", cell.get("queue", ""), queues)
-        priority = _queue_name(where, "priority", cell.get("priority", ""), queues)
-        first_line[name] = line
-        jobs.append(TraceJob(name=name, time=time, application=app, num_replicas=replicas,
-                             batch_size=batch, category=category, queue=queue,
-                             priority=priority))
+        job = _job(where, {c: row[i].strip() for c, i in index.items()}, first_line, queues)
+        first_line[job.name] = line
+        jobs.append(job)
     if not jobs:
         raise WorkloadError(f"{src}: no jobs")
     return tuple(sorted(jobs, key=lambda j: (j.time, j.name)))
+
+
+def _columns(header: list[str], where: str) -> dict[str, int]:
+    """The index of each known column of `header`; WorkloadError for a duplicate
+    column or a required one missing."""
+    seen: set[str] = set()
+    for col in header:
+        if col in seen:
+            raise WorkloadError(f"{where}: header: duplicate column {col!r}")
+        seen.add(col)
+    missing = [c for c in _REQUIRED if c not in seen]
+    if missing:
+        raise WorkloadError(f"{where}: header: missing column(s) "
+                            f"{', '.join(map(repr, missing))} (have {', '.join(header)})")
+    return {c: header.index(c) for c in (*_REQUIRED, *_OPTIONAL) if c in seen}
+
+
+def _job(where: str, cell: dict[str, str], first_line: dict[str, int],
+         queues: QueueSet | None) -> TraceJob:
+    """One row's job from its stripped cells by column; `first_line`: the line of
+    every name read so far (a name may not repeat)."""
+    name = cell["name"]
+    if not name:
+        raise WorkloadError(f"{where}: name: empty")
+    if name in first_line:
+        raise WorkloadError(f"{where}: name: duplicate {name!r} "
+                            f"(first on line {first_line[name]})")
+    time = _number(where, "time", cell["time"])
+    if time < 0:
+        raise WorkloadError(f"{where}: time: must be non-negative, got {cell['time']!r}")
+    app = cell["application"]
+    if app not in APPLICATIONS:
+        raise WorkloadError(f"{where}: application: unknown {app!r} "
+                            f"(known: {', '.join(APPLICATIONS)})")
+    replicas = _positive_int(where, "num_replicas", cell["num_replicas"])
+    batch = _positive_int(where, "batch_size", cell["batch_size"])
+    raw = cell.get("category", "")
+    category = _CATEGORY_SPELLINGS.get(raw.lower())
+    if category is None:
+        raise WorkloadError(f"{where}: category: unknown {raw!r} "
+                            f"(use adaptive, rigid or strong-scaling)")
+    queue = _queue_name(where, "queue", cell.get("queue", ""), queues)
+    priority = _queue_name(where, "priority", cell.get("priority", ""), queues)
+    return TraceJob(name=name, time=time, application=app, num_replicas=replicas,
+                    batch_size=batch, category=category, queue=queue, priority=priority)
 
 
 def workload_csv(jobs: Sequence[TraceJob]) -> str:

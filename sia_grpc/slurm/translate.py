@@ -289,18 +289,16 @@ class _Capacity:
         return counts if left == 0 else None
 
 
-def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float, *,
-                policy: str = "", params: Mapping[str, str] | None = None,
-                round_duration_s: float = 0.0, queues: QueueSet | None = None,
-                queue_from: str = "", left_out: Mapping[str, str] | None = None) -> Round:
-    """The policy request for one round. Slurm's own jobs' GPUs are taken (the
-    nodes offer Sia only the rest); each opted-in job is a PolicyJob, and one that
-    Slurm runs, or is about to run, on its shape has it as its previous allocation.
-    With `queues`, a job whose spec names no queue is in the one its Slurm
-    `queue_from` ("account" or "partition") names."""
-    if queue_from not in QUEUE_FROM:
-        raise ValueError(f"queue_from: expected one of {', '.join(QUEUE_FROM)}, got "
-                         f"{queue_from!r}")
+def _count_taken(foreign: dict[str, int], gpus: Mapping[str, int]) -> None:
+    """Add `gpus` (per node) to the GPUs taken from Sia."""
+    for n, c in gpus.items():
+        foreign[n] = foreign.get(n, 0) + c
+
+
+def _carriers(jobs: Iterable[SlurmJob]) -> tuple[dict[str, SlurmJob], dict[str, int], list[int]]:
+    """The Slurm job that carries each opted-in job now (sia id -> it); the GPUs taken
+    from Sia per node (Slurm's own jobs, and those not Sia's to move); the older copies
+    of a move cut short."""
     foreign: dict[str, int] = {}
     carriers: dict[str, SlurmJob] = {}
     stale: list[int] = []
@@ -323,18 +321,25 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         # Sia's to move: a copy would run it again. Its GPUs are taken until it is gone.
         if j.ticket is None or (j.ticket.shape is None and not j.held and not j.admin_held) \
                 or j.state == "COMPLETING":
-            for n, c in j.gpus.items():
-                foreign[n] = foreign.get(n, 0) + c
+            _count_taken(foreign, j.gpus)
             continue
         sia_id = j.ticket.id
         old = carriers.get(sia_id)
         if old is not None:  # a move cut short: the newest copy carries the job
             keep, drop = (j, old) if j.job_id > old.job_id else (old, j)
             stale.append(drop.job_id)
-            for n, c in drop.gpus.items():  # taken until it is cancelled
-                foreign[n] = foreign.get(n, 0) + c
+            _count_taken(foreign, drop.gpus)  # taken until it is cancelled
             j = keep
         carriers[sia_id] = j
+    return carriers, foreign, stale
+
+
+def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet | None,
+                 queue_from: str, foreign: dict[str, int],
+                 ) -> tuple[list[pb.PolicyJob], dict[str, SlurmJob], dict[str, str]]:
+    """Each carrier that Sia schedules as a PolicyJob (`policy_job`), oldest Slurm job
+    first, and the carriers by sia id; one whose spec cannot be scheduled is left where
+    it runs, its GPUs added to `foreign`, and why in the third (sia id -> reason)."""
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     policy_jobs = []
@@ -354,18 +359,16 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
                                           launched=j.holding, seen_cost=seen_cost))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
-            for n, c in j.gpus.items():  # left where it runs, its GPUs taken
-                foreign[n] = foreign.get(n, 0) + c
+            _count_taken(foreign, j.gpus)  # left where it runs, its GPUs taken
             continue
         scheduled[sia_id] = j
-    cap = _Capacity(nodes, foreign)
-    request = pb.OptimizeRequest(
-        nodes=[pb.NodeSpec(name=n.name, gpu_type=n.gpu_type, num_gpus=cap.total[n.name])
-               for n in nodes if cap.total[n.name] > 0],
-        jobs=policy_jobs, policy=policy, params=dict(params or {}),
-        round_duration_s=round_duration_s)
-    if queues is not None:
-        request.queues.CopyFrom(queues_to_pb(queues))
+    return policy_jobs, scheduled, invalid
+
+
+def _add_previous(request: pb.OptimizeRequest, scheduled: Mapping[str, SlurmJob],
+                  cap: _Capacity) -> None:
+    """Each scheduled job that has a shape of Sia's, where Slurm runs it (or could
+    start it now), as its previous allocation in `request`."""
     # Running jobs first (their GPUs are where they are), then those about to run.
     for sia_id, j in sorted(scheduled.items(), key=lambda kv: not kv[1].holding):
         assert j.ticket is not None  # (a carrier's)
@@ -380,6 +383,31 @@ def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float
         request.previous.append(pb.PreviousAllocation(job_id=sia_id, allocation=pb.Allocation(
             gpu_type=shape.gpu_type, num_gpus=shape.num_gpus, num_nodes=len(per_node),
             gpus=refs)))
+
+
+def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float, *,
+                policy: str = "", params: Mapping[str, str] | None = None,
+                round_duration_s: float = 0.0, queues: QueueSet | None = None,
+                queue_from: str = "", left_out: Mapping[str, str] | None = None) -> Round:
+    """The policy request for one round. Slurm's own jobs' GPUs are taken (the
+    nodes offer Sia only the rest); each opted-in job is a PolicyJob, and one that
+    Slurm runs, or is about to run, on its shape has it as its previous allocation.
+    With `queues`, a job whose spec names no queue is in the one its Slurm
+    `queue_from` ("account" or "partition") names."""
+    if queue_from not in QUEUE_FROM:
+        raise ValueError(f"queue_from: expected one of {', '.join(QUEUE_FROM)}, got "
+                         f"{queue_from!r}")
+    carriers, foreign, stale = _carriers(jobs)
+    policy_jobs, scheduled, invalid = _policy_jobs(carriers, now, queues, queue_from, foreign)
+    cap = _Capacity(nodes, foreign)
+    request = pb.OptimizeRequest(
+        nodes=[pb.NodeSpec(name=n.name, gpu_type=n.gpu_type, num_gpus=cap.total[n.name])
+               for n in nodes if cap.total[n.name] > 0],
+        jobs=policy_jobs, policy=policy, params=dict(params or {}),
+        round_duration_s=round_duration_s)
+    if queues is not None:
+        request.queues.CopyFrom(queues_to_pb(queues))
+    _add_previous(request, scheduled, cap)
     return Round(request=request, jobs=scheduled, stale=tuple(sorted(stale)),
                  gres_types={n.gpu_type: n.gres_type for n in reversed(nodes)},
                  invalid=invalid, left_out=dict(left_out or {}), now=now)

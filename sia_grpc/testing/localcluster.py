@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from sia_grpc.clock import ScaledClock
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
 
 

@@ -58,7 +58,6 @@ class GradientTracker:
         self._last_event = torch.cuda.Event(enable_timing=True) if self.cuda else None
         self.last_grad_t = 0.0
         self.hook_s = 0.0      # time spent in the hooks (overhead)
-        self.finalize_s = 0.0  # time spent in finalize (overhead)
         self._prev: list[torch.Tensor] | None = None
         self._prev_key: tuple | None = None
         self._prev_sqr = 0.0
@@ -93,10 +92,7 @@ class GradientTracker:
 
     def local_sum(self) -> float:
         """Sum over this step's micro-batches of |g_i|^2 on this rank."""
-        t0 = time.perf_counter()
-        s = _sumsq(self._norms)
-        self.finalize_s += time.perf_counter() - t0
-        return s
+        return _sumsq(self._norms)
 
     def finalize(self, micro_steps: int, count: int) -> StepGradients | None:
         """Average the accumulated `.grad`s over `micro_steps` and measure them.
@@ -105,32 +101,28 @@ class GradientTracker:
         `local` once the per-rank sums are added up. With count 1 the previous
         step's gradient stands in for a second micro-batch (None on the first
         such step)."""
-        t0 = time.perf_counter()
-        try:
-            with_grad = [p for p in self.params if p.grad is not None]
-            grads = cast(list[torch.Tensor], [p.grad for p in with_grad])  # (not None)
-            self._norms = []
-            if not grads:
-                return None
-            if micro_steps > 1:
-                torch._foreach_div_(grads, float(micro_steps))
-            total = _sumsq(list(torch._foreach_norm(grads)))
-            if count > 1:
-                self._prev = None
-                return StepGradients(None, total, count, False)
-            key = tuple(id(p) for p in with_grad)
-            out = None
-            if self._prev is not None and key == self._prev_key:
-                pair = _sumsq(list(torch._foreach_norm(torch._foreach_add(grads, self._prev))))
-                out = StepGradients((total + self._prev_sqr) / 2, pair / 4, 2, True)
-                torch._foreach_copy_(self._prev, grads)
-            else:
-                self._prev = [g.detach().clone() for g in grads]
-                self._prev_key = key
-            self._prev_sqr = total
-            return out
-        finally:
-            self.finalize_s += time.perf_counter() - t0
+        with_grad = [p for p in self.params if p.grad is not None]
+        grads = cast(list[torch.Tensor], [p.grad for p in with_grad])  # (not None)
+        self._norms = []
+        if not grads:
+            return None
+        if micro_steps > 1:
+            torch._foreach_div_(grads, float(micro_steps))
+        total = _sumsq(list(torch._foreach_norm(grads)))
+        if count > 1:
+            self._prev = None
+            return StepGradients(None, total, count, False)
+        key = tuple(id(p) for p in with_grad)
+        out = None
+        if self._prev is not None and key == self._prev_key:
+            pair = _sumsq(list(torch._foreach_norm(torch._foreach_add(grads, self._prev))))
+            out = StepGradients((total + self._prev_sqr) / 2, pair / 4, 2, True)
+            torch._foreach_copy_(self._prev, grads)
+        else:
+            self._prev = [g.detach().clone() for g in grads]
+            self._prev_key = key
+        self._prev_sqr = total
+        return out
 
     def reset(self) -> None:
         """Forget this step's micro-batch norms (a step abandoned mid-way)."""

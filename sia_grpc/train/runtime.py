@@ -11,18 +11,11 @@ holds is grouped by concern, each in its own module:
     profile      profiling.ProfilePass    a profiling pass's stages
     overheads    telemetry.Overheads      what the library costs
 
-The data loader drives it around every step:
-
-    boundary()                      stop / stale / profiling done → exit here;
-                                    periodic checkpoint and report (rank 0)
-    plan = next_plan()              the next step's samples and shape
-    for each micro-step a:
-        begin_micro(a); <user: forward, backward, optimizer.step()>; end_micro(a)
-    end_step()                      timing sample, warm-up bookkeeping
-
-and the patched `optimizer.step()` runs `optimizer_step` on the last micro-step:
-the agreement collective, gradient statistics, LR scaling, the real step and
-the position's commit.
+and what it does is in parts, each a module (their attributes declared once in
+runtime_base.RuntimeBase): the step protocol the data loader drives around every
+step (steps.Steps), how the process stops and its process-wide hooks (exits.Exits),
+and here the rest: setting up, attaching the model and the loader, targets and
+progress, checkpoints and reports.
 
 One runtime per process, reached through `current()`. It is process-wide on
 purpose, as torch.distributed's process group is: the public API (`init()`,
@@ -36,61 +29,28 @@ forgets it, for tests and benchmarks that run the library twice in one process.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import datetime
 import logging
-import os
-import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from sia_grpc.api import pb
-from sia_grpc.train import contract as c
-from sia_grpc.train.agreement import Agreement, OnSum
+from sia_grpc.train.agreement import Agreement
 from sia_grpc.train.checkpointing import Checkpointer
-from sia_grpc.train.distributed import all_reduce_sum, shutdown
+from sia_grpc.train.distributed import shutdown
 from sia_grpc.train.env import WorkerEnv
-from sia_grpc.train.gradients import StepGradients
+from sia_grpc.train.exits import Exits
 from sia_grpc.train.jobstate import JobState
 from sia_grpc.train.noise import GradientNoise
 from sia_grpc.train.profiling import ProfilePass
-from sia_grpc.train.sampler import StepPlan, StepShape, plan_step, shape_for
-from sia_grpc.train.scaling import lr_factor
-from sia_grpc.train.telemetry import AgentClient, Overheads, Reports, SampleKey
+from sia_grpc.train.sampler import shape_for
+from sia_grpc.train.steps import Steps
+from sia_grpc.train.telemetry import AgentClient, Overheads, Reports
 from sia_grpc.train.worker import Worker, join
 
 __all__ = ["Runtime", "current", "init", "reset"]
 
 LOG = logging.getLogger("sia_grpc.train")
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    msg = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in msg.lower()
-                                              or "can't allocate memory" in msg)
-
-
-@dataclass
-class _Step:
-    """The step in flight."""
-
-    plan: StepPlan
-    micro: int = 0
-    t_fetch: float = 0.0    # this micro-step's start (before its batch is fetched)
-    t_yield: float = 0.0    # when its batch went to the user
-    stepped: bool = False
-    agreed: bool = False
-    sync_s: float = 0.0     # all-reduce wait + agreement, on the last micro-step
-    last_micro_s: float = 0.0
 
 
 _current: Runtime | None = None
@@ -154,7 +114,7 @@ def _view(group: str, name: str) -> property:
                     doc=f"`{group}.{name}`")
 
 
-class Runtime:
+class Runtime(Steps, Exits):
     """One worker's runtime (see the module doc); `init()` makes it."""
 
     # What the loader, the model wrapper, the epoch loop and the public API read.
@@ -183,24 +143,19 @@ class Runtime:
         resumed = self.checkpoints.resume(worker.rank, worker.device)
         self.job = JobState() if resumed is None else JobState.from_state_dict(resumed)
 
-        self.shape: StepShape | None = None       # the shape the steps take now
-        self.script_epochs: float | None = None   # the script's own target
-        self.model: Any = None                    # the AdaptiveDataParallel
-        self.loader: Any = None                   # the AdaptiveDataLoader
-        self.rule = "none"                        # the LR scaling rule
-        self._step: _Step | None = None
-        self._warm: set[StepShape] = set()        # shapes whose first (untimed) step is done
+        # (each attribute's meaning: runtime_base.RuntimeBase)
+        self.shape = None
+        self.script_epochs = None
+        self.model = None
+        self.loader = None
+        self.rule = "none"
+        self._step = None
+        self._warm = set()
         self.completed = False
-        self._together = False  # every rank ends at the same point (barrier at exit)
-        self._warned: set[str] = set()
+        self._together = False
+        self._warned = set()
 
-        self._prev_sigterm: Any = None  # what reset() puts back, when we set one
-        if worker.checkpoint_dir and threading.current_thread() is threading.main_thread():
-            self._prev_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._prev_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        atexit.register(self._atexit)
+        self._hook()
         restored = self.checkpoints.restored_from
         LOG.info("sia_grpc.train: rank %d/%d on %s, generation %d%s%s", worker.rank,
                  worker.world_size, worker.device, worker.generation,
@@ -293,195 +248,6 @@ class Runtime:
         replicas = self.shape.replicas if self.shape else self.worker.world_size
         return target - self.job.samples_done < replicas
 
-    # ---- the step protocol -----------------------------------------------------------------
-
-    def boundary(self) -> None:
-        """Between steps: act on what all ranks agreed; periodic work on rank 0."""
-        if self.agreement.stale:
-            LOG.warning("the agent says generation %d is no longer current: exiting "
-                        "without a checkpoint", self.worker.generation)
-            self._exit(c.EXIT_STALE)
-        if self.worker.profiling:
-            if self.profile.done:
-                self._finish_profile()
-            return
-        if self.agreement.stop and not self.target_reached():
-            self._stop_with_checkpoint()
-        if self.worker.rank != 0:
-            return
-        now = time.monotonic()
-        if self.checkpoints.due(now, self.job.steps):
-            self.report(checkpoint=self.save_checkpoint(), force=True)
-        elif self.reports.due(now, self.job.steps):
-            self.report()
-
-    def next_plan(self) -> StepPlan | None:
-        if (new := self.agreement.take_shape()) is not None:
-            self.shape = new
-        job = self.job
-        assert self.shape is not None and job.dataset_len is not None
-        target = None if self.worker.profiling else self.target_samples()
-        limit = None if target is None else target - job.samples_done
-        plan = plan_step(job.position, job.dataset_len, self.shape, limit)
-        if plan is not None:
-            self._step = _Step(plan)
-        return plan
-
-    def end_epoch(self) -> None:
-        """The loader found no further step in this epoch."""
-        if not self.target_reached():
-            self.job.end_epoch()
-
-    def skip_epoch(self) -> None:
-        """The script moved on without finishing the epoch: start the next one."""
-        self.job.skip_epoch()
-
-    def begin_micro(self, micro: int, t_fetch: float) -> contextlib.AbstractContextManager:
-        st = self._step
-        assert st is not None
-        st.micro = micro
-        st.t_fetch = t_fetch
-        st.t_yield = time.perf_counter()
-        last = micro == st.plan.k - 1
-        if self.model is not None:
-            self.model.tracker.active = True
-            if not last and self.model.ddp is not None:
-                return self.model.ddp.no_sync()
-        return contextlib.nullcontext()
-
-    def end_micro(self, micro: int) -> None:
-        st = self._step
-        assert st is not None
-        if self.model is not None:
-            self.model.tracker.active = False
-        if self.worker.device.type == "cuda":
-            torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        last = micro == st.plan.k - 1
-        pace = self.worker.env.pace
-        if pace > 1.0:
-            compute = (t1 - st.t_yield) - (st.sync_s if last else 0.0)
-            if compute > 0:
-                time.sleep((pace - 1.0) * compute)
-            t1 = time.perf_counter()
-        self.overheads.step_s += t1 - st.t_fetch
-        if last:
-            st.last_micro_s = t1 - st.t_fetch
-
-    def abort_step(self) -> None:
-        """The script left the loop in the middle of a step."""
-        if self.model is not None:
-            self.model.tracker.active = False
-            if self._step is not None and not self._step.stepped:
-                self.model.tracker.reset()
-        self._step = None
-
-    def end_step(self) -> None:
-        st = self._step
-        assert st is not None
-        plan = st.plan
-        if not st.stepped:
-            self.warn_once("nostep", "a step ended without optimizer.step(); its samples "
-                           "count as done")
-            if not st.agreed:
-                self._agree(0.0, None)
-            if self.model is not None:
-                self.model.tracker.reset()
-            self.job.commit(plan, gain=0.0)
-        self._step = None
-        self.overheads.steps += 1
-        if self.model is not None:
-            self.overheads.stats_s += self.model.tracker.hook_s
-            self.model.tracker.hook_s = 0.0
-        if self.reports.startup_s is None:
-            self.reports.startup_s = self.overheads.startup_s = self.worker.startup_s()
-        if self.worker.profiling:
-            timed, next_shape = self.profile.end_step()
-            if timed and plan.regular:
-                self._record(plan, st)
-            if next_shape is not None:
-                self.agreement.next_shape = next_shape
-            return
-        if plan.regular:
-            if plan.shape in self._warm:
-                self._record(plan, st)
-            else:
-                self._warm.add(plan.shape)  # the first step of a shape warms up: not timed
-
-    def _record(self, plan: StepPlan, st: _Step) -> None:
-        s = plan.shape
-        key = SampleKey(self.worker.env.gpu_type,
-                        self.worker.num_nodes if s.replicas > 1 else 1,
-                        s.replicas, s.atomic, s.accum)
-        self.job.table.add(key, st.last_micro_s, st.sync_s)
-
-    def may_zero_grad(self) -> bool:
-        """zero_grad() only between steps, never between accumulating micro-steps."""
-        st = self._step
-        if st is None or st.stepped or self.model is None:
-            return True
-        return not self.model.tracker.has_grads
-
-    def optimizer_step(self, orig_step, args: tuple, kwargs: dict) -> Any:
-        st = self._step
-        if st is None:  # outside the adaptive loader: a plain step
-            return orig_step(*args, **kwargs)
-        plan = st.plan
-        if st.micro < plan.k - 1:
-            return None  # accumulating: the step comes with the last micro-step
-        if st.stepped:
-            self.warn_once("twice", "optimizer.step() called twice in one step; ignoring "
-                           "the second")
-            return None
-        tracker = self.model.tracker
-        t0 = time.perf_counter()
-        wait = tracker.sync_wait(t0)
-        count = plan.shape.replicas * plan.k
-        local = tracker.local_sum() if count > 1 else 0.0  # unused by the single case
-        grads = tracker.finalize(plan.k, count)
-        t1 = time.perf_counter()
-        self._agree(local, self._noise_update(grads, plan.n / count)
-                    if grads is not None and plan.regular else None)
-        t2 = time.perf_counter()
-        st.sync_s = wait + (t2 - t1)
-        # (both set when the loader is attached: `attach_loader`)
-        assert self.job.init_batch_size is not None and self.job.noise is not None
-        scale = plan.n / self.job.init_batch_size
-        noise = self.job.noise
-        factor = lr_factor(self.rule, scale, noise)
-        gain = noise.gain(scale)
-        self.overheads.stats_s += (t1 - t0) + (time.perf_counter() - t2)
-        opt = self.model.optimizer
-        saved = [g["lr"] for g in opt.param_groups]
-        if factor != 1.0:
-            for g in opt.param_groups:
-                g["lr"] = g["lr"] * factor
-        try:
-            out = orig_step(*args, **kwargs)
-        finally:
-            for g, lr in zip(opt.param_groups, saved, strict=True):
-                g["lr"] = lr
-        self.job.commit(plan, gain)
-        st.stepped = True
-        return out
-
-    def _agree(self, local_sqr: float, on_sum: OnSum | None) -> None:
-        """Join this step's agreement (sia_grpc.train.agreement)."""
-        if self._step is not None:
-            self._step.agreed = True
-        self.agreement.agree(local_sqr, on_sum, self.shape, self.job.steps)
-
-    def _noise_update(self, g: StepGradients, micro: float) -> OnSum:
-        """What the step's squared norms summed over all ranks update: the gradient
-        noise estimate. `micro`: samples per micro-batch."""
-        def update(total_sqr: float) -> None:
-            if g.local is None:
-                g.local = total_sqr / g.count
-            assert self.job.noise is not None and self.job.init_batch_size is not None
-            self.job.noise.update(g.local, g.total, g.count,
-                                  g.count * micro / self.job.init_batch_size, biased=g.biased)
-        return update
-
     # ---- telemetry ---------------------------------------------------------------------------
 
     def report(self, *, checkpoint: pb.CheckpointEvent | None = None,
@@ -528,109 +294,7 @@ class Runtime:
             cur = ag.next_shape or self.shape
             ag.want_shape = None if want == cur else want
 
-    # ---- stopping ------------------------------------------------------------------------------
-
-    def _on_sigterm(self, signum, frame) -> None:
-        self.agreement.sigterm = True
-
-    def _stop_with_checkpoint(self) -> None:
-        self.agreement.collect()  # the last step's statistics, on every rank
-        ok = 1.0
-        if self.worker.rank == 0 and self.worker.checkpoint_dir:
-            try:
-                self.report(checkpoint=self.save_checkpoint(), force=True)
-            except Exception:
-                LOG.exception("checkpoint failed")
-                ok = 0.0
-        failed = (all_reduce_sum([1.0 - ok], self.worker.device)[0]
-                  if self.worker.world_size > 1 else 1.0 - ok)
-        if failed > 0:
-            self._exit(1)
-        LOG.info("stopped at step %d (epoch %d, %d samples in): exiting %d", self.job.steps,
-                 self.job.position.epoch, self.job.position.pos, c.EXIT_CHECKPOINTED)
-        self._exit(c.EXIT_CHECKPOINTED)
-
-    def finish(self) -> None:
-        """The target is reached: final report; a later SIGTERM exits 0."""
-        if self.completed or self.worker.profiling:
-            return
-        self.completed = True
-        self._together = True
-        if threading.current_thread() is threading.main_thread():
-            # Nothing left to checkpoint: a stop that arrives now (the scheduler did not
-            # know yet) must not turn a finished job into a killed one while it exits.
-            if self._prev_sigterm is None:
-                self._prev_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self.agreement.collect()
-        if self.worker.rank == 0:
-            self.report(force=True)
-        LOG.info("target reached after %d steps (%.1f scale-invariant): %s", self.job.steps,
-                 self.job.si_steps, self.overheads.summary())
-
-    def _exit(self, code: int) -> None:
-        # Every rank exits at this same boundary: the agreement in flight completes.
-        with contextlib.suppress(Exception):
-            self.agreement.collect()
-        self._together = True
-        raise SystemExit(code)
-
-    # ---- profiling ---------------------------------------------------------------------------
-
-    def _finish_profile(self) -> None:
-        self.report(profile=True, oom=self.profile.oom, force=True)
-        LOG.info("profiling done: %s", [(s.atomic_batch_size, round(s.step_time_s, 5))
-                                        for s in self.job.table.totals()])
-        self._exit(c.EXIT_PROFILED)
-
-    def current_atomic(self) -> int:
-        if self._step is not None:
-            return self._step.plan.shape.atomic
-        return self.shape.atomic if self.shape else 0
-
-    # ---- process-level hooks -----------------------------------------------------------------
-
-    def _excepthook(self, exc_type, exc, tb) -> None:
-        if exc is not None and _is_oom(exc):
-            oom = pb.OomEvent(atomic_batch_size=self.current_atomic(), message=str(exc)[:1000])
-            LOG.error("out of memory at micro-batch %d", oom.atomic_batch_size)
-            if self.worker.profiling:
-                self.profile.oom = oom
-                self._prev_excepthook(exc_type, exc, tb)
-                with contextlib.suppress(Exception):
-                    self.report(profile=True, oom=oom, force=True)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(c.EXIT_PROFILED)
-            with contextlib.suppress(Exception):
-                self.report(oom=oom, force=True)
-        self._prev_excepthook(exc_type, exc, tb)
-
-    def _unhook(self) -> None:
-        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._prev_sigterm)
-            self._prev_sigterm = None
-        if sys.excepthook == self._excepthook:
-            sys.excepthook = self._prev_excepthook
-
-    def _atexit(self) -> None:
-        if self.worker.rank == 0 and self.overheads.steps:
-            LOG.info("overheads: %s", self.overheads.summary())
-        if self.reports.client is not None:
-            with contextlib.suppress(Exception):
-                self.reports.client.close()
-        if self._together and self.worker.world_size > 1:
-            # All ranks are leaving at the same point: tear the group down together
-            # (a rank that destroys its group while a peer still talks to it may
-            # abort at interpreter shutdown).
-            with contextlib.suppress(Exception):
-                if dist.get_backend() == "gloo":
-                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
-                else:
-                    dist.barrier()
-        shutdown()
-
-    def warn_once(self, key: str, msg: str, *args) -> None:
+    def warn_once(self, key: str, msg: str, *args: Any) -> None:
         if key not in self._warned:
             self._warned.add(key)
             LOG.warning(msg, *args)

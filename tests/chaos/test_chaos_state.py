@@ -24,7 +24,7 @@ import pytest
 from harness import Harness, pass_result, refused_pass
 
 from sia_grpc.api import TERMINAL_STATES, pb
-from sia_grpc.controller.state import (
+from sia_grpc.controller.machine.state import (
     AgentMessage,
     AgentRegistered,
     ControllerSettings,

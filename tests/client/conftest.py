@@ -50,6 +50,10 @@ class FakeController(JobServiceServicer, ClusterServiceServicer):
                            gpus=[pb.GpuSlot(index=g, job_id="job-1" if i == 0 else "")
                                  for g in range(4)]) for i in range(2)],
             types=[pb.GpuTypeSummary(gpu_type="rtx", nodes=2, gpus=8, allocated=4)])
+        # No queues configured: the default queue alone, the default class named so.
+        self.queues = pb.ListQueuesResponse(
+            queues=[pb.QueueStatus(spec=pb.QueueSpec(name="default"))],
+            config=pb.QueueConfig(default_priority="default"))
         self.rounds = [pb.Round(round=r, trigger="timer", jobs=r, gpus_allocated=4,
                                 solve_ms=1.5, total_ms=3.0) for r in range(1, 4)]
         for r in self.rounds:  # a minute apart, from 2026-01-05T09:30:00Z
@@ -200,6 +204,10 @@ class FakeController(JobServiceServicer, ClusterServiceServicer):
     def ListRounds(self, request, context):
         self._enter("ListRounds", context)
         return pb.ListRoundsResponse(rounds=self.rounds[-(request.limit or 20):])
+
+    def ListQueues(self, request, context):
+        self._enter("ListQueues", context)
+        return self.queues
 
     def WatchRounds(self, request, context):
         """The rounds so far, then none: the stream stays open until the client leaves."""

@@ -52,6 +52,7 @@ def test_the_async_twin_awaits_exactly_where_the_blocking_one_does_io(blocking, 
 
 def test_the_clients_have_every_call_of_the_api():
     assert sorted(public(SiaClient)) == [
-        "cancel", "close", "cluster", "delete", "drain", "forget_node", "get", "handle",
-        "list", "queues", "rounds", "submit", "undrain", "watch", "watch_rounds"]
+        "cancel", "close", "cluster", "delete", "drain", "events", "forget_node", "get",
+        "handle", "list", "queues", "rounds", "submit", "undrain", "watch", "watch_events",
+        "watch_rounds"]
     assert sorted(public(JobHandle)) == ["cancel", "job", "status", "wait", "watch"]

@@ -1,5 +1,5 @@
-"""The controller commands, registered on a fresh parser with add_commands, and their
-formatting functions."""
+"""The controller commands (the job commands and the cluster views), registered on a
+fresh parser with their add_commands, and their formatting functions."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ import yaml
 from google.protobuf import json_format
 
 from sia_grpc.api import pb, present
+from sia_grpc.cli import cluster, run
 from sia_grpc.cli import jobs as client_cli
-from sia_grpc.cli import run
 from sia_grpc.client import SiaClient
 
 
 def sia(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="sia")
-    client_cli.add_commands(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    client_cli.add_commands(sub)
+    cluster.add_commands(sub)
     return run(parser.parse_args(argv))
 
 
@@ -86,8 +88,8 @@ def test_ls_table_sorted_with_tenant_nodes_and_age(target, fake, capsys, clock):
     assert lines[0].split() == ["ID", "NAME", "TENANT", "QUEUE", "PRIORITY", "APPLICATION",
                                 "STATE", "GPUS", "NODES", "BATCH", "PROGRESS", "GOODPUT",
                                 "RESTARTS", "GENERATION", "AGE", "REASON"]
-    assert lines[3].split()[:10] == [a.job_id, "resnet", "-", "default", "-", "-", "RUNNING",
-                                     "4×rtx", "n0", "256"]
+    assert lines[3].split()[:10] == [a.job_id, "resnet", "-", "default", "default", "-",
+                                     "RUNNING", "4×rtx", "n0", "256"]
 
     assert sia("ls", "--state", "queued", "--tenant", "nlp", "--controller", target) == 0
     assert [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:]] == [b.job_id]
@@ -142,7 +144,9 @@ def test_get_readable_json_yaml_and_wide(target, fake, capsys, clock):
     assert sia("get", job.job_id, "-o", "wide", "--controller", target) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:6] == ["ID", "NAME", "TENANT", "QUEUE", "PRIORITY", "APPLICATION"]
-    assert row.split()[:7] == [job.job_id, "resnet", "-", "default", "-", "cifar10", "RUNNING"]
+    # PRIORITY: the configured default class, by name (issue 37, item 7)
+    assert row.split()[:7] == [job.job_id, "resnet", "-", "default", "default", "cifar10",
+                               "RUNNING"]
     assert row.split()[-1] == "90s"
 
 

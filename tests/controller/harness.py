@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sia_grpc.api import pb
-from sia_grpc.controller.records import JobRec
-from sia_grpc.controller.rounds import ROUND_MOVES_KEPT
-from sia_grpc.controller.state import (
+from sia_grpc.controller.machine.records import JobRec
+from sia_grpc.controller.machine.rounds import ROUND_MOVES_KEPT
+from sia_grpc.controller.machine.state import (
+    SUBMITTED,
     Action,
     AgentMessage,
     AgentRegistered,
@@ -71,6 +72,9 @@ class Harness:
             for k_, (n, (t, k)) in enumerate(nodes.items())}
         self.outbox: list[Send] = []
         self.persisted: set[str] = set()
+        # Each job's (state, reason) as the store holds it: as created, then as each
+        # Persist wrote it (`check`: never behind the state machine's).
+        self.stored: dict[str, tuple[int, str]] = {}
         self.rounds = 0
         for a in self.agents.values():
             self.feed(a.register_event(self.now))
@@ -80,12 +84,19 @@ class Harness:
     # ---------------------------------------------------------------- driving
 
     def feed(self, event: Event) -> list[Action]:
+        if isinstance(event, JobCreated):  # (the shell stores it so before the event)
+            self.stored[event.job.job_id] = SUBMITTED
         actions = self.state.handle(event)
         for a in actions:
             if isinstance(a, Send):
                 self.outbox.append(a)
             elif isinstance(a, Persist):
                 self.persisted.update(a.job_ids)
+                for job_id in a.job_ids:
+                    # (dict.get: not a lookup of the state machine's, for tests that count)
+                    rec = dict.get(self.state.job_book.jobs, job_id)
+                    if rec is not None:
+                        self.stored[job_id] = (rec.job.status.state, rec.job.status.reason)
             elif isinstance(a, RoundDone):
                 # The jobs a round counts as moved, it lists (Round.moves), up to its bound.
                 assert len(a.round.moves) == min(a.round.jobs_moved, ROUND_MOVES_KEPT), a.round
@@ -171,7 +182,7 @@ class Harness:
         if d.action == pb.Directive.ACTION_RUN and agent.draining:
             ack.ok, ack.error = False, "node draining"
         elif d.action == pb.Directive.ACTION_STOP:
-            # A STOP ends the job's passes there too (nodeagent.agent._stop_profiles).
+            # A STOP ends the job's passes there too (nodeagent.profiling.Profiler.stop).
             for g in [g for g, p in agent.passes.items() if p.job_id == d.job_id]:
                 del agent.passes[g]
             run = agent.running.get(d.job_id)
@@ -227,8 +238,16 @@ class Harness:
 
     def check(self) -> None:
         """The state machine's own rules (`check_invariants`); the agents check the
-        ground truth themselves (no RUN on a GPU that is busy)."""
+        ground truth themselves (no RUN on a GPU that is busy). And the rule of the
+        record: a job's state and reason change only with a Persist, so what the store
+        holds (and `sia watch`, the dashboard and the event history show) is what the
+        state machine holds, after every event."""
         self.state.check_invariants()
+        for job_id, rec in self.state.jobs.items():
+            live = (rec.job.status.state, rec.job.status.reason)
+            # (a job a test restored into the state itself: from its first Persist on)
+            assert self.stored.get(job_id, live) == live, (
+                f"{job_id}: {live} in memory only; the store has {self.stored.get(job_id)}")
 
     def assert_no_gpu_held(self) -> None:
         """Once every job has ended and every message is delivered, nothing is held."""

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sia_grpc.controller.store import JobStore, open_store
+from sia_grpc.controller.stores import JobStore, open_store
 
 
 class Backend:

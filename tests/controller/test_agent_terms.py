@@ -12,9 +12,9 @@ import pytest
 from sia_grpc.api import AgentServiceStub, pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.leadership import SQLITE_TERM
-from sia_grpc.controller.server import Controller
-from sia_grpc.controller.store import MAX_TERM
+from sia_grpc.controller.shell.leadership import SQLITE_TERM
+from sia_grpc.controller.shell.server import Controller
+from sia_grpc.controller.stores import MAX_TERM
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The controller's state is its books (`sia_grpc.controller.books`): declared once,
+"""The controller's state is its books (`sia_grpc.controller.machine.books`): declared once,
 each field through its book, and each handler module changing only the books its
 docstring names ("Changes: ...")."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from harness import Harness
 
-from sia_grpc.controller import books
-from sia_grpc.controller.books import StateBase
-from sia_grpc.controller.state import ControllerState
+from sia_grpc.controller.machine import books
+from sia_grpc.controller.machine.books import StateBase
+from sia_grpc.controller.machine.state import ControllerState
 
 CONTROLLER = Path(books.__file__).parent
 # The modules that make up `ControllerState`, the parts that handle events.
@@ -117,7 +117,7 @@ def _claimed(module: str) -> set[str]:
     return {w for w in re.split(r"[\s,]+", m.group(1)) if w and w != "none"}
 
 
-@pytest.mark.parametrize("module", (*PARTS, "queueing"))
+@pytest.mark.parametrize("module", PARTS)
 def test_each_part_changes_only_the_books_it_says(module: str):
     """A part's docstring names the books it changes; the code changes those and no
     other (what it calls in another part changes that part's)."""

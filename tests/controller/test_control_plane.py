@@ -186,7 +186,7 @@ async def test_a_drained_node_hands_its_job_to_another_and_stays_drained_across_
 async def test_agent_keepalive_pings_are_welcome():
     """Agents ping to notice a partition; the controller must not answer a ping a
     second with GOAWAY (gRPC's default allows one per 5 minutes without data)."""
-    from sia_grpc.nodeagent.agent import AgentConfig, NodeAgent
+    from sia_grpc.nodeagent import AgentConfig, NodeAgent
 
     async with LocalCluster({}, rate=1.0, config=CONFIG) as lc:
         cfg = AgentConfig(node_id="pinger", controller=lc.target, gpu_type="rtx", num_gpus=1,
@@ -423,7 +423,7 @@ async def test_control_plane_bench_reports_round_latency_and_durable_creates():
 @pytest.mark.timeout(90)
 async def test_control_plane_bench_on_postgres(postgres_dsn):
     from sia_grpc.bench.control_plane import _spec, create_throughput, round_latency
-    from sia_grpc.controller.store import open_store
+    from sia_grpc.controller.stores import open_store
 
     with open_store(postgres_dsn) as store:  # already there: not counted as durable
         store.create_jobs([(pb.Job(job_id="old", spec=_spec(0)), "")])

@@ -15,8 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sia_grpc.controller.config import ConfigError, ControllerConfig
-from sia_grpc.controller.exclusive import InUse
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.exclusive import InUse
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.testing.ports import started_record
 
 pytestmark = pytest.mark.timeout(60)

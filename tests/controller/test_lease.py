@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from store_backends import Backend
 
 from sia_grpc.api import pb
-from sia_grpc.controller.store import MAX_TERM, Fenced, Lease, StoreError
+from sia_grpc.controller.stores import MAX_TERM, EventQuery, Fenced, Lease, StoreError
 
 
 def job(job_id: str) -> pb.Job:
@@ -112,7 +112,7 @@ def test_a_deposed_writer_is_fenced_and_writes_nothing(pair):
         "delete_job": lambda: old.delete_job("kept"),
         "compact": old.compact,
         "set_drain": lambda: old.set_drain("rtx-0", "x"),
-        "add_rounds": lambda: old.add_rounds([pb.Round(round=1)]),
+        "put_jobs (rounds)": lambda: old.put_jobs([], rounds=[pb.Round(round=1)]),
     }
     for name, write in writes.items():
         with pytest.raises(Fenced, match=f"fenced at term {term} .* at term {new_term} \\(c2\\)"):
@@ -124,6 +124,7 @@ def test_a_deposed_writer_is_fenced_and_writes_nothing(pair):
     assert new.drains() == {} and new.rounds() == []
     # The leader's own writes go on; an unfenced store is not checked at all.
     assert new.put_jobs([(job("kept"), b"mine")]) == [revision + 1]
+    assert [e.kind for e in new.cluster_events(EventQuery())] == [pb.EVENT_KIND_JOB_SUBMITTED]
     old.fence(None)
     assert old.set_drain("rtx-0", "unfenced") is None
 

@@ -4,7 +4,7 @@ import grpc
 import pytest
 
 from sia_grpc.api.errors import ApiError
-from sia_grpc.controller.limits import TenantLimits, TokenBucket
+from sia_grpc.controller.shell.limits import TenantLimits, TokenBucket
 
 
 def test_bucket_allows_a_burst_then_the_rate():

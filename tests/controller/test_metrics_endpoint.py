@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ConfigError, ControllerConfig
-from sia_grpc.controller.server import Controller
-from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.shell.server import Controller
+from sia_grpc.controller.stores import StoreError
 from sia_grpc.observability import setup_telemetry
 from sia_grpc.testing.localcluster import LocalCluster
 from sia_grpc.testing.ports import started_record

@@ -16,7 +16,7 @@ from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.clock import WallClock
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.nodeagent import AgentStatus, NodeAgent
 from sia_grpc.testing.localcluster import LocalCluster
 

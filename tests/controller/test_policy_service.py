@@ -23,7 +23,7 @@ from sia_grpc.api import PolicyServiceStub, add_PolicyServiceServicer_to_server,
 from sia_grpc.api.convert import allocation_from_pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.api.optimize import request_policy
-from sia_grpc.controller.policy_service import PolicyService
+from sia_grpc.controller.service.policy_service import PolicyService
 from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import (

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from sia_grpc.api import pb
 from sia_grpc.api.convert import queues_from_pb, queues_to_pb
 from sia_grpc.api.errors import ApiError
-from sia_grpc.controller import queueing
 from sia_grpc.controller.config import ConfigError, load_config, read_queues_file
-from sia_grpc.controller.state import QueuesLoaded
-from sia_grpc.controller.validation import admit_to_queue
+from sia_grpc.controller.machine.state import QueuesLoaded
+from sia_grpc.controller.machine.validation import admit_to_queue
 from sia_grpc.policy.cluster import Config, GpuId
 from sia_grpc.policy.queues import PriorityClass, Queue, QueueSet
+from sia_grpc.policy.queues.outcome import borrowed, outcome
 from sia_grpc.policy.types import JobAllocation, PolicyJob, RoundResult
 
 RESEARCH = QueueSet(queues=(Queue("research", tenants={"team-a"}, guarantee={"rtx": 8}),
@@ -243,7 +243,7 @@ def test_outcome_names_the_reclaim_the_binding_row_and_the_rule_a_job_waits_on()
                  "r2": "waiting: no allowed GPU type can run it (no estimate)"},
         rows={"guarantee research/rtx": (-4.0, -4.0), "borrow batch/rtx": (4.0, 12.0)})
     quota = QueueSet(queues=(Queue("research", guarantee={"rtx": 4}), Queue("batch")))
-    done = queueing.outcome(quota, result, jobs, previous, {"rtx": 8})
+    done = outcome(quota, result, jobs, previous, {"rtx": 8})
     assert done.binding == ("guarantee research/rtx",)
     assert done.reclaims == {"b0": "research"}
     assert done.reasons == {
@@ -257,11 +257,11 @@ def test_outcome_names_a_borrowing_limit_and_keeps_the_policys_reason_otherwise(
     result = RoundResult(allocations={"b0": _alloc(4)}, restarted=frozenset(), objective=0.0,
                          timings={}, reasons={"b1": "waiting: no GPUs free for it this round"},
                          rows={"borrow batch/rtx": (4.0, 4.0)})
-    done = queueing.outcome(RESEARCH, result, jobs, {}, {"rtx": 16})
+    done = outcome(RESEARCH, result, jobs, {}, {"rtx": 16})
     assert done.reasons == {"b1": "waiting: queue batch is at its borrowing limit of 4 rtx"}
     assert not done.reclaims and not done.binding
     # no guarantee nor limit anywhere: the flat pool's own reason
-    flat = queueing.outcome(FLAT, dataclasses.replace(result, rows={}), jobs, {}, {"rtx": 4})
+    flat = outcome(FLAT, dataclasses.replace(result, rows={}), jobs, {}, {"rtx": 4})
     assert flat.reasons == {}
 
 
@@ -304,12 +304,12 @@ def test_borrowed_is_beyond_the_per_type_guarantee_and_what_the_units_cover():
     qs = QueueSet(queues=(Queue("mixed", guarantee={"rtx": 4}, guarantee_units=8),
                           Queue("flex", guarantee_units=6), Queue("typed", guarantee={"rtx": 2})),
                   unit_weights={"dgx": 2.0})
-    assert queueing.borrowed(qs, "typed", {"rtx": 5, "dgx": 1}) == {"rtx": 3, "dgx": 1}
-    assert queueing.borrowed(qs, "flex", {"rtx": 2, "dgx": 2}) == {}  # 6 units: all covered
-    assert queueing.borrowed(qs, "flex", {"rtx": 3, "dgx": 2}) == {"rtx": 1}  # dgx first
+    assert borrowed(qs, "typed", {"rtx": 5, "dgx": 1}) == {"rtx": 3, "dgx": 1}
+    assert borrowed(qs, "flex", {"rtx": 2, "dgx": 2}) == {}  # 6 units: all covered
+    assert borrowed(qs, "flex", {"rtx": 3, "dgx": 2}) == {"rtx": 1}  # dgx first
     # the 4 rtx of its own guarantee count 4 of the 8 units: 4 more are covered
-    assert queueing.borrowed(qs, "mixed", {"rtx": 6, "dgx": 2}) == {"rtx": 2}
-    assert queueing.borrowed(qs, "mixed", {"rtx": 3}) == {}
+    assert borrowed(qs, "mixed", {"rtx": 6, "dgx": 2}) == {"rtx": 2}
+    assert borrowed(qs, "mixed", {"rtx": 3}) == {}
 
 
 def test_a_limit_on_top_of_a_guarantee_names_both():
@@ -318,7 +318,7 @@ def test_a_limit_on_top_of_a_guarantee_names_both():
     result = RoundResult(allocations={"r0": _alloc(6)}, restarted=frozenset(), objective=0.0,
                          timings={}, reasons={"r1": "waiting: no GPUs free for it this round"},
                          rows={"borrow research/rtx": (6.0, 6.0)})
-    done = queueing.outcome(qs, result, jobs, {}, {"rtx": 16})
+    done = outcome(qs, result, jobs, {}, {"rtx": 16})
     assert done.reasons == {"r1": "waiting: queue research is at its limit of 6 rtx (its "
                                   "guarantee of 4 and a borrowing limit of 2)"}
 
@@ -333,7 +333,7 @@ def test_a_type_flexible_guarantee_is_named_when_met_and_holds_nothing_back_belo
         result = RoundResult(allocations=allocations, restarted=frozenset(), objective=0.0,
                              timings={}, reasons={"n1": wait},
                              rows={"guarantee nlp/units": (-n0_gpus, -n0_gpus)})
-        return queueing.outcome(qs, result, jobs, allocations, {"rtx": 8}).reasons
+        return outcome(qs, result, jobs, allocations, {"rtx": 8}).reasons
 
     assert reasons(4) == {"n1": "waiting: queue nlp holds its guarantee of 4 units and the "
                                 "cluster has nothing idle to lend"}

@@ -26,7 +26,7 @@ from sia_grpc.api.errors import ApiError
 from sia_grpc.cli import main
 from sia_grpc.client import AsyncSiaClient, SiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.observability import setup_telemetry
 from sia_grpc.security.tokens import add_token
 from sia_grpc.testing.localcluster import LocalCluster

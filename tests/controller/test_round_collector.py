@@ -10,8 +10,8 @@ import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
-from sia_grpc.controller import round_log
 from sia_grpc.controller.config import ControllerConfig
+from sia_grpc.controller.shell import round_log
 from sia_grpc.testing.localcluster import LocalCluster
 
 pytestmark = pytest.mark.xdist_group("heavy")
@@ -35,8 +35,8 @@ async def test_the_collector_waits_through_a_round_and_runs_again_after_it():
             mid.append(gc.isenabled())
             done(rnd)
 
-        def round_acked(round_no: int) -> None:
-            acked(round_no)
+        def round_acked(round_no: int, interrupted: str = "") -> None:
+            acked(round_no, interrupted)
             if not c._round_clock:  # no round in flight
                 after.append(gc.isenabled())
 

@@ -9,10 +9,10 @@ import gc
 import numpy as np
 import pytest
 
-from sia_grpc.controller import solver_pool
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
-from sia_grpc.controller.solver_pool import SolverPool, ship, solve_shipped
+from sia_grpc.controller.shell import solver_pool
+from sia_grpc.controller.shell.server import Controller
+from sia_grpc.controller.shell.solver_pool import SolverPool, ship, solve_shipped
 from sia_grpc.emulation import load_app
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.policy import Cluster, PolicyJob, SiaPolicy, make_policy

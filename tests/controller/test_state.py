@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.api import TERMINAL_STATES, pb
-from sia_grpc.controller.events import ControllerSettings
-from sia_grpc.controller.records import JobRec, live_rendezvous, load_extra
-from sia_grpc.controller.state import (
+from sia_grpc.controller.machine.events import ControllerSettings
+from sia_grpc.controller.machine.records import JobRec, live_rendezvous, load_extra
+from sia_grpc.controller.machine.state import (
+    AgentDisconnected,
     AgentMessage,
     ControllerState,
     InvariantError,
@@ -23,6 +24,7 @@ from sia_grpc.controller.state import (
     NodeDrainChanged,
     NodeForgotten,
     Persist,
+    RoundAcked,
     RoundSkipped,
     Send,
     Solve,
@@ -372,7 +374,7 @@ def test_a_round_lists_the_jobs_it_started_and_moved_from_what_to_what():
 
 
 def test_a_round_that_starts_many_jobs_lists_only_the_first_few_and_counts_them_all():
-    from sia_grpc.controller.rounds import ROUND_MOVES_KEPT
+    from sia_grpc.controller.machine.rounds import ROUND_MOVES_KEPT
 
     h = Harness({f"rtx-{k}": ("rtx", 8) for k in range(4)})
     jobs = ROUND_MOVES_KEPT + 5
@@ -387,7 +389,7 @@ def test_a_round_that_starts_many_jobs_lists_only_the_first_few_and_counts_them_
 
 
 def test_a_round_move_says_start_move_resize_or_preempt():
-    from sia_grpc.controller.rounds import round_move
+    from sia_grpc.controller.machine.rounds import round_move
 
     def alloc(gpu_type: str, n: int) -> JobAllocation:
         return JobAllocation(Config(gpu_type, 1, n), tuple(GpuId("n0", i) for i in range(n)))
@@ -407,7 +409,7 @@ def test_a_round_move_says_start_move_resize_or_preempt():
 
 def test_a_tenant_sees_another_tenants_moved_jobs_unnamed():
     from sia_grpc.api import OTHER_TENANT
-    from sia_grpc.controller.views import round_for
+    from sia_grpc.controller.machine.views import round_for
 
     rnd = pb.Round(round=3, moves=[pb.RoundMove(job_id="a1", name="mine", tenant="a"),
                                    pb.RoundMove(job_id="b1", name="theirs", tenant="b",
@@ -794,7 +796,7 @@ def _deliver_one(h: Harness) -> None:
 
 
 def test_round_is_acknowledged_only_after_every_directive_it_caused():
-    from sia_grpc.controller.state import RoundAcked, SolveFinished
+    from sia_grpc.controller.machine.state import RoundAcked, SolveFinished
 
     h = Harness({"rtx-0": ("rtx", 8)})
     h.submit("j1")
@@ -862,7 +864,7 @@ def test_a_full_cluster_makes_room_for_a_new_jobs_profiling_pass():
 
 
 def test_a_failed_solve_keeps_the_previous_allocation_and_says_so():
-    from sia_grpc.controller.state import RoundDone, SolveFinished
+    from sia_grpc.controller.machine.state import RoundDone, SolveFinished
 
     h = Harness(NODES)
     h.submit("j1")
@@ -917,7 +919,7 @@ def test_metric_views_count_nodes_capacity_and_the_longest_wait():
 
 
 def test_job_states_change_only_along_the_transition_table():
-    from sia_grpc.controller.transitions import TRANSITIONS, IllegalTransition, set_state
+    from sia_grpc.controller.machine.transitions import TRANSITIONS, IllegalTransition, set_state
 
     h = Harness({"rtx-0": ("rtx", 4)})
     h.submit("j1")
@@ -1310,3 +1312,26 @@ def test_a_waiting_job_whose_fenced_workers_are_on_a_drained_node_just_waits():
     assert h.state_of("j1") == pb.JOB_STATE_QUEUED
     h.deliver()  # the STOP's ack frees the GPUs
     assert not rec.held
+
+
+def test_a_round_waiting_on_an_agent_that_disconnects_finishes_then_interrupted():
+    """Issue 37, item 2: a round whose RUN went to an agent that then died waited for
+    that agent's acknowledgement until the heartbeat timeout made its node LOST, and
+    was published late, after later rounds, with a length no round had. The rule: a
+    round is finished when every directive it sent is acknowledged or its agent is
+    gone; then at once, noted interrupted (the directive stays pending and is sent
+    again if the agent comes back)."""
+    h = Harness({"n0": ("rtx", 4)})
+    h.submit("j1", max_gpus=4)
+    h.deliver()
+    h.tick()  # the round sends j1's RUN to n0; n0 never answers
+    (round_no,) = {s.message.directive.round for s in h.outbox if s.node_id == "n0"
+                   and s.message.HasField("directive")}
+    actions = h.feed(AgentDisconnected(h.now + 1, "n0"))
+    (acked,) = [a for a in actions if isinstance(a, RoundAcked)]
+    assert acked.round_no == round_no
+    assert acked.interrupted.startswith("interrupted: n0 disconnected before acknowledging 1")
+    assert h.state.directive_book.pending  # sent again when it reconnects
+    h.outbox.clear()
+    h.feed(h.agents["n0"].register_event(h.now + 2))
+    assert any(s.message.HasField("directive") for s in h.outbox)  # the RUN, again

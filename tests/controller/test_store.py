@@ -17,17 +17,18 @@ import pytest
 from store_backends import Backend
 
 from sia_grpc.api import pb
-from sia_grpc.controller.store import (
+from sia_grpc.controller.stores import (
     SCHEMA_VERSION,
     Compacted,
+    EventQuery,
     Fenced,
     JobExists,
     NotFound,
     RequestConflict,
-    Store,
     StoreError,
     open_store,
 )
+from sia_grpc.controller.stores import SqliteStore as Store
 from sia_grpc.testing.postgres import stalled_mid_pipeline
 
 CREATED, UPDATED, DELETED = (pb.JobEvent.KIND_CREATED, pb.JobEvent.KIND_UPDATED,
@@ -223,7 +224,7 @@ def test_reopened_store_sees_everything(backend: Backend):
 CHILD = """
 import sys
 from sia_grpc.api import pb
-from sia_grpc.controller.store import open_store
+from sia_grpc.controller.stores import open_store
 
 store = open_store(sys.argv[1])
 i = 0
@@ -338,10 +339,10 @@ def test_newer_schema_is_refused(backend: Backend):
 
 
 # The tables each schema version added: a store of version v lacks those of later ones.
-_ADDED_IN = {2: "drains", 3: "rounds", 4: "lease"}
+_ADDED_IN = {2: "drains", 3: "rounds", 4: "lease", 5: "events"}
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(backend: Backend, version: int):
     """An older controller's store (version 1: no drains, rounds or lease; 2: no
     rounds or lease; 3: no lease) opens with a newer one, which adds what is missing."""
@@ -352,13 +353,15 @@ def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(backend: Backend, 
     for v, table in _ADDED_IN.items():
         if v > version:
             backend.sql(f"DROP TABLE {table}")
+    if version < 5:  # (the rows of meta that version 5 added)
+        backend.sql("DELETE FROM meta WHERE key IN ('event_id', 'events_compacted_through')")
     backend.set_schema_version(version)
     with backend.open() as store:
         assert [s.job.job_id for s in store.all_jobs()] == ["a"]
         assert store.drains() == ({"rtx-1": "kept"} if version >= 2 else {})
         assert store.rounds() == []
         store.set_drain("rtx-0", "replace GPU 3")
-        store.add_rounds([pb.Round(round=7, trigger="timer")])
+        store.put_jobs([], rounds=[pb.Round(round=7, trigger="timer")])
         assert store.try_acquire("c1", 60.0) == 1
     with backend.open() as store:  # durable, and the upgrade is not run twice
         assert store.drains()["rtx-0"] == "replace GPU 3"
@@ -366,7 +369,8 @@ def test_an_older_store_is_upgraded_in_place_keeping_its_jobs(backend: Backend, 
         assert "rtx-0" not in store.drains()
         assert [r.round for r in store.rounds()] == [7]
         assert store.leader().term == 1
-    assert backend.schema_version() == SCHEMA_VERSION == 4
+        assert store.cluster_events(EventQuery()) == []  # (5: the event history)
+    assert backend.schema_version() == SCHEMA_VERSION == 5
 
 
 def test_rounds_keep_the_newest_few_across_a_reopen(backend: Backend):
@@ -376,10 +380,10 @@ def test_rounds_keep_the_newest_few_across_a_reopen(backend: Backend):
         rnd.start_time.FromSeconds(1_700_000_000 + r)
         rounds.append(rnd)
     with backend.open(rounds_limit=3) as store:
-        store.add_rounds(rounds[:2])
-        store.add_rounds([])
+        store.put_jobs([], rounds=rounds[:2])
+        store.put_jobs([], rounds=[])
         assert [r.round for r in store.rounds()] == [1, 2]
-        store.add_rounds(rounds[2:5])  # a batch that pushes older ones out
+        store.put_jobs([], rounds=rounds[2:5])  # a batch that pushes older ones out
         assert [r.round for r in store.rounds()] == [3, 4, 5]
         assert [r.round for r in store.rounds(2)] == [4, 5]
     with backend.open(rounds_limit=3) as store:

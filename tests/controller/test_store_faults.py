@@ -84,7 +84,7 @@ async def test_the_controller_on_postgres_keeps_jobs_across_a_restart(postgres_s
 
 
 def test_a_dsn_password_is_never_logged_or_shown():
-    from sia_grpc.controller.store import describe
+    from sia_grpc.controller.stores import describe
 
     dsn = "postgresql://sia:pa55@db.example:5432/sia?sslmode=require&password=pa55"
     assert describe(dsn) == ("postgresql://sia:***@db.example:5432/sia?sslmode=require"

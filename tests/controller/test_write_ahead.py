@@ -16,9 +16,9 @@ import pytest
 
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
-from sia_grpc.controller import state as sm
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.machine import state as sm
+from sia_grpc.controller.stores import StoreError
 from sia_grpc.controller.stores.contract import Fenced
 from sia_grpc.nodeagent import NodeAgent
 from sia_grpc.testing.localcluster import LocalCluster
@@ -46,7 +46,7 @@ class HeldWrite:
         self.healed = threading.Event()
         store.put_jobs = self
 
-    def __call__(self, items):
+    def __call__(self, items, events=(), rounds=()):
         if not self.healed.is_set() and any(j.status.state == self.state
                                             for j, _ in items):
             self.tries += 1
@@ -54,7 +54,7 @@ class HeldWrite:
             if self.fail is not None:
                 raise self.fail
             self.healed.wait(30)
-        return self.put_jobs(items)
+        return self.put_jobs(items, events, rounds)
 
     def heal(self) -> None:
         self.healed.set()

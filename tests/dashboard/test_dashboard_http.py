@@ -75,6 +75,11 @@ async def test_events_carry_each_job_change_and_the_pages_show_them(site):
         assert row == "CANCELLED"
         status, body = await text(http, dash.url + f"jobs/{job.job_id}")
         assert status == 200 and '<svg class="alloc"' in body and "CANCELLED" in body
+        # Its story: the controller's history of it, as `sia describe` tells it.
+        story = await admin.events(job_id=job.job_id)
+        assert "<h2>Story</h2>" in body and [e.id for e in reversed(story)] == [
+            int(i) for i in re.findall(r'<li data-id="(\d+)">', body)]
+        assert "JobSubmitted" in body and "cancelled by request" in body
         status, body = await text(http, dash.url + "jobs/no-such-job")
         assert status == 404 and "no job &#x27;no-such-job&#x27;" in body
         status, body = await text(http, dash.url)
@@ -213,7 +218,7 @@ def test_a_bad_listen_address_is_a_usage_error(capsys):
 
 
 def test_other_tenant_is_the_text_the_controller_writes():
-    from sia_grpc.controller import views
+    from sia_grpc.controller.machine import views
 
     assert views.OTHER_TENANT is OTHER_TENANT
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sia_grpc.api import OTHER_TENANT, pb
-from sia_grpc.dashboard import render
+from sia_grpc.dashboard import charts, job_page, render, style
 from sia_grpc.dashboard.feed import Hub
 from sia_grpc.dashboard.model import MAX_QUEUE_SAMPLES, UNITS, Model, Rate, Restart, Step, Use
 
@@ -112,15 +112,15 @@ def test_the_cluster_grid_marks_holders_other_tenants_and_drained_and_lost_nodes
     assert '<span class="isolation none"' in html
     assert "DRAINING: replace GPU 3" in html and "LOST: missed heartbeats" in html
     assert '<b class="allocated">3</b> allocated · <b class="free">5</b> free' in html
-    bg, fg = render.job_colour("j1")
-    assert f"background:{bg};color:{fg}" in html and (bg, fg) in render.PALETTE
+    bg, fg = style.job_colour("j1")
+    assert f"background:{bg};color:{fg}" in html and (bg, fg) in style.PALETTE
 
 
 def test_the_allocation_chart_draws_one_coloured_step_per_allocation():
     history = [Step(0.0, "", 0), Step(10.0, "rtx", 2), Step(20.0, "a100", 4),
                Step(30.0, "", 0)]
-    colours = render.type_colours(["rtx", "a100"])
-    svg = render.allocation_chart(history, 40.0, colours)
+    colours = style.type_colours(["rtx", "a100"])
+    svg = charts.allocation_chart(history, 40.0, colours)
     steps = re.findall(r'class="alloc-step" data-type="(\w+)" data-gpus="(\d)" '
                        r'x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', svg)
     assert [(t, n) for t, n, _, _ in steps] == [("rtx", "2"), ("a100", "4")]
@@ -190,14 +190,14 @@ def test_a_jobs_goodput_throughput_and_restarts_follow_its_versions():
                             restart_seconds=20.0)), now=160.0)
     assert rec.restarts[-1] == Restart(160.0, 2, ("a100", 4))
     cells = r'<td class="from">(.*?)</td><td class="to">(.*?)</td><td class="cost">(.*?)</td>'
-    assert re.findall(cells, render.restarts_table(rec.restarts)) == [
+    assert re.findall(cells, job_page.restarts_table(rec.restarts)) == [
         ("4 a100", "not running yet", "measuring"), ("2 rtx", "4 a100", "20.0 s")]
     # Moved again before it reported a step where it was going: that one is never measured.
     rec = m.apply(event(job(revision=10, state=RUNNING, gpus=1, generation=4, goodput=50.0,
                             restarts=2, restart_seconds=20.0)), now=170.0)
     rec = m.apply(event(job(revision=11, state=RESTARTING, gpus=1, generation=4,
                             goodput=50.0, restarts=3, restart_seconds=20.0)), now=175.0)
-    assert re.findall(cells, render.restarts_table(rec.restarts))[:2] == [
+    assert re.findall(cells, job_page.restarts_table(rec.restarts))[:2] == [
         ("1 rtx", "not running yet", "measuring"),
         ("4 a100", "1 rtx", "none: restarted again before its first step")]
 
@@ -231,7 +231,7 @@ def test_rates_always_differ_never_go_back_in_time_and_each_restart_is_one_row(c
 
 def test_the_rate_chart_draws_the_estimate_and_the_throughput_apart_with_a_legend():
     rates = [Rate(0.0, 100.0, 0.0), Rate(10.0, 100.0, 80.0), Rate(20.0, 300.0, 250.0)]
-    svg = render.rate_chart(rates, 40.0)
+    svg = charts.rate_chart(rates, 40.0)
     lines = dict(re.findall(r'<polyline class="rate" data-series="(\w+)"[^>]* stroke="'
                             r'(#\w+)"', svg))
     assert set(lines) == {"goodput", "throughput"} and len(set(lines.values())) == 2
@@ -241,7 +241,7 @@ def test_the_rate_chart_draws_the_estimate_and_the_throughput_apart_with_a_legen
     # Each line holds its value until the next change: 3 steps of 2 points each.
     (points,) = re.findall(r'data-series="throughput".*? points="([^"]+)"', svg)
     assert len(points.split()) == 6
-    assert "no goodput estimate" in render.rate_chart([], 40.0)
+    assert "no goodput estimate" in charts.rate_chart([], 40.0)
 
 
 def queues(held: dict[str, int], borrowed: dict[str, int] | None = None, *, pending: int = 0,

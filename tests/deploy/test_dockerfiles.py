@@ -114,4 +114,4 @@ def test_copied_files_exist_and_are_not_ignored(name: str) -> None:
     for junk in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "docs/agent.md",
                  "sia_grpc/__pycache__/api.cpython-311.pyc"):
         assert _ignored(patterns, junk), f"{ignore.name} lets {junk} into the context"
-    assert not _ignored(patterns, "sia_grpc/controller/server.py")
+    assert not _ignored(patterns, "sia_grpc/controller/shell/server.py")

@@ -29,7 +29,7 @@ from test_healthcheck import run_probe
 from test_manifests import controller_container, render
 
 from sia_grpc.controller.config import ControllerConfig, load_config
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.controller.stores import is_postgres
 
 HA_OVERLAYS = [o for o in OVERLAYS if uses_ha(o)]

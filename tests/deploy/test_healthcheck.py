@@ -14,7 +14,7 @@ import pytest
 from deploy_common import BASE, DEPLOY, base_resources, one, pod_spec
 
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 
 SCRIPT = DEPLOY / "docker" / "sia-healthcheck.py"
 

@@ -1,5 +1,5 @@
 """The backup and restore procedure of docs/operations.md, on a live store written by
-sia_grpc/controller/store.py: an online backup taken while the store is open (WAL
+sia_grpc/controller/stores/: an online backup taken while the store is open (WAL
 mode, transactions not yet checkpointed) is a consistent snapshot, and restoring it
 (controller stopped; the database, -wal and -shm moved aside together; the backup
 copied in) gives back exactly the jobs it held, in a store that keeps working.
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from sia_grpc.api import pb
-from sia_grpc.controller.store import Store, StoreError
+from sia_grpc.controller.stores import SqliteStore as Store
+from sia_grpc.controller.stores import StoreError
 
 # The Python form of the backup in docs/operations.md (for hosts without sqlite3).
 PY_BACKUP = ("import sqlite3, sys; src = sqlite3.connect(sys.argv[1]); "

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from sia_grpc.api import pb
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 
 SCALE = max(1, int(os.environ.get("SIA_FUZZ_EXAMPLES", "1") or 1))
 

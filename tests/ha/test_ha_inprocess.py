@@ -19,8 +19,8 @@ from sia_grpc.api import ClusterServiceStub, pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client import AsyncSiaClient
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
-from sia_grpc.controller.store import Fenced
+from sia_grpc.controller.shell.server import Controller
+from sia_grpc.controller.stores import Fenced
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
 from sia_grpc.testing.postgres import stalled_mid_pipeline
 

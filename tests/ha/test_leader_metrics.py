@@ -10,8 +10,8 @@ import contextlib
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from test_ha_inprocess import config, leaders, until
 
-from sia_grpc.controller.server import Controller
-from sia_grpc.controller.store import StoreError
+from sia_grpc.controller.shell.server import Controller
+from sia_grpc.controller.stores import StoreError
 from sia_grpc.observability import RENEW_FAILURES, setup_telemetry
 
 

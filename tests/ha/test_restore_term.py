@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from test_failover import cluster, terms_in_order, until
 
-from sia_grpc.controller.store import open_store
+from sia_grpc.controller.stores import open_store
 from sia_grpc.nodeagent import AgentStatus, NodeAgent
 from sia_grpc.testing.controllers import ControllerPair
 

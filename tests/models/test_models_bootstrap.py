@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.models import bootstrap as bootstrap_module
+from sia_grpc.models import estimator as estimator_module
 from sia_grpc.models.bootstrap import (
     JobGoodputModel,
     ThroughputEstimator,
@@ -366,8 +367,8 @@ def test_a_pickled_copy_refits_only_the_type_whose_data_changed(monkeypatch: pyt
         est.perf_params(t)
     _observe(est, "fast", FAST, [(1, 4)])  # this round's telemetry
     fitted = []
-    real = bootstrap_module.fit_perf_params
-    monkeypatch.setattr(bootstrap_module, "fit_perf_params",
+    real = estimator_module.fit_perf_params
+    monkeypatch.setattr(estimator_module, "fit_perf_params",
                         lambda *a: fitted.append(1) or real(*a))
     copy_ = pickle.loads(pickle.dumps(est))
     copy_._fits.clear()  # as the controller's copy arrives
@@ -397,7 +398,7 @@ def test_a_copy_brought_up_to_date_by_the_changes_is_the_original():
     assert est.changes_since(est.version) == ()
     with pytest.raises(ValueError):
         held.replay(changes, est.version)  # (it is past the version they start from)
-    for _ in range(bootstrap_module._JOURNAL_KEPT + 1):
+    for _ in range(estimator_module._JOURNAL_KEPT + 1):
         _observe(est, "fast", FAST, [(1, 2)])
     assert est.changes_since(was) is None
 

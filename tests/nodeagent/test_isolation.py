@@ -138,6 +138,9 @@ async def test_a_hostile_job_touches_nothing_but_itself(base, level, monkeypatch
         assert not (b.workdir / "planted").exists()
         assert b"forged" not in v_log.read_bytes()
         assert b.rejected_reports == 0  # its only way to the agent was its own gate
+        # Nothing of it runs: the whole cgroup was killed at its stop (a SIGKILLed
+        # process may take a moment to go; its GPU is held back until it has).
+        await until_dead(_processes_of(report["uid"]), timeout=10)
         assert not _processes_of(report["uid"])
     finally:
         await b.close()

@@ -526,7 +526,7 @@ async def test_a_write_to_a_stream_the_controller_ended_fails_as_a_broken_stream
         aborted = AgentServiceStub(channel).Connect()
         await aborted.write(register)
         assert await aborted.code() == grpc.StatusCode.UNAVAILABLE
-        agent._send(heartbeat=pb.Heartbeat())
+        agent._outbox.send(heartbeat=pb.Heartbeat())
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await agent._write(aborted)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE

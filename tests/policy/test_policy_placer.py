@@ -257,13 +257,25 @@ def test_fallback_repack_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert res.evicted == {"s0", "s2"} and res.moved == {"s0", "s2", "big"}
 
 
+def config_for(c: Cluster, gpu_type: str, num_gpus: int) -> Config | None:
+    """The configuration of `num_gpus` GPUs of `gpu_type`, if the set has one."""
+    r = c.gpus_per_vnode.get(gpu_type)
+    if r is None or num_gpus <= 0:
+        return None
+    if num_gpus <= r:
+        return Config(gpu_type, 1, num_gpus) if num_gpus & (num_gpus - 1) == 0 else None
+    m, rem = divmod(num_gpus, r)
+    fits = rem == 0 and m <= len(c.vnodes[gpu_type])
+    return Config(gpu_type, m, num_gpus) if fits else None
+
+
 def test_large_cluster_with_churn_stays_valid() -> None:
     c = Cluster.uniform({"a": (512, 8), "b": (256, 8), "c": (512, 4)})  # 8,192 GPUs
     assert c.total_gpus == 8192
     rng = random.Random(3)
     sizes = [1] * 70 + [2] * 8 + [4] * 3 + [8, 16]
     types = rng.choices(c.gpu_types, weights=[c.capacity[t] for t in c.gpu_types], k=5600)
-    picks = [c.config_for(t, rng.choice(sizes)) for t in types]
+    picks = [config_for(c, t, rng.choice(sizes)) for t in types]
     alloc = _fill(c, [cfg for cfg in picks if cfg is not None], "j")
     assert len(alloc) >= 5000
     res0 = place(c, alloc)

@@ -24,7 +24,7 @@ from sia_grpc.policy import (
     make_policy,
     paper_hetero_cluster,
 )
-from sia_grpc.policy.candidates import candidate_configs, estimate
+from sia_grpc.policy.candidates import candidate_index, estimate
 from sia_grpc.policy.sia import (
     job_restart_factor,
     normalised_goodput,
@@ -55,6 +55,14 @@ class LinearModel:
         g = self.speed.get(gpu_type, 0.0) * r**self.exponent
         bsz = np.full_like(r, fixed_batch_size) if fixed_batch_size else 32 * r
         return Est(g, g, bsz, np.ceil(bsz / r), np.zeros_like(r))
+
+
+def candidate_configs(cluster: Cluster, job: PolicyJob, current: Config | None, *,
+                      max_scale_up: float = 2.0, scale_rules: bool = True) -> list[Config]:
+    """One job's candidate configurations (`candidate_index` for one job)."""
+    _, index = candidate_index(cluster, [job], [current], max_scale_up=max_scale_up,
+                                     scale_rules=scale_rules)
+    return [cluster.configs[k] for k in index]
 
 
 def job(job_id: str, speed: dict[str, float], **kw) -> PolicyJob:

@@ -17,13 +17,28 @@ from sia_grpc.bench.solver_rows import (
     add_rows,
     draw_queues,
     queue_rows,
-    random_current,
 )
 from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.solvers import path_name, solve, solve_reference
 
 INF = np.inf
+
+
+def random_current(rng: np.random.Generator, p: ChoiceProblem,
+                   running: float = 0.6) -> np.ndarray:
+    """Each job's current column (-1: not running): a share of the jobs run on
+    one of their columns, together within the capacities, as running jobs are."""
+    counts = np.bincount(p.col_job, minlength=p.num_jobs)
+    starts = np.cumsum(counts) - counts
+    cur = np.full(p.num_jobs, -1, dtype=np.int64)
+    free = p.capacity.astype(np.int64).copy()
+    for j in np.flatnonzero((counts > 0) & (rng.random(p.num_jobs) < running)):
+        col = int(starts[j] + rng.integers(counts[j]))
+        if p.col_gpus[col] <= free[p.col_type[col]]:
+            cur[j] = col
+            free[p.col_type[col]] -= p.col_gpus[col]
+    return cur
 
 
 def make(jobs: list[list[tuple[int, int, float]]], capacity: list[int],

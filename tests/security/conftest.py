@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.security.certs import init_dev_pki
 from sia_grpc.security.tokens import add_token
 

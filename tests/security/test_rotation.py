@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from sia_grpc.api import AgentServiceStub, pb
 from sia_grpc.client.sdk import AsyncSiaClient
 from sia_grpc.controller.config import ConfigError
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.security.certs import init_dev_pki, issue
 from sia_grpc.security.tls import channel_credentials
 

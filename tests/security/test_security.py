@@ -16,7 +16,7 @@ from sia_grpc.api import AgentServiceStub, ClusterServiceStub, PolicyServiceStub
 from sia_grpc.api.errors import ApiError
 from sia_grpc.client.sdk import AsyncSiaClient, SiaClient
 from sia_grpc.controller.config import ConfigError, ControllerConfig, load_config
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.nodeagent import AgentConfig, NodeAgent
 from sia_grpc.security.auth import PeerCert
 from sia_grpc.security.tls import channel_credentials, is_loopback

@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 
 from sia_grpc.cli import main as sia
 from sia_grpc.controller.config import ControllerConfig
-from sia_grpc.controller.server import Controller
+from sia_grpc.controller.shell.server import Controller
 from sia_grpc.nodeagent import AgentConfig, AgentConfigError, AgentStatus, NodeAgent
 from sia_grpc.security.tls import TlsProblem, probe_tls
 

@@ -12,9 +12,10 @@ from sia_grpc.policy import make_policy
 from sia_grpc.policy.cluster import Config, GpuId, paper_hetero_cluster
 from sia_grpc.policy.problem import ChoiceProblem
 from sia_grpc.policy.queues import PriorityClass, Queue, QueueSet
+from sia_grpc.policy.queues.measures import compute_queues
 from sia_grpc.policy.types import JobAllocation, RoundResult
 from sia_grpc.sim.engine import simulate
-from sia_grpc.sim.queue_metrics import compute_queues
+from sia_grpc.sim.records import round_length
 from sia_grpc.sim.workload import TraceJob
 
 QUEUES = QueueSet(queues=(Queue("a", guarantee={"rtx": 4}), Queue("b")))
@@ -80,7 +81,7 @@ def test_held_is_measured_and_owed_is_read_from_the_rows():
     assert [r.restarted for r in result.rounds[:4]] == [(), (), (), ("j0", "j1")]
     assert result.queues["a"].guarantee == {"rtx": 4} and result.round_seconds == 60.0
     assert {j.name: j.queue for j in result.jobs} == {"j0": "a", "j1": "b"}
-    m = compute_queues(result)["a"]
+    m = compute_queues(result, round_length(result))["a"]
     assert m.shortfall_gpu_h > 0  # held 1 of the 3 owed, whatever the policy claimed
 
 
@@ -98,7 +99,7 @@ def test_without_queues_the_policy_is_called_as_before():
 
     result = simulate([job("j0")], paper_hetero_cluster(1), Plain(), config=_short())
     assert result.rounds[0].held == {} and result.rounds[0].owed is None
-    assert result.queues == {} and compute_queues(result) == {}
+    assert result.queues == {} and compute_queues(result, round_length(result)) == {}
 
 
 def _short():
@@ -120,7 +121,7 @@ def test_sia_with_queues_gives_a_queue_its_guarantee():
     jobs = [job(f"b{i}", "b") for i in range(6)] + [job(f"a{i}", "a", time=1800.0)
                                                    for i in range(4)]
     result = simulate(jobs, paper_hetero_cluster(1), make_policy("sia"), queues=queues)
-    m = compute_queues(result)
+    m = compute_queues(result, round_length(result))
     assert m["a"].guarantee_violation_gpu_h == 0.0
     after = [r for r in result.rounds if r.time >= 1800.0 and (r.owed or {}).get("a")]
     assert after and all(r.held["a"]["rtx"] >= r.owed["a"]["rtx"] for r in after[3:])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sia_grpc.sim import plots
+from sia_grpc.sim.plots.allocation import UNATTRIBUTED
 from sia_grpc.sim.records import JobRecord, RoundRecord, SimResult
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -159,12 +160,12 @@ def test_gpus_without_per_job_allocations_are_drawn_unattributed():
     r = result()  # rounds with gpus_in_use but no allocations
     frame = plots.allocation_frame([r])
     a100, t4 = plots.allocation_panels(r, frame)
-    assert list(frame.colors) == ["bert", plots._UNATTRIBUTED]
+    assert list(frame.colors) == ["bert", UNATTRIBUTED]
     # The last job ends at 3.8 h, so bins are two one-minute rounds; the 60 rounds
     # fill the first 30 bins.
     assert frame.bin_s == 120
     per_round = np.minimum(8, 2 * np.arange(60))
-    drawn = a100.layers[plots._UNATTRIBUTED]
+    drawn = a100.layers[UNATTRIBUTED]
     assert np.array_equal(drawn[:30], per_round.reshape(30, 2).mean(axis=1))
     assert not drawn[30:].any() and not a100.layers["bert"].any()
 

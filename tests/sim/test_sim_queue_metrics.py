@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sia_grpc.policy.queues.measures import Episode, compute_queues, episodes
 from sia_grpc.sim.metrics import compute, from_json, to_json
-from sia_grpc.sim.queue_metrics import Episode, compute_queues, episodes
-from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult
+from sia_grpc.sim.records import JobRecord, QueueSpec, RoundRecord, SimResult, round_length
 
 H = 3600.0
 L = 60.0
@@ -39,7 +39,8 @@ def result(recs, *, min_runtime=0.0, jobs=(), unit_weights=None, units=0.0):
 
 
 def metrics_a(recs, **kw):
-    return compute_queues(result(recs, **kw))["a"]
+    run = result(recs, **kw)
+    return compute_queues(run, round_length(run))["a"]
 
 
 def test_short_within_the_grace_is_no_violation():
@@ -139,22 +140,26 @@ def test_reclaim_counts_the_jobs_that_gave_way():
     jobs = [JobRecord(n, "ncf", "adaptive", 0.0, 0.0, None, 0.0, 0, queue=q)
             for n, q in (("x", "b"), ("y", "b"), ("a1", "a"))]
     run = result(rounds([0, 0, 4], alloc=alloc, restarted=restarted), jobs=jobs)
-    m = compute_queues(run)["a"]
+    length = round_length(run)
+    m = compute_queues(run, length)["a"]
     assert (m.reclaim_s, m.reclaim_restarts) == (120.0, 1)
-    assert episodes(run, "a") == [Episode("rtx", 0.0, 120.0, ((120.0, "x"),))]
+    assert episodes(run, "a", length) == [Episode("rtx", 0.0, 120.0, ((120.0, "x"),))]
 
 
 def test_episodes_end_when_given_and_start_again_on_a_new_claim():
     run = result(rounds([0, 4, 4, 2, 2], owed=4.0))  # 4 owed; given at 60; 2 taken at 180
-    assert [(e.start_s, e.end_s) for e in episodes(run, "a")] == [(0.0, 60.0), (180.0, None)]
-    assert compute_queues(run)["a"].reclaim_s == 300.0 - 180.0  # to the run's end
+    length = round_length(run)
+    assert [(e.start_s, e.end_s) for e in episodes(run, "a", length)] == [(0.0, 60.0),
+                                                                          (180.0, None)]
+    assert compute_queues(run, length)["a"].reclaim_s == 300.0 - 180.0  # to the run's end
 
 
 def test_jobs_jct_and_gpu_hours_per_queue():
     jobs = [JobRecord("a0", "ncf", "adaptive", 0.0, 0.0, 2 * H, 3 * H, 0, queue="a"),
             JobRecord("a1", "ncf", "adaptive", H, H, 5 * H, 1 * H, 0, queue="a"),
             JobRecord("b0", "ncf", "adaptive", 0.0, None, None, 0.0, 0, queue="b")]
-    out = compute_queues(result(rounds([4]), jobs=jobs))
+    run = result(rounds([4]), jobs=jobs)
+    out = compute_queues(run, round_length(run))
     a, b = out["a"], out["b"]
     assert (a.jobs, a.finished, a.avg_jct_h, a.gpu_hours) == (2, 2, 3.0, 4.0)
     assert a.p99_jct_h == pytest.approx(2 + 0.99 * 2)
@@ -171,7 +176,7 @@ def test_a_policy_that_reports_no_rows_has_no_violation_figure():
 
 
 def test_a_run_without_queues_has_none():
-    assert compute_queues(SimResult("w", "sia", "c", {}, (), ())) == {}
+    assert compute_queues(SimResult("w", "sia", "c", {}, (), ()), None) == {}
     data = to_json(SimResult("w", "sia", "c", {}, (), ()), compute(SimResult(
         "w", "sia", "c", {}, (), ())))
     assert "queues" not in data["metrics"] and "queues" not in data
@@ -188,7 +193,8 @@ def test_json_has_metrics_queues_and_round_trips():
     assert q["guarantee_violation_gpu_h"] == pytest.approx(4 * 60 / H)
     back = from_json(data)
     assert back == run
-    assert compute_queues(back) == compute_queues(run)
+    assert (compute_queues(back, round_length(back))
+            == compute_queues(run, round_length(run)))
 
 
 @settings(max_examples=60, deadline=None)

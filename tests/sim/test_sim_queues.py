@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from sia_grpc.policy.cluster import paper_hetero_cluster
-from sia_grpc.sim.queues import (
+from sia_grpc.policy.queues.files import (
     QueuesError,
     assign,
     bucket,

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from sia_grpc.api import add_PolicyServiceServicer_to_server
-from sia_grpc.controller.policy_service import PolicyService
+from sia_grpc.controller.service.policy_service import PolicyService
 from sia_grpc.slurm.bridge import grpc_optimizer, in_process_optimizer
 from sia_grpc.slurm.translate import build_round, read_jobs, read_nodes
 

@@ -9,6 +9,7 @@ from sia_grpc.controller.stores.contract import (
     MAX_TERM,
     SCHEMA_VERSION,
     Compacted,
+    EventQuery,
     Fenced,
     JobExists,
     JobStore,
@@ -17,12 +18,14 @@ from sia_grpc.controller.stores.contract import (
     RequestConflict,
     StoredJob,
     StoreError,
+    job_event,
 )
 from sia_grpc.controller.stores.sqlite import SqliteStore
 
-__all__ = ["LEASE", "MAX_TERM", "SCHEMA_VERSION", "Compacted", "Fenced", "JobExists",
-           "JobStore", "Lease", "NotFound", "RequestConflict", "SqliteStore", "StoreError",
-           "StoredJob", "describe", "is_postgres", "open_store"]
+__all__ = ["LEASE", "MAX_TERM", "SCHEMA_VERSION", "Compacted", "EventQuery", "Fenced",
+           "JobExists", "JobStore", "Lease", "NotFound", "RequestConflict", "SqliteStore",
+           "StoreError", "StoredJob", "describe", "is_postgres", "job_event",
+           "open_store"]
 
 
 def is_postgres(target: str) -> bool:

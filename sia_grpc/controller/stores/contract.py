@@ -9,6 +9,13 @@ Semantics, on both back-ends:
 - Every job change takes the next store revision and appends (revision, kind, job)
   to the changelog (`events_since`), trimmed by `compact` (`Compacted` for a resume
   from before the trimmed range).
+- The cluster's event history (`pb.Event`): each event takes the next event id (a
+  sequence of its own, beside the revisions), in the transaction of the change it
+  describes (`create_jobs` records each new job's JOB_SUBMITTED, `delete_job` its
+  JOB_DELETED, `put_jobs` the events given with the jobs), so ids order the
+  history and are never reused (a deposed writer is fenced); `cluster_events`
+  reads them (the newest, or those after an id), trimmed by `compact` with the
+  changelog (`Compacted` for a resume from before).
 - `create_jobs` is idempotent per request_id; page tokens are opaque and survive
   the deletion of the job they point at; published rounds are kept, the newest
   `rounds_limit`; drains are kept.
@@ -32,7 +39,7 @@ from typing import NamedTuple, Protocol
 from sia_grpc.api import pb
 
 # Both back-ends share the version numbers and what each version brought.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 LEASE = "controller"  # the lease the controllers elect their leader with
 MAX_TERM = 2**63 - 1  # the largest term both databases' integers hold
@@ -69,6 +76,19 @@ class StoredJob:
     extra: bytes  # controller-owned blob (b"" if never set)
 
 
+@dataclass(frozen=True)
+class EventQuery:
+    """Which events `cluster_events` returns: those matching every non-empty field
+    (`kinds`: any of them); `tenant`: only events of that tenant's jobs, and those
+    about no job (rounds, nodes, the controllers)."""
+
+    job_id: str = ""
+    node: str = ""
+    queue: str = ""
+    kinds: tuple[int, ...] = ()
+    tenant: str = ""
+
+
 class Lease(NamedTuple):
     """Who holds a lease now: `expires_in_s` by the database's clock."""
     holder: str
@@ -85,13 +105,14 @@ class JobStore(Protocol):
 
     @property
     def revision(self) -> int: ...
-    def create_jobs(self, items: Sequence[tuple[pb.Job, str]]
+    def create_jobs(self, items: Sequence[tuple[pb.Job, str]], *, term: int = 0
                     ) -> list[tuple[pb.Job, bool] | StoreError]: ...
-    def put_jobs(self, items: Sequence[tuple[pb.Job, bytes | None]]) -> list[int]: ...
-    def delete_job(self, job_id: str) -> int: ...
+    def put_jobs(self, items: Sequence[tuple[pb.Job, bytes | None]],
+                 events: Sequence[pb.Event] = (), rounds: Sequence[pb.Round] = ()
+                 ) -> list[int]: ...
+    def delete_job(self, job_id: str, *, term: int = 0, at: float = 0.0) -> int: ...
     def compact(self) -> int: ...
     def set_drain(self, node: str, reason: str | None) -> None: ...
-    def add_rounds(self, rounds: Sequence[pb.Round]) -> None: ...
     def drains(self) -> dict[str, str]: ...
     def rounds(self, limit: int | None = None) -> list[pb.Round]: ...
     def get_job(self, job_id: str) -> StoredJob | None: ...
@@ -100,6 +121,8 @@ class JobStore(Protocol):
                   page_size: int = 100, page_token: str = "") -> tuple[list[pb.Job], str]: ...
     def events_since(self, revision: int, limit: int = 1000
                      ) -> list[tuple[int, int, pb.Job]]: ...
+    def cluster_events(self, where: EventQuery, after_id: int = 0, limit: int = 100, *,
+                       newest: bool = False) -> list[pb.Event]: ...
     def try_acquire(self, holder: str, ttl_s: float, *, address: str = "",
                     name: str = LEASE) -> int | None: ...
     def renew(self, holder: str, term: int, ttl_s: float, *, name: str = LEASE) -> bool: ...
@@ -109,3 +132,10 @@ class JobStore(Protocol):
     def fence(self, term: int | None, *, name: str = LEASE) -> None: ...
     def end_deposed(self) -> int: ...
     def close(self) -> None: ...
+
+
+def job_event(job: pb.Job, kind: pb.EventKind, term: int, message: str) -> pb.Event:
+    """An event about `job`: its state and reason now, at its last update."""
+    return pb.Event(kind=kind, term=term, job_id=job.job_id, queue=job.spec.queue,
+                    state=job.status.state, reason=job.status.reason, message=message,
+                    time=job.status.update_time)

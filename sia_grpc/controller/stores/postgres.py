@@ -80,6 +80,18 @@ CREATE TABLE lease (
     expires_at double precision NOT NULL
 );
 """,
+    5: """
+CREATE TABLE events (
+    id     bigint PRIMARY KEY,
+    kind   integer NOT NULL,
+    job_id text NOT NULL,
+    node   text NOT NULL,
+    queue  text NOT NULL,
+    event  bytea NOT NULL
+);
+CREATE INDEX events_by_job ON events (job_id, id);
+INSERT INTO meta (key, value) VALUES ('event_id', 0), ('events_compacted_through', 0);
+""",
 }
 
 # A connection whose peer vanished (a pulled cable, a blackholed route, a server

@@ -10,10 +10,6 @@ Queries use `?` placeholders; the PostgreSQL back-end translates them.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import math
-import re
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -24,6 +20,7 @@ from sia_grpc.controller.stores.contract import (
     MAX_TERM,
     SCHEMA_VERSION,
     Compacted,
+    EventQuery,
     Fenced,
     JobExists,
     Lease,
@@ -31,11 +28,20 @@ from sia_grpc.controller.stores.contract import (
     RequestConflict,
     StoredJob,
     StoreError,
+    job_event,
 )
-
-_TOKEN = re.compile(r"seq:(\d{1,19})")
-_MAX_INT = 2**63  # beyond both databases' integers
-_IN_CHUNK = 500
+from sia_grpc.controller.stores.rows import (
+    MAX_INT,
+    append_changelog,
+    check_lease_args,
+    decode_token,
+    encode_token,
+    meta,
+    select_in,
+    set_meta,
+    stamped,
+    trim,
+)
 
 
 class SqlStore:
@@ -93,7 +99,7 @@ class SqlStore:
                     conn.execute(statement)
         if version != SCHEMA_VERSION:
             self._set_schema_version(conn, SCHEMA_VERSION)
-        self._revision = _meta(conn, "revision")
+        self._revision = meta(conn, "revision")
 
     # -- transactions -----------------------------------------------------------------
 
@@ -131,7 +137,7 @@ class SqlStore:
         """The last revision this store committed (0 for an empty store)."""
         return self._revision
 
-    def create_jobs(self, items: Sequence[tuple[pb.Job, str]]
+    def create_jobs(self, items: Sequence[tuple[pb.Job, str]], *, term: int = 0
                     ) -> list[tuple[pb.Job, bool] | StoreError]:
         """Store new jobs in one transaction (the server group-commits concurrent creates).
 
@@ -140,7 +146,8 @@ class SqlStore:
         existing job and False (no new revision); or RequestConflict (request_id used
         with a different spec) or JobExists (job_id taken). One item's error does not
         fail the others. A failure of the transaction itself raises StoreError and
-        commits nothing.
+        commits nothing. Each new job's JOB_SUBMITTED event (of `term`) is recorded
+        with it.
         """
         for job, _ in items:
             if not job.job_id:
@@ -152,11 +159,11 @@ class SqlStore:
             revision = self._next_revisions(conn)
             # What the batch could collide with, in two queries rather than two per job
             # (a round trip each, on PostgreSQL); then the batch's own jobs join them.
-            by_request = dict(_select_in(conn, "SELECT request_id, job FROM jobs WHERE"
+            by_request = dict(select_in(conn, "SELECT request_id, job FROM jobs WHERE"
                                          " request_id", {r for _, r in items if r}))
-            taken = {row[0] for row in _select_in(conn, "SELECT job_id FROM jobs WHERE job_id",
+            taken = {row[0] for row in select_in(conn, "SELECT job_id FROM jobs WHERE job_id",
                                                   {job.job_id for job, _ in items})}
-            rows, log = [], []
+            rows, log, submitted = [], [], []
             for job, request_id in items:
                 if request_id in by_request:
                     existing = pb.Job.FromString(by_request[request_id])
@@ -171,10 +178,12 @@ class SqlStore:
                     out.append(JobExists(f"job {job.job_id!r} already exists"))
                     continue
                 revision += 1
-                stored, blob = _stamped(job, revision)
+                stored, blob = stamped(job, revision)
                 rows.append((stored.job_id, stored.status.state, stored.spec.tenant,
                              request_id or None, revision, blob))
                 log.append((revision, pb.JobEvent.KIND_CREATED, stored.job_id, blob))
+                submitted.append(job_event(stored, pb.EVENT_KIND_JOB_SUBMITTED, term,
+                                           f"submitted to queue {stored.spec.queue or 'default'}"))
                 taken.add(stored.job_id)
                 if request_id:
                     by_request[request_id] = blob
@@ -183,19 +192,24 @@ class SqlStore:
                 conn.executemany(
                     "INSERT INTO jobs (job_id, state, tenant, request_id, revision, job)"
                     " VALUES (?, ?, ?, ?, ?, ?)", rows)
-                _log(conn, log)
-            _set_meta(conn, "revision", revision)
+                append_changelog(conn, log)
+                self._record(conn, submitted)
+            set_meta(conn, "revision", revision)
         self._bump(revision)
         return out
 
-    def put_jobs(self, items: Sequence[tuple[pb.Job, bytes | None]]) -> list[int]:
+    def put_jobs(self, items: Sequence[tuple[pb.Job, bytes | None]],
+                 events: Sequence[pb.Event] = (), rounds: Sequence[pb.Round] = ()
+                 ) -> list[int]:
         """Update existing jobs in one transaction; returns each one's new revision.
 
         The revision is stamped into the stored blob (the argument is not modified).
         extra=None keeps the stored extra. An unknown job_id is a caller bug: NotFound,
-        and nothing in the batch is written.
+        and nothing in the batch is written. `events` (each copy with the next event
+        id) and published `rounds` (the newest `rounds_limit` kept) are recorded in the same
+        transaction: a batch's history is written with its state.
         """
-        if not items:
+        if not items and not events and not rounds:
             return []
         revisions: list[int] = []
         with self._write(f"commit updates to {len(items)} jobs") as conn:
@@ -203,29 +217,32 @@ class SqlStore:
             rows, log = [], []
             for job, extra in items:
                 revision += 1
-                stored, blob = _stamped(job, revision)
+                stored, blob = stamped(job, revision)
                 rows.append((stored.status.state, stored.spec.tenant, revision, blob, extra,
                              stored.job_id))
                 log.append((revision, pb.JobEvent.KIND_UPDATED, stored.job_id, blob))
                 revisions.append(revision)
             cursor = conn.executemany(  # (one round trip: a pipeline, on PostgreSQL)
                 "UPDATE jobs SET state = ?, tenant = ?, revision = ?, job = ?,"
-                " extra = coalesce(?, extra) WHERE job_id = ?", rows)
-            if cursor.rowcount != len(rows):
+                " extra = coalesce(?, extra) WHERE job_id = ?", rows) if rows else None
+            if cursor is not None and cursor.rowcount != len(rows):
                 ids = [job.job_id for job, _ in items]
-                found = {row[0] for row in _select_in(
+                found = {row[0] for row in select_in(
                     conn, "SELECT job_id FROM jobs WHERE job_id", set(ids))}
                 missing = next(i for i in ids if i not in found)
                 raise NotFound(f"job {missing!r} not found")
-            _log(conn, log)
-            _set_meta(conn, "revision", revision)
+            append_changelog(conn, log)
+            self._record(conn, events)
+            self._add_rounds(conn, rounds)
+            set_meta(conn, "revision", revision)
         self._bump(revision)
         return revisions
 
-    def delete_job(self, job_id: str) -> int:
+    def delete_job(self, job_id: str, *, term: int = 0, at: float = 0.0) -> int:
         """Remove a job; returns the revision of its KIND_DELETED changelog entry.
 
-        The entry carries the job's last version, restamped with the delete revision.
+        The entry carries the job's last version, restamped with the delete revision;
+        its JOB_DELETED event (of `term`, at `at`) is recorded with it.
         """
         with self._write(f"delete job {job_id!r}") as conn:
             revision = self._next_revisions(conn)
@@ -233,31 +250,47 @@ class SqlStore:
             if row is None:
                 raise NotFound(f"job {job_id!r} not found")
             revision += 1
-            _, blob = _stamped(pb.Job.FromString(row[0]), revision)
+            _, blob = stamped(pb.Job.FromString(row[0]), revision)
             conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
-            _log(conn, [(revision, pb.JobEvent.KIND_DELETED, job_id, blob)])
-            _set_meta(conn, "revision", revision)
+            append_changelog(conn, [(revision, pb.JobEvent.KIND_DELETED, job_id, blob)])
+            deleted = job_event(pb.Job.FromString(blob), pb.EVENT_KIND_JOB_DELETED, term,
+                                "deleted")
+            deleted.time.FromNanoseconds(int(at * 1e9))
+            self._record(conn, [deleted])
+            set_meta(conn, "revision", revision)
         self._bump(revision)
         return revision
 
+    def _record(self, conn, events: Sequence[pb.Event]) -> None:
+        """Append `events` to the history, each with the next event id (the ids
+        locked against every other writer until commit, like the revisions)."""
+        if not events:
+            return
+        first = meta(conn, "event_id", self._FOR_UPDATE) + 1
+        rows = []
+        for event_id, event in enumerate(events, start=first):
+            stored = pb.Event()
+            stored.CopyFrom(event)
+            stored.id = event_id
+            rows.append((event_id, stored.kind, stored.job_id, stored.node, stored.queue,
+                         stored.SerializeToString(deterministic=True)))
+        conn.executemany("INSERT INTO events (id, kind, job_id, node, queue, event)"
+                         " VALUES (?, ?, ?, ?, ?, ?)", rows)
+        set_meta(conn, "event_id", first + len(rows) - 1)
+
     def _next_revisions(self, conn) -> int:
         """The last revision, locked against every other writer until commit."""
-        return _meta(conn, "revision", self._FOR_UPDATE)
+        return meta(conn, "revision", self._FOR_UPDATE)
 
     def compact(self) -> int:
-        """Keep only the newest `changelog_limit` changelog entries; returns how many went."""
+        """Keep only the newest `changelog_limit` changelog entries, and as many
+        events; returns how many changelog entries went."""
         with self._write("compact the changelog") as conn:
-            _meta(conn, "compacted_through", self._FOR_UPDATE)
-            count = conn.execute("SELECT count(*) FROM changelog").fetchone()[0]
-            drop = count - self.changelog_limit
-            if drop <= 0:
-                return 0
-            through = conn.execute(
-                "SELECT revision FROM changelog ORDER BY revision LIMIT 1 OFFSET ?",
-                (drop - 1,)).fetchone()[0]
-            conn.execute("DELETE FROM changelog WHERE revision <= ?", (through,))
-            _set_meta(conn, "compacted_through", through)
-        return drop
+            dropped = trim(conn, "changelog", "revision", "compacted_through",
+                            self.changelog_limit, self._FOR_UPDATE)
+            trim(conn, "events", "id", "events_compacted_through", self.changelog_limit,
+                  self._FOR_UPDATE)
+        return dropped
 
     def set_drain(self, node: str, reason: str | None) -> None:
         """Record that `node` is drained for `reason`, or (None) that it is not."""
@@ -268,16 +301,15 @@ class SqlStore:
                 conn.execute("INSERT INTO drains (node, reason) VALUES (?, ?) ON CONFLICT"
                              " (node) DO UPDATE SET reason = excluded.reason", (node, reason))
 
-    def add_rounds(self, rounds: Sequence[pb.Round]) -> None:
-        """Record published rounds, oldest first, in one transaction; the oldest beyond
-        `rounds_limit` go in the same transaction (the table never outgrows it)."""
+    def _add_rounds(self, conn, rounds: Sequence[pb.Round]) -> None:
+        """Record published rounds, oldest first; the oldest beyond `rounds_limit` go
+        in the same transaction (the table never outgrows it)."""
         if not rounds:
             return
-        with self._write(f"record {len(rounds)} rounds") as conn:
-            conn.executemany("INSERT INTO rounds (round) VALUES (?)",
-                             [(r.SerializeToString(deterministic=True),) for r in rounds])
-            newest = conn.execute("SELECT max(seq) FROM rounds").fetchone()[0]
-            conn.execute("DELETE FROM rounds WHERE seq <= ?", (newest - self.rounds_limit,))
+        conn.executemany("INSERT INTO rounds (round) VALUES (?)",
+                         [(r.SerializeToString(deterministic=True),) for r in rounds])
+        newest = conn.execute("SELECT max(seq) FROM rounds").fetchone()[0]
+        conn.execute("DELETE FROM rounds WHERE seq <= ?", (newest - self.rounds_limit,))
 
     # -- reads ------------------------------------------------------------------------
 
@@ -313,7 +345,7 @@ class SqlStore:
         """
         if page_size < 1:
             raise ValueError("page_size: must be >= 1")
-        after = _decode_token(page_token)
+        after = decode_token(page_token)
         where, args = ["seq > ?"], list[int | str]([after])
         if states:
             states = [int(s) for s in states]
@@ -331,7 +363,7 @@ class SqlStore:
         more = len(rows) > page_size
         rows = rows[:page_size]
         jobs = [pb.Job.FromString(blob) for _, blob in rows]
-        return jobs, _encode_token(rows[-1][0]) if more else ""
+        return jobs, encode_token(rows[-1][0]) if more else ""
 
     def events_since(self, revision: int, limit: int = 1000) -> list[tuple[int, int, pb.Job]]:
         """Up to `limit` changes after `revision`, ascending: (revision, kind, job).
@@ -339,7 +371,7 @@ class SqlStore:
         kind is a pb.JobEvent kind value. Raises Compacted when some of those changes
         were already dropped from the changelog.
         """
-        if revision >= _MAX_INT:  # beyond the database's integers (a client's uint64)
+        if revision >= MAX_INT:  # beyond the database's integers (a client's uint64)
             return []
         with self._read(f"read changes since revision {revision}") as conn:
             rows = conn.execute(
@@ -347,11 +379,42 @@ class SqlStore:
                 " ORDER BY revision LIMIT ?", (revision, limit)).fetchall()
             # After the rows, not before: a compaction between the two reads shows
             # here, rather than as a silent gap in the rows.
-            through = _meta(conn, "compacted_through")
+            through = meta(conn, "compacted_through")
         if revision < through:
             raise Compacted(f"changes after revision {revision} were compacted "
                             f"(the changelog starts after revision {through})")
         return [(rev, kind, pb.Job.FromString(blob)) for rev, kind, blob in rows]
+
+    def cluster_events(self, where: EventQuery, after_id: int = 0, limit: int = 100, *,
+                       newest: bool = False) -> list[pb.Event]:
+        """Up to `limit` events after `after_id` that match `where`, oldest first: the
+        first ones after it, or (`newest`) the newest ones. Raises Compacted when some
+        events after `after_id` were already dropped (an `after_id` of 0 never does:
+        it asks for what is kept)."""
+        if after_id >= MAX_INT:
+            return []
+        sql, args = ["id > ?"], list[int | str]([after_id])
+        for column, value in (("job_id", where.job_id), ("node", where.node),
+                              ("queue", where.queue)):
+            if value:
+                sql.append(f"{column} = ?")
+                args.append(value)
+        if where.kinds:
+            sql.append(f"kind IN ({', '.join('?' * len(where.kinds))})")
+            args.extend(int(k) for k in where.kinds)
+        if where.tenant:  # its jobs' events, and those about no job
+            sql.append("(job_id = '' OR substr(job_id, 1, ?) = ?)")
+            args.extend((len(where.tenant) + 1, where.tenant + "/"))
+        order = "DESC" if newest else "ASC"
+        with self._read("read events") as conn:
+            rows = conn.execute(f"SELECT event FROM events WHERE {' AND '.join(sql)}"
+                                f" ORDER BY id {order} LIMIT ?", (*args, limit)).fetchall()
+            through = meta(conn, "events_compacted_through")
+        if after_id and after_id < through:
+            raise Compacted(f"events after id {after_id} were compacted (the history "
+                            f"starts after id {through})")
+        events = [pb.Event.FromString(blob) for (blob,) in rows]
+        return events[::-1] if newest else events
 
     # -- the lease --------------------------------------------------------------------
 
@@ -360,7 +423,7 @@ class SqlStore:
         """Take lease `name` for `ttl_s` seconds if it is free or expired: its new term
         (the last one + 1, never reused); None while another holds it (or `holder`
         itself: a holder renews, it does not acquire twice)."""
-        _check_lease_args(holder, ttl_s)
+        check_lease_args(holder, ttl_s)
         with self._txn(f"acquire lease {name!r}") as conn:
             conn.execute("INSERT INTO lease (name, holder, address, term, expires_at)"
                          " VALUES (?, '', '', 0, 0) ON CONFLICT (name) DO NOTHING", (name,))
@@ -376,7 +439,7 @@ class SqlStore:
     def renew(self, holder: str, term: int, ttl_s: float, *, name: str = LEASE) -> bool:
         """Extend the lease to `ttl_s` from now; False when `holder` no longer holds it
         at `term` (it expired, even if nobody took it since: acquire again)."""
-        _check_lease_args(holder, ttl_s)
+        check_lease_args(holder, ttl_s)
         with self._txn(f"renew lease {name!r}") as conn:
             return self._update_held(conn, f"expires_at = {self._NOW} + ?", (ttl_s,),
                                      name, holder, term)
@@ -431,59 +494,3 @@ class SqlStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _meta(conn, key: str, lock: str = "") -> int:
-    return conn.execute(f"SELECT value FROM meta WHERE key = ?{lock}", (key,)).fetchone()[0]
-
-
-def _set_meta(conn, key: str, value: int) -> None:
-    conn.execute("UPDATE meta SET value = ? WHERE key = ?", (value, key))
-
-
-def _log(conn, entries: Sequence[tuple[int, int, str, bytes]]) -> None:
-    """Append (revision, kind, job_id, job blob) entries to the changelog."""
-    conn.executemany("INSERT INTO changelog (revision, kind, job_id, job) VALUES (?, ?, ?, ?)",
-                     entries)
-
-
-def _select_in(conn, query: str, values: Collection) -> list[tuple]:
-    """The rows of `query IN (values)`, in chunks (SQLite binds at most 32,766
-    parameters to one statement)."""
-    values, rows = list(values), []
-    for i in range(0, len(values), _IN_CHUNK):
-        chunk = values[i:i + _IN_CHUNK]
-        rows += conn.execute(f"{query} IN ({', '.join('?' * len(chunk))})", chunk).fetchall()
-    return rows
-
-
-def _stamped(job: pb.Job, revision: int) -> tuple[pb.Job, bytes]:
-    """A copy of `job` at `revision`, and its serialized form (the caller's is untouched)."""
-    stored = pb.Job()
-    stored.CopyFrom(job)
-    stored.revision = revision
-    return stored, stored.SerializeToString(deterministic=True)
-
-
-def _check_lease_args(holder: str, ttl_s: float) -> None:
-    if not holder:
-        raise ValueError("holder: must be set")
-    if not (ttl_s > 0 and math.isfinite(ttl_s)):
-        raise ValueError(f"ttl_s: must be a positive number of seconds, got {ttl_s}")
-
-
-def _encode_token(seq: int) -> str:
-    return base64.urlsafe_b64encode(f"seq:{seq}".encode()).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> int:
-    """The creation sequence number a page token resumes after (0 for no token)."""
-    if not token:
-        return 0
-    try:
-        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-        match = _TOKEN.fullmatch(raw.decode("ascii"))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        match = None
-    if match is None or int(match.group(1)) >= _MAX_INT:
-        raise ValueError("page_token: malformed (pass back next_page_token unchanged)")
-    return int(match.group(1))

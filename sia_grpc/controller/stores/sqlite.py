@@ -81,6 +81,19 @@ CREATE TABLE lease (
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
 """,
+    # The cluster's event history (serialized pb.Event), by id (a store revision).
+    5: """
+CREATE TABLE events (
+    id     INTEGER PRIMARY KEY,
+    kind   INTEGER NOT NULL,
+    job_id TEXT NOT NULL,
+    node   TEXT NOT NULL,
+    queue  TEXT NOT NULL,
+    event  BLOB NOT NULL
+);
+CREATE INDEX events_by_job ON events (job_id, id);
+INSERT INTO meta (key, value) VALUES ('event_id', 0), ('events_compacted_through', 0);
+""",
 }
 
 

@@ -23,6 +23,8 @@ nothing and hold no memory or files. Kernels differ on whether cgroup.procs list
 and remove() returns False. The agent reaps its direct children (asyncio's child
 watcher); a zombie child of THIS process is the caller's to reap. Grandchildren
 re-parent to init or a subreaper, which reaps them.
+
+Finding the host's support is in cgroupprobe.py (`probe`), the file access in cgroupfs.py.
 """
 
 from __future__ import annotations
@@ -38,15 +40,23 @@ import stat
 import time
 from dataclasses import dataclass
 
+from sia_grpc.nodeagent.isolation.cgroupfs import (
+    V2_DOMAIN,
+    V2_JOBS,
+    V2_LEAF,
+    CgroupError,
+    read_file,
+    unique_dirs,
+    write_file,
+)
+from sia_grpc.nodeagent.isolation.cgroupprobe import CgroupSupport, probe
+
 __all__ = [
     "CgroupError", "CgroupSupport", "JobCgroups", "JobLimits", "MemoryStats", "probe",
     "sweep_stale",
 ]
 
 _LOG = logging.getLogger(__name__)
-_WANTED = ("memory", "pids", "cpuset", "devices", "freezer")  # describe() order
-_V2_DOMAIN = ("cpuset", "memory", "pids")  # the v2 controllers we enable for jobs
-_V2_JOBS, _V2_LEAF = "sia-jobs", "agent"
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 # v1 reports "no limit" as PAGE_COUNTER_MAX pages (0x7ffffffffffff000 bytes on 4 KiB pages).
 _V1_UNLIMITED = 1 << 62
@@ -55,10 +65,6 @@ _V1_UNLIMITED = 1 << 62
 # the Unix98 pty slaves /dev/pts/*): the set runc allows a container.
 _BASIC_DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm",
                   "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm")
-
-
-class CgroupError(RuntimeError):
-    """A cgroup could not be created, limited, joined or read."""
 
 
 @dataclass(frozen=True)
@@ -77,24 +83,6 @@ class JobLimits:
 
 
 @dataclass(frozen=True)
-class CgroupSupport:
-    """What this host offers the agent (from probe())."""
-
-    version: int  # 1 or 2
-    controllers: frozenset[str]  # of memory, pids, cpuset, devices, freezer
-    devices_enforced: bool
-    # (controller, the agent's own cgroup folder) per hierarchy; v2: (("unified", dir),)
-    agent_dirs: tuple[tuple[str, str], ...] = ()
-
-    def describe(self) -> str:
-        used = ", ".join(c for c in _WANTED if c in self.controllers)
-        tail = "" if self.devices_enforced else "; devices not enforced"
-        if self.version == 2 and not self.devices_enforced:
-            tail += " (cgroup v2 needs BPF)"
-        return f"cgroup v{self.version}: {used}{tail}"
-
-
-@dataclass(frozen=True)
 class MemoryStats:
     peak_bytes: int | None  # v1 memory.max_usage_in_bytes, v2 memory.peak (kernel >= 5.19)
     limit_bytes: int | None  # None: unlimited
@@ -102,31 +90,16 @@ class MemoryStats:
     failcnt: int | None  # v1 only: times the limit was hit
 
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def _write(path: str, value: str) -> None:
-    # Unbuffered: one write(2) per value, as cgroupfs parses each write whole (one pid, one
-    # rule). "a" (O_APPEND|O_CREAT) is a no-op on cgroupfs and lets tests use a plain folder.
-    try:
-        with open(path, "ab", buffering=0) as f:
-            f.write(value.encode())
-    except OSError as e:
-        raise CgroupError(f"cannot write {value!r} to {path}: {e.strerror}") from e
-
-
 def _procs(folder: str) -> set[int]:
     try:
-        return {int(x) for x in _read(os.path.join(folder, "cgroup.procs")).split()}
+        return {int(x) for x in read_file(os.path.join(folder, "cgroup.procs")).split()}
     except FileNotFoundError:
         return set()
 
 
 def _is_zombie(pid: int) -> bool:
     try:
-        stat_line = _read(f"/proc/{pid}/stat")
+        stat_line = read_file(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return True  # gone already: as good as dead
     return stat_line.rpartition(")")[2].split()[0] in ("Z", "X")
@@ -137,161 +110,40 @@ def _check_name(name: str) -> None:
         raise CgroupError(f"bad cgroup name {name!r}: one path component of [A-Za-z0-9._-]")
 
 
-def _unique(dirs: dict[str, str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(dirs.values()))
-
-
-# --- probing -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Mount:
-    root: str
-    point: str
-    fstype: str
-    super_opts: frozenset[str]
-    read_only: bool
-
-
-def _unescape(s: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), s)  # mountinfo's \040
-
-
-def _mounts(path: str) -> list[_Mount]:
-    out = []
-    for line in _read(path).splitlines():
-        left, _, right = line.partition(" - ")
-        f, r = left.split(), right.split()
-        if len(f) >= 6 and len(r) >= 3 and r[0] in ("cgroup", "cgroup2"):
-            out.append(_Mount(_unescape(f[3]), _unescape(f[4]), r[0],
-                              frozenset(r[2].split(",")), "ro" in f[5].split(",")))
-    return out
-
-
-def _self_cgroups(path: str) -> dict[str, str]:
-    """controller -> path; "" -> the v2 path (the "0::" line)."""
-    out = {}
-    for line in _read(path).splitlines():
-        _hid, ctrls, cg = line.split(":", 2)
-        for c in ctrls.split(",") if ctrls else [""]:
-            out[c] = cg
-    return out
-
-
-def _locate(m: _Mount, cg: str) -> str | None:
-    """The folder of cgroup `cg` under mount `m` (its root may be a sub-cgroup)."""
-    rel = os.path.relpath(cg, m.root)
-    if rel == ".." or rel.startswith("../"):
-        return None
-    d = os.path.normpath(os.path.join(m.point, rel))
-    return d if os.path.isdir(d) else None
-
-
-def _probe_v1(cgs: dict[str, str], mounts: list[_Mount]) -> CgroupSupport | str | None:
-    dirs: dict[str, str] = {}
-    for c in _WANTED:
-        for m in mounts:
-            if c in cgs and m.fstype == "cgroup" and c in m.super_opts:
-                d = _locate(m, cgs[c])
-                if d is not None:
-                    if m.read_only:
-                        if c == "memory":
-                            return f"read-only cgroupfs at {m.point}"
-                        break
-                    dirs[c] = d
-                    break
-    if "memory" not in dirs:
-        return None
-    return CgroupSupport(1, frozenset(dirs), "devices" in dirs, tuple(dirs.items()))
-
-
-def _v2_agent_dir(d: str) -> str:
-    # After create() moved the agent into <agent cg>/agent, its cgroup is still the parent.
-    parent = os.path.dirname(d)
-    moved = os.path.basename(d) == _V2_LEAF and os.path.isdir(os.path.join(parent, _V2_JOBS))
-    return parent if moved else d
-
-
-def _probe_v2(cgs: dict[str, str], mounts: list[_Mount]) -> CgroupSupport | str:
-    if "" not in cgs:
-        return "no memory controller: neither a cgroup v1 memory hierarchy nor cgroup v2"
-    for m in mounts:
-        d = _locate(m, cgs[""]) if m.fstype == "cgroup2" else None
-        if d is not None:
-            break
-    else:
-        return f"no memory controller: cgroup v2 {cgs['']} is not mounted here"
-    if m.read_only:
-        return f"read-only cgroupfs at {m.point}"
-    d = _v2_agent_dir(d)
-    avail = set(_read(os.path.join(d, "cgroup.controllers")).split())
-    if "memory" not in avail:
-        return (f"no memory controller: cgroup v2 {d} is not delegated it "
-                f"(cgroup.controllers: {' '.join(sorted(avail)) or 'none'})")
-    return CgroupSupport(2, frozenset(avail & set(_V2_DOMAIN)), False, (("unified", d),))
-
-
-def probe(proc_self_cgroup: str = "/proc/self/cgroup",
-          mounts: str = "/proc/self/mountinfo") -> CgroupSupport | str:
-    """This host's cgroup support for the agent, or a plain reason why there is none.
-
-    Creates and removes a test child cgroup in every hierarchy it would use."""
-    if os.geteuid() != 0:
-        return f"not root (euid {os.geteuid()}): job cgroups need root"
-    try:
-        cgs, mnts = _self_cgroups(proc_self_cgroup), _mounts(mounts)
-        found = _probe_v1(cgs, mnts) or _probe_v2(cgs, mnts)
-    except (OSError, ValueError) as e:
-        return f"cannot read this process's cgroups: {e}"
-    if isinstance(found, str):
-        return found
-    ctrls = set(found.controllers)
-    for d in _unique(dict(found.agent_dirs)):
-        test = os.path.join(d, f"sia-probe-{os.getpid()}")
-        try:
-            os.makedirs(test, exist_ok=True)
-            if found.version == 2 and os.path.exists(os.path.join(test, "cgroup.freeze")):
-                ctrls.add("freezer")  # v2's freezer is core: cgroup.freeze in non-root cgroups
-            os.rmdir(test)
-        except OSError as e:
-            return f"cannot create a cgroup under {d}: {e.strerror}"
-    return CgroupSupport(found.version, frozenset(ctrls), found.devices_enforced,
-                         found.agent_dirs)
-
-
 # --- job cgroups -------------------------------------------------------------------------
 
 def _job_parent(support: CgroupSupport, agent_dir: str, base: str) -> str:
     if support.version == 2:
-        return os.path.join(agent_dir, _V2_JOBS, base)
+        return os.path.join(agent_dir, V2_JOBS, base)
     return os.path.join(agent_dir, base)
 
 
 def _v2_enabled(d: str) -> set[str]:
     f = os.path.join(d, "cgroup.subtree_control")
-    return {w.lstrip("+") for w in _read(f).split()} if os.path.exists(f) else set()
+    return {w.lstrip("+") for w in read_file(f).split()} if os.path.exists(f) else set()
 
 
 def _v2_enable(d: str, want: list[str]) -> None:
     if not set(want) <= _v2_enabled(d):
-        _write(os.path.join(d, "cgroup.subtree_control"), " ".join(f"+{c}" for c in want))
+        write_file(os.path.join(d, "cgroup.subtree_control"), " ".join(f"+{c}" for c in want))
 
 
 def _v2_prepare(support: CgroupSupport, agent: str, base: str) -> None:
     """Enable the controllers from the agent's cgroup down to <agent>/sia-jobs/<base>."""
-    want = sorted(support.controllers & set(_V2_DOMAIN))
+    want = sorted(support.controllers & set(V2_DOMAIN))
     # Only a non-root cgroup has cgroup.type, and only it obeys "no internal processes".
     if not set(want) <= _v2_enabled(agent) and os.path.exists(os.path.join(agent, "cgroup.type")):
-        leaf = os.path.join(agent, _V2_LEAF)
+        leaf = os.path.join(agent, V2_LEAF)
         os.makedirs(leaf, exist_ok=True)
         for _ in range(3):  # again for any process forked meanwhile
             for pid in _procs(agent):
                 try:
-                    _write(os.path.join(leaf, "cgroup.procs"), str(pid))
+                    write_file(os.path.join(leaf, "cgroup.procs"), str(pid))
                 except CgroupError as e:
                     if not isinstance(e.__cause__, ProcessLookupError):
                         raise
     _v2_enable(agent, want)
-    for d in (os.path.join(agent, _V2_JOBS), os.path.join(agent, _V2_JOBS, base)):
+    for d in (os.path.join(agent, V2_JOBS), os.path.join(agent, V2_JOBS, base)):
         os.makedirs(d, exist_ok=True)
         _v2_enable(d, want)
 
@@ -302,9 +154,9 @@ def _v1_prepare(dirs: dict[str, str], base: str) -> None:
         os.makedirs(parent, exist_ok=True)
         # A new v1 cpuset has empty cpus and mems, and attaching a task to it fails with
         # ENOSPC (cgroup-v1/cpusets.rst): the shared parent copies the agent's.
-        if ctrl == "cpuset" and not _read(os.path.join(parent, "cpuset.cpus")).strip():
+        if ctrl == "cpuset" and not read_file(os.path.join(parent, "cpuset.cpus")).strip():
             for f in ("cpuset.cpus", "cpuset.mems"):
-                _write(os.path.join(parent, f), _read(os.path.join(agent, f)).strip())
+                write_file(os.path.join(parent, f), read_file(os.path.join(agent, f)).strip())
 
 
 def _device_rules(devices: tuple[str, ...]) -> list[str]:
@@ -328,7 +180,7 @@ class JobCgroups:
 
     def __init__(self, support: CgroupSupport, name: str, dirs: dict[str, str]) -> None:
         self.support, self.name, self._dirs = support, name, dirs
-        self._folders = _unique(dirs)
+        self._folders = unique_dirs(dirs)
         self.procs_files: tuple[str, ...] = tuple(
             os.path.join(d, "cgroup.procs") for d in self._folders)
 
@@ -383,49 +235,49 @@ class JobCgroups:
             d = self._dirs["cpuset"]
             parent = os.path.dirname(d)
             cpus = (",".join(map(str, limits.cpus)) if limits.cpus is not None
-                    else _read(os.path.join(parent, "cpuset.cpus")).strip())
-            _write(os.path.join(d, "cpuset.cpus"), cpus)
-            _write(os.path.join(d, "cpuset.mems"),
-                   _read(os.path.join(parent, "cpuset.mems")).strip())
+                    else read_file(os.path.join(parent, "cpuset.cpus")).strip())
+            write_file(os.path.join(d, "cpuset.cpus"), cpus)
+            write_file(os.path.join(d, "cpuset.mems"),
+                   read_file(os.path.join(parent, "cpuset.mems")).strip())
         elif limits.cpus is not None:
             self._need("cpuset")
         mem = self._dirs["memory"]
         if limits.memory_bytes is not None:
-            _write(os.path.join(mem, "memory.limit_in_bytes"), str(limits.memory_bytes))
+            write_file(os.path.join(mem, "memory.limit_in_bytes"), str(limits.memory_bytes))
             # memory+swap to the same limit: the job cannot swap its way past it (memsw
             # must be set after, as it may not be below limit_in_bytes).
             if os.path.exists(os.path.join(mem, "memory.memsw.limit_in_bytes")):
-                _write(os.path.join(mem, "memory.memsw.limit_in_bytes"),
+                write_file(os.path.join(mem, "memory.memsw.limit_in_bytes"),
                        str(limits.memory_bytes))
         # oom_kill_disable=0: on OOM the kernel kills a task in the cgroup instead of
         # pausing them all until the limit is raised (cgroup-v1/memory.rst, 10. OOM Control).
-        _write(os.path.join(mem, "memory.oom_control"), "0")
+        write_file(os.path.join(mem, "memory.oom_control"), "0")
         if limits.pids_max is not None:
-            _write(os.path.join(self._need("pids"), "pids.max"), str(limits.pids_max))
+            write_file(os.path.join(self._need("pids"), "pids.max"), str(limits.pids_max))
         if "devices" in self._dirs:
             rules = _device_rules(limits.devices)
             d = self._dirs["devices"]
-            _write(os.path.join(d, "devices.deny"), "a")  # drops the inherited "a *:* rwm"
+            write_file(os.path.join(d, "devices.deny"), "a")  # drops the inherited "a *:* rwm"
             for rule in rules:
-                _write(os.path.join(d, "devices.allow"), rule)
+                write_file(os.path.join(d, "devices.allow"), rule)
 
     def _limit_v2(self, limits: JobLimits) -> None:
         d = self._dirs["unified"]
         if limits.cpus is not None:
             self._need("cpuset")
             # cpuset.mems left empty: v2 then uses the parent's effective mems (cgroup-v2.rst).
-            _write(os.path.join(d, "cpuset.cpus"), ",".join(map(str, limits.cpus)))
+            write_file(os.path.join(d, "cpuset.cpus"), ",".join(map(str, limits.cpus)))
         if limits.memory_bytes is not None:
-            _write(os.path.join(self._need("memory"), "memory.max"), str(limits.memory_bytes))
+            write_file(os.path.join(self._need("memory"), "memory.max"), str(limits.memory_bytes))
             if os.path.exists(os.path.join(d, "memory.swap.max")):
-                _write(os.path.join(d, "memory.swap.max"), "0")  # no swapping past the limit
+                write_file(os.path.join(d, "memory.swap.max"), "0")  # no swapping past the limit
         if limits.pids_max is not None:
-            _write(os.path.join(self._need("pids"), "pids.max"), str(limits.pids_max))
+            write_file(os.path.join(self._need("pids"), "pids.max"), str(limits.pids_max))
 
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) in, in every hierarchy."""
         for f in self.procs_files:
-            _write(f, str(pid))
+            write_file(f, str(pid))
 
     def pids(self) -> set[int]:
         """Every process listed in it, in any hierarchy (zombies too where the kernel lists
@@ -451,11 +303,11 @@ class JobCgroups:
         else:
             return False
         try:
-            _write(f, value)
+            write_file(f, value)
             # Freezing is asynchronous (FREEZING until every task stopped); a task stuck
             # in the kernel may never get there: wait briefly, the SIGKILLs stay pending.
             deadline = time.monotonic() + 0.1
-            while want not in _read(state).splitlines() and time.monotonic() < deadline:
+            while want not in read_file(state).splitlines() and time.monotonic() < deadline:
                 time.sleep(0.002)
         except (OSError, CgroupError):  # removed meanwhile: nothing left in it to freeze
             return False
@@ -468,7 +320,7 @@ class JobCgroups:
         if self.support.version == 2:
             kill_file = os.path.join(self._dirs["unified"], "cgroup.kill")
             if os.path.exists(kill_file):
-                _write(kill_file, "1")  # kills the cgroup and its descendants (cgroup-v2.rst)
+                write_file(kill_file, "1")  # kills the cgroup and its descendants (cgroup-v2.rst)
                 return
         signalled: set[int] = set()
         for _ in range(100):
@@ -522,7 +374,7 @@ class JobCgroups:
         v: dict[str, int | None] = {}
         for f in ("memory.peak", "memory.max", "memory.events", "memory.max_usage_in_bytes",
                   "memory.limit_in_bytes", "memory.oom_control", "memory.failcnt"):
-            text = _read(os.path.join(d, f)) if os.path.exists(os.path.join(d, f)) else ""
+            text = read_file(os.path.join(d, f)) if os.path.exists(os.path.join(d, f)) else ""
             for line in text.splitlines():  # "N", "max", or "key N" lines
                 key, _, n = line.rpartition(" ")
                 v[key or f] = None if n == "max" else int(n)
@@ -556,7 +408,7 @@ def sweep_stale(support: CgroupSupport, base: str) -> list[str]:
     cannot be emptied is logged and left."""
     _check_name(base)
     names: set[str] = set()
-    for d in _unique(dict(support.agent_dirs)):
+    for d in unique_dirs(dict(support.agent_dirs)):
         try:
             with os.scandir(_job_parent(support, d, base)) as it:
                 names |= {e.name for e in it if e.is_dir() and _NAME.fullmatch(e.name)}
@@ -576,6 +428,6 @@ def remove_base(support: CgroupSupport, base: str) -> None:
     """At agent close: remove <agent cg>/<base>/ where no job cgroup is left in it
     (one held back stays, for the next agent's sweep)."""
     _check_name(base)
-    for d in _unique(dict(support.agent_dirs)):
+    for d in unique_dirs(dict(support.agent_dirs)):
         with contextlib.suppress(OSError):
             os.rmdir(_job_parent(support, d, base))

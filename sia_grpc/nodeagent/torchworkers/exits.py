@@ -3,14 +3,15 @@
 All ranks EXIT_COMPLETED: completed. EXIT_CHECKPOINTED after a stop the agent
 asked for: checkpointed. Some ranks completed and the rest stopped on the
 agent's SIGTERM: completed. Anything else failed, with the first failing rank's
-log tail (and an out-of-memory report, if a worker sent one) in the message.
+log tail (and an out-of-memory report, if a worker sent one) in the message. A run
+the kernel killed for memory in its cgroup gets a note saying so (`memory_note`).
 """
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sia_grpc.api import pb
 from sia_grpc.nodeagent.workers import WorkerProcess, describe_exit, log_tail
@@ -18,9 +19,10 @@ from sia_grpc.train import contract as c
 
 if TYPE_CHECKING:
     from sia_grpc.nodeagent.backend import Launch
+    from sia_grpc.nodeagent.isolation.node import Space
     from sia_grpc.nodeagent.workerservice import TelemetryAccumulator
 
-__all__ = ["Ended", "group_exit", "oom_text"]
+__all__ = ["Ended", "group_exit", "memory_note", "oom_text"]
 
 
 class Ended(Protocol):
@@ -87,3 +89,14 @@ def _failure(g: Ended, bad: list[WorkerProcess], codes: dict[int, int]) -> str:
 def oom_text(oom: pb.OomEvent) -> str:
     text = f"out of memory at atomic_batch_size={oom.atomic_batch_size}"
     return f"{text}: {oom.message}" if oom.message else text
+
+
+def memory_note(space: Space) -> str:
+    """"killed for memory ..." when the run's cgroup saw the kernel kill for memory."""
+    m: Any = space.memory
+    if m is None or not m.oom_kills:
+        return ""
+    limit = f"{m.limit_bytes / 2**20:.0f} MiB" if m.limit_bytes else "its limit"
+    peak = f", peak {m.peak_bytes / 2**20:.0f} MiB" if m.peak_bytes else ""
+    return (f"killed for memory: the job used all the host memory it may use on this node "
+            f"({limit}{peak}; {m.oom_kills} process(es) killed by the kernel)")

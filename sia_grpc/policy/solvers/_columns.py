@@ -16,13 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.policy.problem import ROW_TOL, ChoiceProblem
 
+if TYPE_CHECKING:
+    from scipy import sparse
 
-def _cat(*parts) -> np.ndarray:
+
+def _cat(*parts: npt.ArrayLike) -> np.ndarray:
     """np.concatenate of arrays and scalars (np.r_ costs ~15 µs a call)."""
     return np.concatenate([np.atleast_1d(x) for x in parts])
 
@@ -46,8 +51,8 @@ class _Side:
     col_ptr: np.ndarray
     col_row: np.ndarray
     col_coef: np.ndarray
-    rhs: np.ndarray  # float64[R]
-    pen: np.ndarray  # float64[R]: inf for a hard row
+    rhs: npt.NDArray[np.float64]  # [R]
+    pen: npt.NDArray[np.float64]  # [R]: inf for a hard row
     m: int  # reduced columns
 
     @property
@@ -66,10 +71,11 @@ class _Side:
 
     def shift(self, mu: np.ndarray) -> np.ndarray:
         """Σ_r μ_r · a_rc per column."""
-        return self.by_col @ mu
+        shift: np.ndarray = self.by_col @ mu  # (scipy's product: an ndarray)
+        return shift
 
     @cached_property
-    def by_col(self):
+    def by_col(self) -> sparse.csr_matrix:
         """The rows as a scipy CSR matrix of columns × rows (its product with
         prices is one pass over the entries)."""
         import scipy.sparse as sp
@@ -296,8 +302,8 @@ class _Opts:
     """Options (columns, and none as column -1) of a subset of jobs."""
 
     jobs: np.ndarray  # job indices
-    col: np.ndarray  # reduced column per option, -1 = none; job-major
-    ptr: np.ndarray  # options of jobs[r] are ptr[r]:ptr[r+1]
+    col: npt.NDArray[np.int64]  # reduced column per option, -1 = none; job-major
+    ptr: npt.NDArray[np.int64]  # options of jobs[r] are ptr[r]:ptr[r+1]
     typ: np.ndarray
     gpus: np.ndarray
     val: np.ndarray
@@ -308,7 +314,8 @@ class _Opts:
 
     def choice(self, pick: np.ndarray) -> np.ndarray:
         """Columns for option indices `pick` (one per job, relative to ptr)."""
-        return self.col[self.ptr[:-1] + pick]
+        cols: npt.NDArray[np.int64] = self.col[self.ptr[:-1] + pick]  # (numpy's stubs: Any)
+        return cols
 
 
 def _options(c: _Cols, jobs: np.ndarray, keep: np.ndarray, none_ok: np.ndarray) -> _Opts:

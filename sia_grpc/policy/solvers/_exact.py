@@ -12,7 +12,8 @@ from sia_grpc.policy.solvers._columns import _Opts
 _DP_STATES = 4e6
 
 
-def _dp(o: _Opts, cap: np.ndarray, work: float):
+def _dp(o: _Opts, cap: np.ndarray, work: float,
+        ) -> tuple[np.ndarray | None, float] | None:
     """Exact DP over the capacities that can bind, every job taking one of its
     options. Returns (option index per job, value), (None, -inf) if infeasible,
     or None when it would take more than `work` state updates."""

@@ -6,11 +6,14 @@ by per-type knapsack moves (`_shift`), and round the LP over tied options
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from sia_grpc.policy.problem import ROW_TOL
 from sia_grpc.policy.solvers._columns import _cat, _Cols, _options, _Side
 from sia_grpc.policy.solvers._highs import _lp, _mip
+from sia_grpc.policy.solvers._lagrangian import Primal
 
 
 def _repair(c: _Cols, choice: np.ndarray) -> np.ndarray:
@@ -120,6 +123,21 @@ def _fill(c: _Cols, choice: np.ndarray, lam: np.ndarray | None = None,
     return choice
 
 
+class _Moves(NamedTuple):
+    """One type's moves for `_shift`, job-major: each job's (`jobs`) moves are
+    `starts[r]:starts[r] + counts[r]` of `col` (-1: none), `dg` (net GPUs) and
+    `gain`; the knapsack is over net changes in [-reach, slack + reach]."""
+
+    jobs: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    col: np.ndarray
+    dg: np.ndarray
+    gain: np.ndarray
+    slack: int
+    reach: int
+
+
 def _shift(c: _Cols, choice: np.ndarray, allowed: np.ndarray, none_ok: np.ndarray,
            max_jobs: int = 400) -> np.ndarray:
     """Improve a feasible choice type by type: the best set of moves within the
@@ -130,59 +148,74 @@ def _shift(c: _Cols, choice: np.ndarray, allowed: np.ndarray, none_ok: np.ndarra
     allowed moves come first when there are more than `max_jobs`."""
     choice = choice.copy()
     for t in range(c.T):
-        on = choice >= 0
-        cur_t = np.full(c.n, -1, dtype=np.intp)
-        cur_t[on] = c.typ[choice[on]]
-        cur_g = np.zeros(c.n, dtype=np.int64)
-        cur_g[on] = c.gpus[choice[on]]
-        cur_v = c.none.copy()
-        cur_v[on] = c.val[choice[on]]
-        mine = (cur_t == t) | (cur_t < 0)
-        cols = np.flatnonzero(allowed & (c.typ == t) & mine[c.job])
-        cols = cols[cols != choice[c.job[cols]]]
-        down = np.flatnonzero((cur_t == t) & none_ok)
-        opt_job = _cat(c.job[cols], down)
-        opt_col = _cat(cols, np.full(len(down), -1))
-        if not len(opt_job):
-            continue
-        opt_dg = _cat(c.gpus[cols], np.zeros(len(down), np.int64)) - cur_g[opt_job]
-        opt_gain = _cat(c.val[cols], c.none[down]) - cur_v[opt_job]
-        slack = int(c.cap[t] - c.usage(choice)[t])
-        reach = int(np.abs(opt_dg).max()) * 2
-        ok = opt_dg <= slack + reach
-        order = np.lexsort((opt_col[ok], opt_job[ok]))
-        opt_job, opt_col = opt_job[ok][order], opt_col[ok][order]
-        opt_dg, opt_gain = opt_dg[ok][order], opt_gain[ok][order]
-        jobs, starts, counts = np.unique(opt_job, return_index=True, return_counts=True)
-        if len(jobs) > max_jobs:
-            keep = np.sort(np.argsort(-counts, kind="stable")[:max_jobs])
-            jobs, starts, counts = jobs[keep], starts[keep], counts[keep]
-        # Net change u in [-reach, slack + reach] at index u + reach.
-        width = slack + 2 * reach + 1
-        # f is a view into a buffer with `reach` (>= every |opt_dg|) entries of -inf on
-        # either side: a move out of range reads -inf, with no clip and mask per job.
-        padded = np.full(width + 2 * reach, -np.inf)
-        f = padded[reach:reach + width]
-        f[reach] = 0.0
-        at = np.arange(width) + reach
-        args = []
-        for s0, k in zip(starts.tolist(), counts.tolist(), strict=True):
-            cand = padded[at[None, :] - opt_dg[s0:s0 + k, None]]
-            cand += opt_gain[s0:s0 + k, None]
-            top = cand.max(axis=0)
-            better = top > f + 1e-12
-            args.append(np.where(better, cand.argmax(axis=0) + 1, 0))
-            np.copyto(f, top, where=better)
-        u = int(np.argmax(f[:reach + slack + 1]))
-        if f[u] <= 1e-12:
-            continue
-        for r in range(len(jobs) - 1, -1, -1):
-            k = int(args[r][u])
-            if k:
-                o = starts[r] + k - 1
-                choice[jobs[r]] = opt_col[o]
-                u -= int(opt_dg[o])
+        moves = _type_moves(c, choice, t, allowed, none_ok, max_jobs)
+        if moves is not None:
+            _best_moves(choice, moves)
     return choice
+
+
+def _type_moves(c: _Cols, choice: np.ndarray, t: int, allowed: np.ndarray,
+                none_ok: np.ndarray, max_jobs: int) -> _Moves | None:
+    """The moves `_shift` weighs within type `t` from `choice` (None: none)."""
+    on = choice >= 0
+    cur_t = np.full(c.n, -1, dtype=np.intp)
+    cur_t[on] = c.typ[choice[on]]
+    cur_g = np.zeros(c.n, dtype=np.int64)
+    cur_g[on] = c.gpus[choice[on]]
+    cur_v = c.none.copy()
+    cur_v[on] = c.val[choice[on]]
+    mine = (cur_t == t) | (cur_t < 0)
+    cols = np.flatnonzero(allowed & (c.typ == t) & mine[c.job])
+    cols = cols[cols != choice[c.job[cols]]]
+    down = np.flatnonzero((cur_t == t) & none_ok)
+    opt_job = _cat(c.job[cols], down)
+    opt_col = _cat(cols, np.full(len(down), -1))
+    if not len(opt_job):
+        return None
+    opt_dg = _cat(c.gpus[cols], np.zeros(len(down), np.int64)) - cur_g[opt_job]
+    opt_gain = _cat(c.val[cols], c.none[down]) - cur_v[opt_job]
+    slack = int(c.cap[t] - c.usage(choice)[t])
+    reach = int(np.abs(opt_dg).max()) * 2
+    ok = opt_dg <= slack + reach
+    order = np.lexsort((opt_col[ok], opt_job[ok]))
+    opt_job, opt_col = opt_job[ok][order], opt_col[ok][order]
+    opt_dg, opt_gain = opt_dg[ok][order], opt_gain[ok][order]
+    jobs, starts, counts = np.unique(opt_job, return_index=True, return_counts=True)
+    if len(jobs) > max_jobs:
+        keep = np.sort(np.argsort(-counts, kind="stable")[:max_jobs])
+        jobs, starts, counts = jobs[keep], starts[keep], counts[keep]
+    return _Moves(jobs, starts, counts, opt_col, opt_dg, opt_gain, slack, reach)
+
+
+def _best_moves(choice: np.ndarray, m: _Moves) -> None:
+    """The knapsack DP over `m`'s net changes; its best set of moves, if it gains,
+    applied to `choice` in place."""
+    slack, reach, opt_dg, opt_gain = m.slack, m.reach, m.dg, m.gain
+    # Net change u in [-reach, slack + reach] at index u + reach.
+    width = slack + 2 * reach + 1
+    # f is a view into a buffer with `reach` (>= every |opt_dg|) entries of -inf on
+    # either side: a move out of range reads -inf, with no clip and mask per job.
+    padded = np.full(width + 2 * reach, -np.inf)
+    f = padded[reach:reach + width]
+    f[reach] = 0.0
+    at = np.arange(width) + reach
+    args = []
+    for s0, k in zip(m.starts.tolist(), m.counts.tolist(), strict=True):
+        cand = padded[at[None, :] - opt_dg[s0:s0 + k, None]]
+        cand += opt_gain[s0:s0 + k, None]
+        top = cand.max(axis=0)
+        better = top > f + 1e-12
+        args.append(np.where(better, cand.argmax(axis=0) + 1, 0))
+        np.copyto(f, top, where=better)
+    u = int(np.argmax(f[:reach + slack + 1]))
+    if f[u] <= 1e-12:
+        return
+    for r in range(len(m.jobs) - 1, -1, -1):
+        k = int(args[r][u])
+        if k:
+            o = m.starts[r] + k - 1
+            choice[m.jobs[r]] = m.col[o]
+            u -= int(opt_dg[o])
 
 
 def _round_tied(c: _Cols, rc: np.ndarray, best: np.ndarray, tie: float,
@@ -362,7 +395,7 @@ def _fill_rows(c: _Cols, choice: np.ndarray, rounds: int = 6, per_round: int = 4
     return st.choice
 
 
-def _round_master(c: _Cols, primal, rc: np.ndarray, best: np.ndarray, time_limit: float,
+def _round_master(c: _Cols, primal: Primal, rc: np.ndarray, best: np.ndarray, time_limit: float,
                   abs_gap: float, rel_gap: float, budget: int = 128) -> np.ndarray | None:
     """The Dantzig-Wolfe master's primal rounded by a small MIP. Jobs on which
     every proposal in use agrees keep that option, except the `budget` jobs

@@ -7,10 +7,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sia_grpc.policy.solvers._columns import _cat, _Cols, _options, _Opts, _ranges, _Side
+
+if TYPE_CHECKING:
+    import highspy
+    from scipy import sparse
 
 
 def _reset_highs_after_fork() -> None:
@@ -30,7 +35,7 @@ _BANNER_LOCK = threading.Lock()
 _banner_shown = False
 
 
-def _new_highs():
+def _new_highs() -> highspy.Highs:
     """A silent HiGHS instance. HiGHS prints its version banner to the C stdout
     when the first instance of a process is constructed, before any option can
     be set; a scheduler's output (and `sia demo`) should not carry it, so the
@@ -40,14 +45,14 @@ def _new_highs():
 
     with _BANNER_LOCK:
         if _banner_shown:
-            h = highspy.Highs()
+            h = highspy.Highs()  # type: ignore[no-untyped-call]  # (its __init__: no -> None)
         else:
             sys.stdout.flush()
             saved = os.dup(1)
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
                 os.dup2(devnull, 1)
-                h = highspy.Highs()
+                h = highspy.Highs()  # type: ignore[no-untyped-call]  # (as above)
             finally:
                 os.dup2(saved, 1)
                 os.close(saved)
@@ -58,7 +63,7 @@ def _new_highs():
 
 
 def _highs(o: _Opts, cap: np.ndarray, integer: bool, offset: float = 0.0,
-           side: _Side | None = None, srhs: np.ndarray | None = None):
+           side: _Side | None = None, srhs: np.ndarray | None = None) -> highspy.Highs:
     """A HiGHS model of the options: one = 1 row per job, one capacity row per
     type, built in bulk as CSC. With `side`, also its rows (right-hand sides
     `srhs`), each soft one with a slack column that pays its penalty."""
@@ -128,7 +133,7 @@ def _pick(o: _Opts, x: np.ndarray, integral: bool = False) -> np.ndarray:
 
 
 def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve: bool,
-        srhs: np.ndarray | None = None):
+        srhs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int] | None:
     """HiGHS simplex on the LP of `jobs` over `cols` and none, within `cap` (and
     the side rows, with right-hand sides `srhs`, when given). Returns (the
     coupling rows' duals, a basic optimum rounded down as a choice for `jobs`,
@@ -152,7 +157,9 @@ def _lp(c: _Cols, jobs: np.ndarray, cols: np.ndarray, cap: np.ndarray, presolve:
     return lam, o.choice(_pick(o, x)), frac
 
 
-def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start, side=None, srhs=None):
+def _mip(o: _Opts, cap: np.ndarray, offset: float, time_limit: float, abs_gap: float,
+         rel_gap: float, start: np.ndarray | None, side: _Side | None = None,
+         srhs: np.ndarray | None = None) -> tuple[np.ndarray | None, float, float, bool]:
     """HiGHS MIP over the options (and the side rows with right-hand sides
     `srhs`, when given). Returns (option index per job or None, value (with
     offset), proven bound, whether optimal)."""
@@ -167,6 +174,7 @@ def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start, side=None, 
         x0 = np.zeros(k)
         x0[o.ptr[:-1] + start] = 1.0
         if side is not None:  # the soft rows' slacks at the start's excess
+            assert srhs is not None  # (given with `side`)
             excess = np.maximum(0.0, side.activity(o.choice(start)) - srhs)
             x0 = _cat(x0, excess[side.soft])
         h.setSolution(len(x0), np.arange(len(x0), dtype=np.int32), x0)
@@ -182,7 +190,7 @@ def _mip(o: _Opts, cap, offset, time_limit, abs_gap, rel_gap, start, side=None, 
             status == highspy.HighsModelStatus.kOptimal)
 
 
-def lp_interior(value: np.ndarray, a_ub, b_ub: np.ndarray) -> np.ndarray:
+def lp_interior(value: np.ndarray, a_ub: sparse.csr_matrix, b_ub: np.ndarray) -> np.ndarray:
     """max value·x s.t. a_ub·x ≤ b_ub (a scipy sparse matrix), 0 ≤ x ≤ 1, by
     HiGHS's interior-point method without crossover.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -74,7 +75,8 @@ def _blocks(c: _Cols, share: float = 0.5) -> np.ndarray:
 _MAX_BLOCKS = 64
 
 
-def _block_use(c: _Cols, choice: np.ndarray, block: np.ndarray, B: int):
+def _block_use(c: _Cols, choice: np.ndarray, block: np.ndarray, B: int,
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Each block's coupling-row activity (B × K) and value (B) under a choice."""
     on = np.flatnonzero(choice >= 0)
     cols, bj = choice[on], block[on]
@@ -92,42 +94,46 @@ def _block_use(c: _Cols, choice: np.ndarray, block: np.ndarray, B: int):
     return use, np.bincount(block, weights=vals, minlength=B)
 
 
-def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
-                block: np.ndarray | None = None, enough=None, centre=None):
-    """Dantzig-Wolfe on the coupling rows, one convexity row per block of jobs
-    (`block`: each job's; None: one block), until the bound is within `tol` of
-    the master or `enough(bound)` says it proves what is needed. `centre`:
-    prices to start the stability centre from, as (λ, L(λ), rc, best) (a like
-    problem's; zero prices otherwise), their proposal a first column. Returns (λ,
-    L(λ), rc, best, master objective, iterations, fractional jobs of the
-    master's primal, the master's primal as (job indices, choice of those
-    jobs, weight) per proposal in use)."""
-    import highspy
+# A stability centre of Dantzig-Wolfe: prices λ, L(λ), reduced values, each job's best.
+Centre = tuple[np.ndarray, float, np.ndarray, np.ndarray]
+# The master's primal: (job indices, choice of those jobs, weight) per proposal in use.
+Primal = list[tuple[np.ndarray, np.ndarray, float]]
 
-    K = c.K
-    B = 1 if block is None else int(block.max()) + 1
-    members = [np.arange(c.n)] if block is None else [np.flatnonzero(block == b)
-                                                       for b in range(B)]
-    inf = highspy.kHighsInf
-    h = _new_highs()
-    h.setOptionValue("presolve", "off")
-    h.passModel(highspy.HighsLp())
-    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    h.addRows(K + B, _cat(np.full(K, -inf), np.ones(B)), _cat(c.rhs.astype(np.float64),
-                                                             np.ones(B)),
-              0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
-    rows = np.arange(K + 1, dtype=np.int32)
-    columns: list[tuple[int, np.ndarray]] = []  # (block, its jobs' choice) per proposal
-    ub = _price_caps(c)
-    n_slack = int(np.isfinite(ub).sum())
-    for r in np.flatnonzero(np.isfinite(ub)):  # a row's slack, at the price limit
-        h.addCol(-float(ub[r]), 0.0, inf, 1, np.asarray([r], np.int32), np.asarray([-1.0]))
 
-    def split(choice: np.ndarray, lam: np.ndarray | None = None,
-              best: np.ndarray | None = None):
+class _Master:
+    """The Dantzig-Wolfe master LP in HiGHS: the coupling rows, one convexity row
+    per block of jobs, a slack column per row with a price limit (at that limit),
+    and a column per proposal (one block's choice, at its activity and value)."""
+
+    def __init__(self, c: _Cols, block: np.ndarray | None) -> None:
+        import highspy
+
+        self.c, self.block = c, block
+        K = self.K = c.K
+        B = self.B = 1 if block is None else int(block.max()) + 1
+        self.members = [np.arange(c.n)] if block is None else [np.flatnonzero(block == b)
+                                                                for b in range(B)]
+        inf = self.inf = highspy.kHighsInf
+        h = self.h = _new_highs()
+        h.setOptionValue("presolve", "off")
+        h.passModel(highspy.HighsLp())
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        h.addRows(K + B, _cat(np.full(K, -inf), np.ones(B)), _cat(c.rhs.astype(np.float64),
+                                                                 np.ones(B)),
+                  0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
+        self.rows = np.arange(K + 1, dtype=np.int32)
+        self.columns: list[tuple[int, np.ndarray]] = []  # (block, its jobs' choice) each
+        ub = self.ub = _price_caps(c)
+        self.n_slack = int(np.isfinite(ub).sum())
+        for r in np.flatnonzero(np.isfinite(ub)):  # a row's slack, at the price limit
+            h.addCol(-float(ub[r]), 0.0, inf, 1, np.asarray([r], np.int32), np.asarray([-1.0]))
+
+    def split(self, choice: np.ndarray, lam: np.ndarray | None = None,
+              best: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each block's activity (B × K) and value (B) under `choice`; for one
         block at prices `lam` the value is best_i + λ·activity summed."""
-        if block is None:
+        c = self.c
+        if self.block is None:
             use = c.use(choice)
             if lam is None:
                 v = c.value(choice)
@@ -135,13 +141,21 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
                 assert best is not None  # (given with `lam`)
                 v = float(best.sum() + lam @ use)
             return use[None, :], np.asarray([v])
-        return _block_use(c, choice, block, B)
+        return _block_use(c, choice, self.block, self.B)
 
-    def add(choice: np.ndarray, uses: np.ndarray, vals: np.ndarray, which=None) -> None:
-        if block is None:
-            h.addCol(float(vals[0]), 0.0, inf, K + 1, rows,
+    def propose(self, choice: np.ndarray) -> None:
+        """`choice` as a column of every block."""
+        self.add(choice, *self.split(choice))
+
+    def add(self, choice: np.ndarray, uses: np.ndarray, vals: np.ndarray,
+            which: np.ndarray | None = None) -> None:
+        """The proposal `choice` (`split`'s `uses` and `vals`) as a column of each
+        block in `which` (default: all)."""
+        K, B, h, inf = self.K, self.B, self.h, self.inf
+        if self.block is None:
+            h.addCol(float(vals[0]), 0.0, inf, K + 1, self.rows,
                      _cat(uses[0].astype(np.float64), 1.0))
-            columns.append((0, choice))
+            self.columns.append((0, choice))
             return
         which = np.arange(B) if which is None else which
         nz = uses[which] != 0
@@ -157,23 +171,52 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
         idx[at_conv] = K + which
         h.addCols(len(which), vals[which], np.zeros(len(which)), np.full(len(which), inf),
                   len(idx), starts, idx, val)
-        columns.extend((int(b), choice[members[b]]) for b in which)
+        members = self.members
+        self.columns.extend((int(b), choice[members[b]]) for b in which)
 
-    none = np.full(c.n, -1, dtype=np.int64)
-    add(none, *split(none))  # keeps the master feasible
+    def primal(self, mobj: float) -> tuple[int, Primal]:
+        """The master's primal at its objective `mobj` (none if not finite): the
+        jobs its proposals in use split, and those proposals with their weights."""
+        frac, primal = 0, []
+        if np.isfinite(mobj):
+            columns = self.columns
+            mu = np.asarray(self.h.getSolution().col_value)[self.n_slack:]
+            used = [k for k in np.flatnonzero(mu > 1e-9) if k < len(columns)]
+            primal = [(self.members[columns[k][0]], columns[k][1], float(mu[k])) for k in used]
+            for b in range(self.B):
+                active = [columns[k][1] for k in used if columns[k][0] == b]
+                if len(active) > 1:
+                    frac += int(np.any(np.stack(active) != active[0], axis=0).sum())
+        return frac, primal
+
+
+def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
+                block: np.ndarray | None = None, enough: Callable[[float], bool] | None = None,
+                centre: Centre | None = None,
+                ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray, float, int, int, Primal]:
+    """Dantzig-Wolfe on the coupling rows, one convexity row per block of jobs
+    (`block`: each job's; None: one block), until the bound is within `tol` of
+    the master or `enough(bound)` says it proves what is needed. `centre`:
+    prices to start the stability centre from, as (λ, L(λ), rc, best) (a like
+    problem's; zero prices otherwise), their proposal a first column. Returns (λ,
+    L(λ), rc, best, master objective, iterations, fractional jobs of the
+    master's primal, the master's primal as (job indices, choice of those
+    jobs, weight) per proposal in use)."""
+    import highspy
+
+    master = _Master(c, block)
+    h, K = master.h, master.K
+    master.propose(np.full(c.n, -1, dtype=np.int64))  # (none) keeps the master feasible
     for s in seeds:
-        add(s, *split(s))
+        master.propose(s)
     lam_stab = np.zeros(K)
     rc_stab, best_stab = _price(c, lam_stab)
-    l_stab = float(best_stab.sum())
-    first = _argmax(c, rc_stab, best_stab)
-    add(first, *split(first))
+    stab: Centre = (lam_stab, float(best_stab.sum()), rc_stab, best_stab)
+    master.propose(_argmax(c, rc_stab, best_stab))
     if centre is not None:
-        lam_c, l_c, rc_c, best_c = centre
-        given = _argmax(c, rc_c, best_c)
-        add(given, *split(given))
-        if l_c < l_stab:
-            lam_stab, l_stab, rc_stab, best_stab = lam_c, l_c, rc_c, best_c
+        master.propose(_argmax(c, centre[2], centre[3]))
+        if centre[1] < stab[1]:
+            stab = centre
     alpha, mobj, it = 0.5, -math.inf, 0
     while it < _DW_MAX_ITERS:
         it += 1
@@ -182,43 +225,48 @@ def _lagrangian(c: _Cols, deadline: float, tol: float, seeds: list[np.ndarray],
             break
         mobj = h.getInfo().objective_function_value
         dual = np.asarray(h.getSolution().row_dual)
-        lam_m, pi = np.minimum(np.maximum(dual[:K], 0.0), ub), dual[K:]
-        if l_stab - mobj <= tol or time.perf_counter() > deadline or (
-                enough is not None and enough(l_stab)):
+        lam_m, pi = np.minimum(np.maximum(dual[:K], 0.0), master.ub), dual[K:]
+        if stab[1] - mobj <= tol or time.perf_counter() > deadline or (
+                enough is not None and enough(stab[1])):
             break
-        while True:
-            lam = alpha * lam_stab + (1.0 - alpha) * lam_m
-            rc, best = _price(c, lam)
-            lval = float(best.sum() + lam @ c.rhs)
-            if lval < l_stab:
-                lam_stab, l_stab, rc_stab, best_stab = lam, lval, rc, best
-            choice = _argmax(c, rc, best)
-            uses, vals = split(choice, lam, best)
-            # The blocks whose proposal improves the master.
-            if block is None:
-                red = np.asarray([vals[0] - lam_m @ uses[0] - float(pi[0])])
-            else:
-                red = vals - uses @ lam_m - pi
-            good = np.flatnonzero(red > 1e-12 * max(1.0, abs(mobj)))
-            if len(good) or alpha == 0:
-                break
-            alpha = 0.0 if alpha < 0.1 else alpha / 2  # mis-pricing: trust the master more
+        alpha, stab, choice, uses, vals, good = _smoothed_proposal(master, stab, alpha, lam_m,
+                                                                   pi, mobj)
         if block is not None and not len(good):
             break  # no block improves on the master even at its own prices
-        add(choice, uses, vals, good)
-    frac, primal = 0, []
-    if np.isfinite(mobj):
-        mu = np.asarray(h.getSolution().col_value)[n_slack:]
-        used = [k for k in np.flatnonzero(mu > 1e-9) if k < len(columns)]
-        primal = [(members[columns[k][0]], columns[k][1], float(mu[k])) for k in used]
-        for b in range(B):
-            active = [columns[k][1] for k in used if columns[k][0] == b]
-            if len(active) > 1:
-                frac += int(np.any(np.stack(active) != active[0], axis=0).sum())
-    return lam_stab, l_stab, rc_stab, best_stab, mobj, it, frac, primal
+        master.add(choice, uses, vals, good)
+    frac, primal = master.primal(mobj)
+    return (*stab, mobj, it, frac, primal)
 
 
-def _residual(c: _Cols, d: np.ndarray, d_none: np.ndarray, delta: float):
+def _smoothed_proposal(master: _Master, stab: Centre, alpha: float, lam_m: np.ndarray,
+                       pi: np.ndarray, mobj: float,
+                       ) -> tuple[float, Centre, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Wentges smoothing: price at `alpha` of the way from the master's prices
+    `lam_m` (convexity duals `pi`) to the stability centre `stab`, halving `alpha`
+    while no block's proposal improves the master. Returns (alpha, the centre,
+    the proposal, its activity and value per block, the blocks it improves)."""
+    c = master.c
+    while True:
+        lam = alpha * stab[0] + (1.0 - alpha) * lam_m
+        rc, best = _price(c, lam)
+        lval = float(best.sum() + lam @ c.rhs)
+        if lval < stab[1]:
+            stab = (lam, lval, rc, best)
+        choice = _argmax(c, rc, best)
+        uses, vals = master.split(choice, lam, best)
+        # The blocks whose proposal improves the master.
+        if master.block is None:
+            red = np.asarray([vals[0] - lam_m @ uses[0] - float(pi[0])])
+        else:
+            red = vals - uses @ lam_m - pi
+        good = np.flatnonzero(red > 1e-12 * max(1.0, abs(mobj)))
+        if len(good) or alpha == 0:
+            return alpha, stab, choice, uses, vals, good
+        alpha = 0.0 if alpha < 0.1 else alpha / 2  # mis-pricing: trust the master more
+
+
+def _residual(c: _Cols, d: np.ndarray, d_none: np.ndarray, delta: float,
+              ) -> tuple[np.ndarray, _Opts, np.ndarray] | None:
     """Fix options whose shortfall is at least `delta`. Returns None when the
     fixed jobs alone overfill a type (no solution beats the incumbent), else
     (the fixed jobs' choice, the residual jobs' options, residual capacity)."""

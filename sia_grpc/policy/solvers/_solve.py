@@ -64,6 +64,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import numpy.typing as npt
 
 from sia_grpc.policy.errors import FieldError
 from sia_grpc.policy.problem import ChoiceProblem, ChoiceSolution
@@ -80,6 +81,7 @@ from sia_grpc.policy.solvers._heuristics import (
 )
 from sia_grpc.policy.solvers._highs import _lp, _mip
 from sia_grpc.policy.solvers._lagrangian import (
+    Centre,
     _blocks,
     _lagrangian,
     _price_caps,
@@ -98,6 +100,11 @@ _DIRECT_LP = 3000  # columns + jobs up to which HiGHS simplex beats column gener
 STALE_TIE = 1e6
 
 
+# What the incumbents' search ends with: (the incumbent, None if none was found, in
+# reduced columns; the prices λ; reduced values; each job's best at λ).
+_Priced = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]
+
+
 def path_name(stats: dict[str, float]) -> str:
     """The name of the path `solve` took, from its stats."""
     return PATHS[int(stats["path"])]
@@ -109,7 +116,7 @@ def _eps(inc: float, bound: float, rel_gap: float) -> float:
     return rel_gap * max(1.0, 0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)))
 
 
-def _choice_vector(p: ChoiceProblem, start) -> np.ndarray | None:
+def _choice_vector(p: ChoiceProblem, start: npt.ArrayLike | None) -> np.ndarray | None:
     """`start` as an int64 choice vector (-1 or a column of the job's own per job)
     if it is one, else None; it may not fit."""
     if start is None:
@@ -126,7 +133,7 @@ def _choice_vector(p: ChoiceProblem, start) -> np.ndarray | None:
     return None if np.any(p.col_job[s[on]] != on) else s
 
 
-def _start_choice(p: ChoiceProblem, start) -> np.ndarray | None:
+def _start_choice(p: ChoiceProblem, start: npt.ArrayLike | None) -> np.ndarray | None:
     """`start` as an int64 choice vector if it is a feasible one, else None."""
     s = _choice_vector(p, start)
     return s if s is not None and p.is_feasible(s) else None
@@ -138,6 +145,38 @@ def _reduced_choice(p: ChoiceProblem, c: _Cols, choice: np.ndarray) -> np.ndarra
     pos = np.full(p.num_cols, -1, dtype=np.int64)
     pos[c.orig] = np.arange(c.m)
     return np.where(choice >= 0, pos[np.maximum(choice, 0)], -1)
+
+
+class _Finish:
+    """How `solve` ends: a choice (original columns) with its bound and path as the
+    `ChoiceSolution`, the start taken instead where it is as good; `prices`: the
+    coupling rows' prices it carries (set once they are known)."""
+
+    def __init__(self, p: ChoiceProblem, s0: np.ndarray | None, rel_gap: float,
+                 stats: dict[str, float], t0: float) -> None:
+        self.p, self.s0, self.rel_gap, self.stats, self.t0 = p, s0, rel_gap, stats, t0
+        self.prices = np.zeros(len(p.capacity) + p.num_rows)
+
+    def __call__(self, choice_orig: np.ndarray, bound: float, path: str,
+                 status: str | None = None) -> ChoiceSolution:
+        p, s0, stats = self.p, self.s0, self.stats
+        if not p.is_feasible(choice_orig):  # a bug, not a property of the input
+            raise RuntimeError("solve: internal error, infeasible choice")
+        obj = p.objective(choice_orig)
+        # The start wins ties: an equally good answer should not move jobs.
+        if s0 is not None and p.objective(s0) >= obj - 1e-12 * max(1.0, abs(obj)):
+            choice_orig, obj = s0, p.objective(s0)
+        bound = max(bound, obj)
+        if status is None:
+            ok = bound - obj <= self.rel_gap * max(1.0, abs(obj)) * (1 + 1e-9) + 1e-12
+            status = "optimal" if ok else "time_limit"
+        if status != "optimal":
+            path = "time_limit"
+        stats["path"] = float(PATHS.index(path))
+        stats["total_s"] = time.perf_counter() - self.t0
+        return ChoiceSolution(choice=np.asarray(choice_orig, dtype=np.int64), objective=obj,
+                              bound=bound, status=status, stats=stats,
+                              row_excess=p.row_excess(choice_orig), prices=self.prices)
 
 
 def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 1e-4,
@@ -159,27 +198,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     s0 = _start_choice(p, start)
     stats["start_used"] = float(s0 is not None)
     hint = _hint_prices(p, prices)
-    lam_out = np.zeros(len(p.capacity) + p.num_rows)
-
-    def finish(choice_orig, bound, path, status=None):
-        if not p.is_feasible(choice_orig):  # a bug, not a property of the input
-            raise RuntimeError("solve: internal error, infeasible choice")
-        obj = p.objective(choice_orig)
-        # The start wins ties: an equally good answer should not move jobs.
-        if s0 is not None and p.objective(s0) >= obj - 1e-12 * max(1.0, abs(obj)):
-            choice_orig, obj = s0, p.objective(s0)
-        bound = max(bound, obj)
-        if status is None:
-            ok = bound - obj <= rel_gap * max(1.0, abs(obj)) * (1 + 1e-9) + 1e-12
-            status = "optimal" if ok else "time_limit"
-        if status != "optimal":
-            path = "time_limit"
-        stats["path"] = float(PATHS.index(path))
-        stats["total_s"] = time.perf_counter() - t0
-        return ChoiceSolution(choice=np.asarray(choice_orig, dtype=np.int64), objective=obj,
-                              bound=bound, status=status, stats=stats,
-                              row_excess=p.row_excess(choice_orig), prices=lam_out)
-
+    finish = _Finish(p, s0, rel_gap, stats, t0)
     if c.m == 0:
         none = np.full(p.num_jobs, -1, dtype=np.int64)
         _check_feasible(p, none)
@@ -196,25 +215,37 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
     s_red = None if s0 is None else _reduced_choice(p, c, s0)
     scale = max(1.0, abs(float(best0.sum())), abs(float(c.none.sum())))
     t_lp = time.perf_counter()
+    inc_red: np.ndarray | None
     if c.side is None:
         inc_red, lam, rc, best = _incumbents(c, s_red, deadline, rel_gap, scale, stats, t_lp,
                                              hint)
     else:
         inc_red, lam, rc, best = _incumbents_rows(c, s_red, deadline, rel_gap, scale, stats,
                                                   t_lp, hint)
-    lam_out = np.asarray(lam, dtype=np.float64)
+    finish.prices = np.asarray(lam, dtype=np.float64)
     lbound = stats["lp_bound"]
     # Without an incumbent (hard side rows that the heuristics could not keep)
     # the MIP below searches everything.
     found = inc_red is not None
-    inc = c.score(inc_red) if found else -np.inf
+    inc = c.score(inc_red) if inc_red is not None else -np.inf
     eps = _eps(inc, lbound, rel_gap) if found else 0.0
     stats["incumbent"] = inc
-    if found and lbound - inc <= eps:
+    if inc_red is not None and lbound - inc <= eps:
         return finish(c.to_orig(inc_red), lbound, "lagrangian")
-    if found and time.perf_counter() > deadline:
+    if inc_red is not None and time.perf_counter() > deadline:
         return finish(c.to_orig(inc_red), lbound, "time_limit", "time_limit")
+    return _fix_and_solve(p, c, finish, inc_red, inc, eps, lbound, rc, best, rel_gap,
+                          deadline)
 
+
+def _fix_and_solve(p: ChoiceProblem, c: _Cols, finish: _Finish, inc_red: np.ndarray | None,
+                   inc: float, eps: float, lbound: float, rc: np.ndarray, best: np.ndarray,
+                   rel_gap: float, deadline: float) -> ChoiceSolution:
+    """Steps 5 and 6: reduced-cost fixing against the incumbent `inc_red` (value
+    `inc`; None: none found) at the prices behind `rc`, `best` and the bound
+    `lbound`, then an exact solve of what is left."""
+    stats = finish.stats
+    found = inc_red is not None
     t_mip = time.perf_counter()
     d = best[c.job] - rc  # shortfall of each column from its job's best at λ
     d_none = best - c.none
@@ -229,6 +260,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
         res = _residual(c, d, d_none, lbound - inc - eps_fix)
         if res is None:  # nothing can beat the incumbent by more than eps_fix
             stats["mip_s"] = time.perf_counter() - t_mip
+            assert inc_red is not None  # (without one the margin is infinite: no fixing)
             return finish(c.to_orig(inc_red), min(lbound, inc + eps_fix), "lagrangian")
         fixed, o, rcap = res
         fixed_part = c.value(fixed) - float(c.none[o.jobs].sum())
@@ -244,7 +276,8 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
             srhs = None if c.side is None else c.side.rhs - c.side.activity(fixed)
             pick, _, zbound, exact = _mip(o, rcap, fixed_part, deadline - time.perf_counter(),
                                           0.5 * eps, rel_gap,
-                                          _residual_start(inc_red, o) if found else None,
+                                          _residual_start(inc_red, o)
+                                          if inc_red is not None else None,
                                           c.side, srhs)
     stats["mip_s"] = time.perf_counter() - t_mip
 
@@ -265,7 +298,7 @@ def solve(problem: ChoiceProblem, *, time_limit: float = 30.0, rel_gap: float = 
                   None if exact else "time_limit")
 
 
-def _hint_prices(p: ChoiceProblem, prices) -> np.ndarray | None:
+def _hint_prices(p: ChoiceProblem, prices: npt.ArrayLike | None) -> np.ndarray | None:
     """`prices` as coupling-row prices if they are usable ones (one finite λ ≥ 0
     per type and then per side row), else None."""
     if prices is None:
@@ -284,8 +317,9 @@ def _check_feasible(p: ChoiceProblem, choice: np.ndarray | None) -> None:
         raise FieldError("row_rhs", "no choice keeps every hard side row")
 
 
-def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
-                stats: dict, t_lp: float, hint: np.ndarray | None = None):
+def _incumbents(c: _Cols, s_red: np.ndarray | None, deadline: float, rel_gap: float,
+                scale: float, stats: dict[str, float], t_lp: float,
+                hint: np.ndarray | None = None) -> _Priced:
     """Capacity prices λ and the best incumbent the heuristics find: returns
     (incumbent, λ, reduced values, each job's best at λ); L(λ) and timings go
     into `stats`. Prices `hint` that prove an incumbent are taken as they are.
@@ -302,12 +336,11 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
     # time p50 8.8 -> 10.4 ms with them).
     centre = None
     if hint is not None and not direct_lp:
-        inc, *priced = _hinted(c, hint, cands, rel_gap, tie)
-        centre = tuple(priced)  # (λ, L(λ), rc, best)
-        if inc is not None:
+        proven, centre = _hinted(c, hint, cands, rel_gap, tie)
+        if proven is not None:
             stats.update(hinted=1.0, direct_lp=0.0, lp_s=time.perf_counter() - t_lp,
                          fractional_jobs=0.0, lp_bound=centre[1], heuristic_s=0.0)
-            return inc, hint, centre[2], centre[3]
+            return proven, hint, centre[2], centre[3]
     direct = (_lp(c, np.arange(c.n), np.ones(c.m, dtype=bool), c.cap, False)
               if direct_lp else None)
     if direct is not None:
@@ -344,7 +377,8 @@ def _incumbents(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
     return inc_red, lam, rc, best
 
 
-def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, tie: float):
+def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, tie: float,
+            ) -> tuple[np.ndarray | None, Centre]:
     """Prices given (a like problem's, e.g. the last round's): (incumbent, λ, L(λ),
     reduced values, each job's best), the incumbent None where L(λ) proves none
     within the gap (the incumbents tried join `cands`). L(λ) bounds the optimum
@@ -366,11 +400,12 @@ def _hinted(c: _Cols, lam: np.ndarray, cands: list[np.ndarray], rel_gap: float, 
         if tied is not None:
             cands.append(_fill(c, tied, lam))
             inc = proven()
-    return inc, lam, lbound, rc, best
+    return inc, (lam, lbound, rc, best)
 
 
-def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: float,
-                     stats: dict, t_lp: float, hint: np.ndarray | None = None):
+def _incumbents_rows(c: _Cols, s_red: np.ndarray | None, deadline: float, rel_gap: float,
+                     scale: float, stats: dict[str, float], t_lp: float,
+                     hint: np.ndarray | None = None) -> _Priced:
     """`_incumbents` with side rows: prices for every coupling row by
     Dantzig-Wolfe with a block of jobs per queue (`_blocks`), and incumbents
     that keep the hard rows: the start, none, the master's primal rounded by a
@@ -387,7 +422,7 @@ def _incumbents_rows(c: _Cols, s_red, deadline: float, rel_gap: float, scale: fl
         return bound - inc <= _eps(inc, bound, rel_gap)
 
     stats["hinted"] = 0.0
-    centre = None
+    centre: Centre | None = None
     if hint is not None:
         # (L(λ) bounds the penalised optimum for every λ within the price limits)
         lam = np.minimum(hint, _price_caps(c))

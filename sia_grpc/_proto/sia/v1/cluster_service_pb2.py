@@ -23,49 +23,50 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from sia_grpc._proto.sia.v1 import event_pb2 as sia_dot_v1_dot_event__pb2
 from sia_grpc._proto.sia.v1 import job_pb2 as sia_dot_v1_dot_job__pb2
 from sia_grpc._proto.sia.v1 import queue_pb2 as sia_dot_v1_dot_queue__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csia/v1/cluster_service.proto\x12\x06sia.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10sia/v1/job.proto\x1a\x12sia/v1/queue.proto\"(\n\x07GpuSlot\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\xed\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08gpu_type\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\x12 \n\x05state\x18\x04 \x01(\x0e\x32\x11.sia.v1.NodeState\x12\x1d\n\x04gpus\x18\x05 \x03(\x0b\x32\x0f.sia.v1.GpuSlot\x12\x15\n\ragent_version\x18\x06 \x01(\t\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x64rain_reason\x18\x08 \x01(\t\x12\x11\n\tisolation\x18\t \x01(\t\"R\n\x0eGpuTypeSummary\x12\x10\n\x08gpu_type\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\r\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x11\n\tallocated\x18\x04 \x01(\r\"\x13\n\x11GetClusterRequest\"w\n\x07\x43luster\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.sia.v1.Node\x12%\n\x05types\x18\x02 \x03(\x0b\x32\x16.sia.v1.GpuTypeSummary\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x18\n\x10round_duration_s\x18\x04 \x01(\x01\"\x8a\x03\n\x05Round\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07trigger\x18\x03 \x01(\t\x12\x0c\n\x04jobs\x18\x04 \x01(\r\x12\x16\n\x0egpus_allocated\x18\x05 \x01(\r\x12\x12\n\njobs_moved\x18\x06 \x01(\r\x12\x11\n\tobjective\x18\x07 \x01(\x01\x12\x13\n\x0b\x65stimate_ms\x18\x08 \x01(\x01\x12\x10\n\x08solve_ms\x18\t \x01(\x01\x12\x10\n\x08place_ms\x18\n \x01(\x01\x12\x13\n\x0b\x64ispatch_ms\x18\x0b \x01(\x01\x12\x10\n\x08total_ms\x18\x0c \x01(\x01\x12\x0c\n\x04note\x18\r \x01(\t\x12,\n\x08\x65nd_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x62inding_rows\x18\x0f \x03(\t\x12\x10\n\x08reclaims\x18\x10 \x01(\r\x12 \n\x05moves\x18\x11 \x03(\x0b\x32\x11.sia.v1.RoundMove\"\x8e\x01\n\tRoundMove\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\"\n\x06\x62\x65\x66ore\x18\x05 \x01(\x0b\x32\x12.sia.v1.Allocation\x12!\n\x05\x61\x66ter\x18\x06 \x01(\x0b\x32\x12.sia.v1.Allocation\"\"\n\x11ListRoundsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"3\n\x12ListRoundsResponse\x12\x1d\n\x06rounds\x18\x01 \x03(\x0b\x32\r.sia.v1.Round\"\x14\n\x12WatchRoundsRequest\"0\n\x10\x44rainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\"\n\x12UndrainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"!\n\x11\x46orgetNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x13\n\x11ListQueuesRequest\"^\n\x12ListQueuesResponse\x12#\n\x06queues\x18\x01 \x03(\x0b\x32\x13.sia.v1.QueueStatus\x12#\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x13.sia.v1.QueueConfig*k\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x13\n\x0fNODE_STATE_LOST\x10\x02\x12\x17\n\x13NODE_STATE_DRAINING\x10\x03\x32\xb5\x03\n\x0e\x43lusterService\x12\x38\n\nGetCluster\x12\x19.sia.v1.GetClusterRequest\x1a\x0f.sia.v1.Cluster\x12\x43\n\nListRounds\x12\x19.sia.v1.ListRoundsRequest\x1a\x1a.sia.v1.ListRoundsResponse\x12:\n\x0bWatchRounds\x12\x1a.sia.v1.WatchRoundsRequest\x1a\r.sia.v1.Round0\x01\x12\x33\n\tDrainNode\x12\x18.sia.v1.DrainNodeRequest\x1a\x0c.sia.v1.Node\x12\x37\n\x0bUndrainNode\x12\x1a.sia.v1.UndrainNodeRequest\x1a\x0c.sia.v1.Node\x12\x35\n\nForgetNode\x12\x19.sia.v1.ForgetNodeRequest\x1a\x0c.sia.v1.Node\x12\x43\n\nListQueues\x12\x19.sia.v1.ListQueuesRequest\x1a\x1a.sia.v1.ListQueuesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csia/v1/cluster_service.proto\x12\x06sia.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x12sia/v1/event.proto\x1a\x10sia/v1/job.proto\x1a\x12sia/v1/queue.proto\"(\n\x07GpuSlot\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\xed\x01\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08gpu_type\x18\x02 \x01(\t\x12\x10\n\x08num_gpus\x18\x03 \x01(\r\x12 \n\x05state\x18\x04 \x01(\x0e\x32\x11.sia.v1.NodeState\x12\x1d\n\x04gpus\x18\x05 \x03(\x0b\x32\x0f.sia.v1.GpuSlot\x12\x15\n\ragent_version\x18\x06 \x01(\t\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x64rain_reason\x18\x08 \x01(\t\x12\x11\n\tisolation\x18\t \x01(\t\"R\n\x0eGpuTypeSummary\x12\x10\n\x08gpu_type\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\r\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\x11\n\tallocated\x18\x04 \x01(\r\"\x13\n\x11GetClusterRequest\"w\n\x07\x43luster\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.sia.v1.Node\x12%\n\x05types\x18\x02 \x03(\x0b\x32\x16.sia.v1.GpuTypeSummary\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x18\n\x10round_duration_s\x18\x04 \x01(\x01\"\x98\x03\n\x05Round\x12\r\n\x05round\x18\x01 \x01(\x04\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07trigger\x18\x03 \x01(\t\x12\x0c\n\x04jobs\x18\x04 \x01(\r\x12\x16\n\x0egpus_allocated\x18\x05 \x01(\r\x12\x12\n\njobs_moved\x18\x06 \x01(\r\x12\x11\n\tobjective\x18\x07 \x01(\x01\x12\x13\n\x0b\x65stimate_ms\x18\x08 \x01(\x01\x12\x10\n\x08solve_ms\x18\t \x01(\x01\x12\x10\n\x08place_ms\x18\n \x01(\x01\x12\x13\n\x0b\x64ispatch_ms\x18\x0b \x01(\x01\x12\x10\n\x08total_ms\x18\x0c \x01(\x01\x12\x0c\n\x04note\x18\r \x01(\t\x12,\n\x08\x65nd_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x62inding_rows\x18\x0f \x03(\t\x12\x10\n\x08reclaims\x18\x10 \x01(\r\x12 \n\x05moves\x18\x11 \x03(\x0b\x32\x11.sia.v1.RoundMove\x12\x0c\n\x04term\x18\x12 \x01(\x04\"\x8e\x01\n\tRoundMove\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\"\n\x06\x62\x65\x66ore\x18\x05 \x01(\x0b\x32\x12.sia.v1.Allocation\x12!\n\x05\x61\x66ter\x18\x06 \x01(\x0b\x32\x12.sia.v1.Allocation\"\"\n\x11ListRoundsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"3\n\x12ListRoundsResponse\x12\x1d\n\x06rounds\x18\x01 \x03(\x0b\x32\r.sia.v1.Round\"\x14\n\x12WatchRoundsRequest\"0\n\x10\x44rainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\"\n\x12UndrainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"!\n\x11\x46orgetNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x13\n\x11ListQueuesRequest\"^\n\x12ListQueuesResponse\x12#\n\x06queues\x18\x01 \x03(\x0b\x32\x13.sia.v1.QueueStatus\x12#\n\x06\x63onfig\x18\x02 \x01(\x0b\x32\x13.sia.v1.QueueConfig*k\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x13\n\x0fNODE_STATE_LOST\x10\x02\x12\x17\n\x13NODE_STATE_DRAINING\x10\x03\x32\xb6\x04\n\x0e\x43lusterService\x12\x38\n\nGetCluster\x12\x19.sia.v1.GetClusterRequest\x1a\x0f.sia.v1.Cluster\x12\x43\n\nListRounds\x12\x19.sia.v1.ListRoundsRequest\x1a\x1a.sia.v1.ListRoundsResponse\x12:\n\x0bWatchRounds\x12\x1a.sia.v1.WatchRoundsRequest\x1a\r.sia.v1.Round0\x01\x12\x33\n\tDrainNode\x12\x18.sia.v1.DrainNodeRequest\x1a\x0c.sia.v1.Node\x12\x37\n\x0bUndrainNode\x12\x1a.sia.v1.UndrainNodeRequest\x1a\x0c.sia.v1.Node\x12\x35\n\nForgetNode\x12\x19.sia.v1.ForgetNodeRequest\x1a\x0c.sia.v1.Node\x12\x43\n\nListQueues\x12\x19.sia.v1.ListQueuesRequest\x1a\x1a.sia.v1.ListQueuesResponse\x12\x43\n\nListEvents\x12\x19.sia.v1.ListEventsRequest\x1a\x1a.sia.v1.ListEventsResponse\x12:\n\x0bWatchEvents\x12\x1a.sia.v1.WatchEventsRequest\x1a\r.sia.v1.Event0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sia.v1.cluster_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODESTATE']._serialized_start=1510
-  _globals['_NODESTATE']._serialized_end=1617
-  _globals['_GPUSLOT']._serialized_start=111
-  _globals['_GPUSLOT']._serialized_end=151
-  _globals['_NODE']._serialized_start=154
-  _globals['_NODE']._serialized_end=391
-  _globals['_GPUTYPESUMMARY']._serialized_start=393
-  _globals['_GPUTYPESUMMARY']._serialized_end=475
-  _globals['_GETCLUSTERREQUEST']._serialized_start=477
-  _globals['_GETCLUSTERREQUEST']._serialized_end=496
-  _globals['_CLUSTER']._serialized_start=498
-  _globals['_CLUSTER']._serialized_end=617
-  _globals['_ROUND']._serialized_start=620
-  _globals['_ROUND']._serialized_end=1014
-  _globals['_ROUNDMOVE']._serialized_start=1017
-  _globals['_ROUNDMOVE']._serialized_end=1159
-  _globals['_LISTROUNDSREQUEST']._serialized_start=1161
-  _globals['_LISTROUNDSREQUEST']._serialized_end=1195
-  _globals['_LISTROUNDSRESPONSE']._serialized_start=1197
-  _globals['_LISTROUNDSRESPONSE']._serialized_end=1248
-  _globals['_WATCHROUNDSREQUEST']._serialized_start=1250
-  _globals['_WATCHROUNDSREQUEST']._serialized_end=1270
-  _globals['_DRAINNODEREQUEST']._serialized_start=1272
-  _globals['_DRAINNODEREQUEST']._serialized_end=1320
-  _globals['_UNDRAINNODEREQUEST']._serialized_start=1322
-  _globals['_UNDRAINNODEREQUEST']._serialized_end=1356
-  _globals['_FORGETNODEREQUEST']._serialized_start=1358
-  _globals['_FORGETNODEREQUEST']._serialized_end=1391
-  _globals['_LISTQUEUESREQUEST']._serialized_start=1393
-  _globals['_LISTQUEUESREQUEST']._serialized_end=1412
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=1414
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=1508
-  _globals['_CLUSTERSERVICE']._serialized_start=1620
-  _globals['_CLUSTERSERVICE']._serialized_end=2057
+  _globals['_NODESTATE']._serialized_start=1544
+  _globals['_NODESTATE']._serialized_end=1651
+  _globals['_GPUSLOT']._serialized_start=131
+  _globals['_GPUSLOT']._serialized_end=171
+  _globals['_NODE']._serialized_start=174
+  _globals['_NODE']._serialized_end=411
+  _globals['_GPUTYPESUMMARY']._serialized_start=413
+  _globals['_GPUTYPESUMMARY']._serialized_end=495
+  _globals['_GETCLUSTERREQUEST']._serialized_start=497
+  _globals['_GETCLUSTERREQUEST']._serialized_end=516
+  _globals['_CLUSTER']._serialized_start=518
+  _globals['_CLUSTER']._serialized_end=637
+  _globals['_ROUND']._serialized_start=640
+  _globals['_ROUND']._serialized_end=1048
+  _globals['_ROUNDMOVE']._serialized_start=1051
+  _globals['_ROUNDMOVE']._serialized_end=1193
+  _globals['_LISTROUNDSREQUEST']._serialized_start=1195
+  _globals['_LISTROUNDSREQUEST']._serialized_end=1229
+  _globals['_LISTROUNDSRESPONSE']._serialized_start=1231
+  _globals['_LISTROUNDSRESPONSE']._serialized_end=1282
+  _globals['_WATCHROUNDSREQUEST']._serialized_start=1284
+  _globals['_WATCHROUNDSREQUEST']._serialized_end=1304
+  _globals['_DRAINNODEREQUEST']._serialized_start=1306
+  _globals['_DRAINNODEREQUEST']._serialized_end=1354
+  _globals['_UNDRAINNODEREQUEST']._serialized_start=1356
+  _globals['_UNDRAINNODEREQUEST']._serialized_end=1390
+  _globals['_FORGETNODEREQUEST']._serialized_start=1392
+  _globals['_FORGETNODEREQUEST']._serialized_end=1425
+  _globals['_LISTQUEUESREQUEST']._serialized_start=1427
+  _globals['_LISTQUEUESREQUEST']._serialized_end=1446
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=1448
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=1542
+  _globals['_CLUSTERSERVICE']._serialized_start=1654
+  _globals['_CLUSTERSERVICE']._serialized_end=2220
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sia_grpc._proto.sia.v1 import event_pb2 as _event_pb2
 from sia_grpc._proto.sia.v1 import job_pb2 as _job_pb2
 from sia_grpc._proto.sia.v1 import queue_pb2 as _queue_pb2
 from google.protobuf.internal import containers as _containers
@@ -82,7 +83,7 @@ class Cluster(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., types: _Optional[_Iterable[_Union[GpuTypeSummary, _Mapping]]] = ..., policy: _Optional[str] = ..., round_duration_s: _Optional[float] = ...) -> None: ...
 
 class Round(_message.Message):
-    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note", "end_time", "binding_rows", "reclaims", "moves")
+    __slots__ = ("round", "start_time", "trigger", "jobs", "gpus_allocated", "jobs_moved", "objective", "estimate_ms", "solve_ms", "place_ms", "dispatch_ms", "total_ms", "note", "end_time", "binding_rows", "reclaims", "moves", "term")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +101,7 @@ class Round(_message.Message):
     BINDING_ROWS_FIELD_NUMBER: _ClassVar[int]
     RECLAIMS_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     round: int
     start_time: _timestamp_pb2.Timestamp
     trigger: str
@@ -117,7 +119,8 @@ class Round(_message.Message):
     binding_rows: _containers.RepeatedScalarFieldContainer[str]
     reclaims: int
     moves: _containers.RepeatedCompositeFieldContainer[RoundMove]
-    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., binding_rows: _Optional[_Iterable[str]] = ..., reclaims: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[RoundMove, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, round: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trigger: _Optional[str] = ..., jobs: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_moved: _Optional[int] = ..., objective: _Optional[float] = ..., estimate_ms: _Optional[float] = ..., solve_ms: _Optional[float] = ..., place_ms: _Optional[float] = ..., dispatch_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., note: _Optional[str] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., binding_rows: _Optional[_Iterable[str]] = ..., reclaims: _Optional[int] = ..., moves: _Optional[_Iterable[_Union[RoundMove, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class RoundMove(_message.Message):
     __slots__ = ("job_id", "name", "tenant", "kind", "before", "after")

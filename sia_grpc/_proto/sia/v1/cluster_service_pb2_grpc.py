@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from sia_grpc._proto.sia.v1 import cluster_service_pb2 as sia_dot_v1_dot_cluster__service__pb2
+from sia_grpc._proto.sia.v1 import event_pb2 as sia_dot_v1_dot_event__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -69,6 +70,16 @@ class ClusterServiceStub:
                 request_serializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/sia.v1.ClusterService/ListEvents',
+                request_serializer=sia_dot_v1_dot_event__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_event__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/sia.v1.ClusterService/WatchEvents',
+                request_serializer=sia_dot_v1_dot_event__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=sia_dot_v1_dot_event__pb2.Event.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -123,6 +134,20 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """The cluster's event history (sia/v1/event.proto); a tenant sees its own jobs'
+        events and no other job's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +185,16 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.FromString,
                     response_serializer=sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=sia_dot_v1_dot_event__pb2.ListEventsRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_event__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=sia_dot_v1_dot_event__pb2.WatchEventsRequest.FromString,
+                    response_serializer=sia_dot_v1_dot_event__pb2.Event.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +386,60 @@ class ClusterService:
             '/sia.v1.ClusterService/ListQueues',
             sia_dot_v1_dot_cluster__service__pb2.ListQueuesRequest.SerializeToString,
             sia_dot_v1_dot_cluster__service__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sia.v1.ClusterService/ListEvents',
+            sia_dot_v1_dot_event__pb2.ListEventsRequest.SerializeToString,
+            sia_dot_v1_dot_event__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sia.v1.ClusterService/WatchEvents',
+            sia_dot_v1_dot_event__pb2.WatchEventsRequest.SerializeToString,
+            sia_dot_v1_dot_event__pb2.Event.FromString,
             options,
             channel_credentials,
             insecure,
