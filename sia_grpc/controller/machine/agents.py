@@ -70,10 +70,11 @@ class Agents(StateBase):
             return None
         node = self.node_book.nodes.get(ev.node_id)
         self._type_arriving(ev.gpu_type)
-        was = ("new" if node is None else "again, to a new leader" if node.restored else
-               "back after being lost" if node.state == pb.NODE_STATE_LOST else "reconnected")
+        was = ("" if node is None else " again, to a new leader" if node.restored else
+               " back after being lost" if node.state == pb.NODE_STATE_LOST
+               else " again (reconnected)")
         out.append(Happened(ev.at, pb.EVENT_KIND_NODE_REGISTERED,
-                            f"node {ev.node_id} registered ({was}): {ev.num_gpus} {ev.gpu_type} "
+                            f"node {ev.node_id} registered{was}: {ev.num_gpus} {ev.gpu_type} "
                             f"GPUs, agent {ev.version or '?'}, isolation {ev.isolation or '?'}",
                             node=ev.node_id))
         if node is None:

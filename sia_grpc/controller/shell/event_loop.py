@@ -181,6 +181,9 @@ class EventLoop(ShellBase):
         changed = [job_event(job, pb.EVENT_KIND_JOB_CHANGED, self.term,
                              f"{state_name(job.status.state)}: {job.status.reason}")
                    for job, _ in items if self._told.get(job.job_id) != told[job.job_id]]
+        now = int(self.clock.time() * 1e9)
+        for event in changed:  # (when it was written: a reason alone moves no update_time)
+            event.time.FromNanoseconds(now)
         events = [*self._pending_events, *changed]
         rounds = list(self._unsaved_rounds)
         if not items and not events and not rounds:

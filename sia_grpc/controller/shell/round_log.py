@@ -134,7 +134,8 @@ class RoundLog(ShellBase):
 
 def round_summary(rnd: pb.Round) -> str:
     """A round in words, as its ROUND_FINISHED event says it."""
-    head = f"round {rnd.round} (term {rnd.term}, {rnd.trigger or 'timer'})"
+    name = f"round {rnd.round}" if rnd.round else "a round"  # (a skipped one has no number)
+    head = f"{name} (term {rnd.term}, {rnd.trigger or 'timer'})"
     if rnd.note.startswith("skipped"):
         return f"{head} {rnd.note}"
     said = (f"{head} finished: {rnd.jobs} jobs, {rnd.gpus_allocated} GPUs allocated, "

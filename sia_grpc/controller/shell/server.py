@@ -217,6 +217,10 @@ class Controller(EventLoop, ApiCalls, Listeners, Creates, RoundLog, AgentStreams
                    f"{len(self._told)} jobs, {len(self.state.drained)} drains loaded; rounds "
                    f"go on from {self.rounds[-1].round + 1 if self.rounds else 1}",
                    taking_office=True)
+        try:  # the term's first event, before it serves anything
+            await self._persist(())
+        except Exception:  # StoreError: it goes with the first batch's write instead
+            log.exception("the Leader event not written yet; retried with the next write")
         self._tasks = [asyncio.create_task(self._process(), name="sia-events"),
                        asyncio.create_task(self._timer(), name="sia-rounds"),
                        asyncio.create_task(self._liveness(), name="sia-liveness")]
