@@ -18,6 +18,7 @@ from sia_grpc.api import pb
 from sia_grpc.api.convert import queues_from_pb, queues_to_pb
 from sia_grpc.api.errors import ApiError
 from sia_grpc.controller.config import ConfigError, load_config, read_queues_file
+from sia_grpc.controller.machine.profiling import PROFILE_SLOT
 from sia_grpc.controller.machine.state import QueuesLoaded
 from sia_grpc.controller.machine.validation import admit_to_queue
 from sia_grpc.policy.cluster import Config, GpuId
@@ -338,3 +339,22 @@ def test_a_type_flexible_guarantee_is_named_when_met_and_holds_nothing_back_belo
     assert reasons(4) == {"n1": "waiting: queue nlp holds its guarantee of 4 units and the "
                                 "cluster has nothing idle to lend"}
     assert reasons(2) == {}  # below it: not a queue rule (its jobs could not use more)
+
+
+def test_a_job_of_a_queue_below_its_guarantee_gets_a_profiling_slot_at_once():
+    """Issue 37, item 6: a queue reclaiming its guarantee got its GPUs a round later
+    than documented: in a full cluster its new job waited `profile_wait` (a round)
+    for a profiling slot, which only timer rounds gave, and a reclaim cannot begin
+    before the job is profiled. A job of a queue below its guarantee waits for no one:
+    the next round, early or timer, has its slot; a job of any other queue still
+    waits."""
+    quota = QueueSet(queues=(Queue("research", guarantee={"rtx": 8}), Queue("batch")))
+    h = Harness({"rtx-0": ("rtx", 8), "rtx-1": ("rtx", 8)}, queues=quota)
+    _running(h, *[(f"b{k}", "batch") for k in range(4)])
+    h.submit("b9", queue="batch", **RIGID4)
+    h.tick(seconds=5, trigger="arrival")  # an early round: no slot for a borrower
+    assert not any(j.job_id.startswith(PROFILE_SLOT) for j in h.solves[-1].jobs)
+    h.submit("r0", queue="research", **RIGID4)
+    h.tick(seconds=5, trigger="arrival")
+    assert [j.job_id for j in h.solves[-1].jobs if j.job_id.startswith(PROFILE_SLOT)] == [
+        PROFILE_SLOT + "rtx"]

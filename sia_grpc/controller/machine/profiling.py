@@ -32,6 +32,8 @@ from sia_grpc.controller.machine.validation import profile_batch_sizes
 from sia_grpc.models.bootstrap import JobGoodputModel, ThroughputEstimator
 from sia_grpc.models.efficiency import NEUTRAL_GRAD, GradParams
 from sia_grpc.policy.cluster import Cluster
+from sia_grpc.policy.queues import scheduled_in
+from sia_grpc.policy.queues.outcome import units
 from sia_grpc.policy.types import Adaptivity, PolicyJob
 
 PROFILE_SLOT = "~profile:"  # no job id can start with "~"
@@ -308,22 +310,38 @@ class Profiling(StateBase):
                 lo, hi, self.settings.profile_batch_sizes))
         return Send(node, pb.ControllerMessage(profile=req))
 
-    def _profile_slots(self, cluster: Cluster, at: float) -> list[PolicyJob]:
+    def _profile_slots(self, cluster: Cluster, at: float, *,
+                       early: bool) -> list[PolicyJob]:
         """One GPU per type that jobs have waited `profile_wait` to profile on and
-        none is idle: a 1-GPU
-        rigid job in the round, so the ILP decides whom to shrink for it. The GPU it
-        gets is left to no one; released, it goes to the next waiting pass at once.
-        Without this, a new job in a full cluster waits for some job to end."""
+        none is idle: a 1-GPU rigid job in the round, so the ILP decides whom to
+        shrink for it. The GPU it gets is left to no one; released, it goes to the
+        next waiting pass at once. Without this, a new job in a full cluster waits for
+        some job to end. A job of a queue below its guarantee waits for no one: its
+        slot is in the next round, early or timer (a reclaim is due within a round
+        plus the checkpoints of the jobs that give way, and it cannot begin before
+        the job is profiled); the others' only in timer rounds."""
         if not self.profile_book.to_profile:
             return []
-        idle = self._idle_types()
+        owed = self._queues_owed()
         wanted = set()
         for job_id in self.profile_book.to_profile:
             rec = self.job_book.jobs.get(job_id)
-            if rec is not None and rec.state == pb.JOB_STATE_PROFILING and \
-                    at - seconds(rec.job.status.create_time) >= self.settings.profile_wait:
+            if rec is None or rec.state != pb.JOB_STATE_PROFILING:
+                continue
+            waited = at - seconds(rec.job.status.create_time) >= self.settings.profile_wait
+            if scheduled_in(self.queues, rec.job.spec)[0] in owed or (waited and not early):
                 wanted |= self._profile_types(rec) - set(rec.profiling)
+        idle = self._idle_types() if wanted else set()
         return [profile_slot(t) for t in sorted(wanted - idle) if t in cluster.gpu_types]
+
+    def _queues_owed(self) -> set[str]:
+        """The queues holding less than their guarantee (of some type, or in units)."""
+        if not self.queues.guaranteed:
+            return set()
+        held, _, _ = self.queue_usage()
+        return {q.name for q in self.queues.queues
+                if any(held[q.name][t] < n for t, n in q.guarantee.items())
+                or units(self.queues, held[q.name]) < q.guarantee_units}
 
 
 def profile_slot(gpu_type: str) -> PolicyJob:

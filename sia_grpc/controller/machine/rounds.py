@@ -82,8 +82,7 @@ class Rounds(StateBase):
             self._skip(ev, self._why_no_round(ready, jobs), out)
             return
         assert cluster is not None  # a job was placed: some node is ready
-        if not ev.early:
-            policy_jobs.extend(self._profile_slots(cluster, ev.at))
+        policy_jobs.extend(self._profile_slots(cluster, ev.at, early=ev.early))
         self.round_book.last_skip = ""
         self.round_book.round_no += 1
         self.round_book.solving = self.round_book.round_no
