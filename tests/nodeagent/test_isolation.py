@@ -217,6 +217,10 @@ async def test_an_agent_that_cannot_isolate_refuses_to_start(tmp_path):
 
     # Not root, no capabilities: strict refuses, and says how to run without it.
     code = await asyncio.to_thread(_run_agent_as_nobody, tmp_path)
+    if "No module named 'sia_grpc'" in code[1]:
+        pytest.skip("nobody cannot read this checkout (a folder on its path is not "
+                    "readable by other users, e.g. a `mktemp -d` clone), so the agent "
+                    "cannot be run as nobody here")
     assert code[0] == 2, code
     assert "--isolation none" in code[1]
 

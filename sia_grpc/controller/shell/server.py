@@ -208,7 +208,9 @@ class Controller(EventLoop, ApiCalls, Listeners, Creates, RoundLog, AgentStreams
         self.state.queues = self._queues  # (before any event: the state machine's from the start)
         self._queues_in_force(self._queues)
         # The round history outlives a restart, and round numbers go on from it.
-        self.rounds.extend(await self._in_store(self._store.rounds))
+        # (in (term, round) order: the store keeps them in the order they were published)
+        self.rounds.extend(sorted(await self._in_store(self._store.rounds),
+                                  key=lambda r: (r.term, r.round)))
         if self.rounds:
             self.state.restore_rounds(self.rounds[-1].round)
         who = getattr(self, "_holder", "") or "the controller"
