@@ -18,6 +18,7 @@ from sia_grpc.controller.machine.state import (
     ControllerSettings,
     ControllerState,
     Event,
+    Happened,
     JobCreated,
     Persist,
     QueuesLoaded,
@@ -63,6 +64,7 @@ class Harness:
         self.state = ControllerState(settings or ControllerSettings(heartbeat_timeout=30.0))
         self.solves: list[Solve] = []  # every solve, in order
         self.round_done: list[RoundDone] = []
+        self.happened: list[Happened] = []  # the events of the history it gave out
         self.policy = make_policy(policy)
         self.now = 1_000.0
         # (None: every other agent sends a STOP's exit in its ack, so that every test
@@ -97,6 +99,8 @@ class Harness:
                     rec = dict.get(self.state.job_book.jobs, job_id)
                     if rec is not None:
                         self.stored[job_id] = (rec.job.status.state, rec.job.status.reason)
+            elif isinstance(a, Happened):
+                self.happened.append(a)
             elif isinstance(a, RoundDone):
                 # The jobs a round counts as moved, it lists (Round.moves), up to its bound.
                 assert len(a.round.moves) == min(a.round.jobs_moved, ROUND_MOVES_KEPT), a.round

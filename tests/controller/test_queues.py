@@ -291,6 +291,11 @@ def test_a_queue_under_its_guarantee_reclaims_from_a_borrower():
                if r.state == pb.JOB_STATE_QUEUED]
     # (the policy may also swap a borrower's job for another of its own: not a reclaim)
     assert "preempted: queue research reclaims its guarantee of 8 rtx" in waiting, waiting
+    # ... and the history says so: a QueueReclaim per job that gave way, naming both
+    reclaims = [e for e in h.happened if e.kind == pb.EVENT_KIND_QUEUE_RECLAIM]
+    assert len(reclaims) == reclaim.round.reclaims and all(
+        e.queue == "research" and e.job_id.startswith("b") and "(queue batch)" in e.message
+        for e in reclaims), reclaims
     h.tick()
     h.deliver()
     waiting = [r.job.status.reason for r in h.state.jobs.values()
