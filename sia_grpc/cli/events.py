@@ -65,8 +65,7 @@ def _events(args: argparse.Namespace) -> int:
         try:
             for event in sia.watch_events(after_id=last, **_filters(args)):
                 if args.output in ("json", "yaml"):
-                    print(dump(message_to_data(event), "json" if args.output == "json"
-                               else "yaml"), flush=True)
+                    print(dump(message_to_data(event), args.output), flush=True)
                 else:
                     print(events_table([event], now=time.time(),
                                        wide=args.output == "wide").splitlines()[-1],
