@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from sia_grpc.api import pb
+from sia_grpc.bench.slurm_stages import SlurmLogMoments, breakdown, summary
 from sia_grpc.bench.slurm_truth import TruthServer
 from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
 from sia_grpc.sim.workload import TraceJob, load_workload
@@ -77,6 +78,8 @@ class ArmResult:
     wall_s: float = 0.0
     round_s: list[float] = field(default_factory=list)  # the bridge's rounds (wall s)
     actions: int = 0  # the bridge's actions in Slurm (starts, moves, ...)
+    # Where each move's (and first start's) seconds went (`slurm_stages.breakdown`)
+    stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float]:
         jct = np.array(list(self.jct.values())) / 3600
@@ -183,6 +186,7 @@ class _LockedBridge(Bridge):
         self._lock = lock
         self.round_s: list[float] = []  # wall seconds of each round
         self.actions = 0
+        self.acted: list[RoundReport] = []  # the rounds that did something in Slurm
 
     def round(self) -> RoundReport:
         with self._lock:
@@ -190,6 +194,8 @@ class _LockedBridge(Bridge):
             report = super().round()
             self.round_s.append(time.monotonic() - t)
             self.actions += len(report.actions)
+            if report.actions:
+                self.acted.append(report)
             return report
 
 
@@ -202,7 +208,8 @@ def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], floa
 
 
 def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-               truth: str, interval_s: float = 1.0, timeout_s: float = 900.0) -> ArmResult:
+               truth: TruthServer, interval_s: float = 1.0,
+               timeout_s: float = 900.0) -> ArmResult:
     """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it)."""
     from sia_grpc.bench.replay import trace_spec  # (seconds to import: before the clock starts)
 
@@ -224,7 +231,8 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
                            clock=lambda: modeled(time.time()))
     submit = functools.partial(
         _submit_sia, spec_of=trace_spec, slurm=slurm, lock=lock, workdir=workdir, token=token,
-        report_to=f"127.0.0.1:{reports.port}", scale=scale, truth=truth, modeled=modeled)
+        report_to=f"127.0.0.1:{reports.port}", scale=scale, truth=truth.address,
+        modeled=modeled)
     stop = threading.Event()
     rounds = threading.Thread(target=bridge.run, args=(interval_s, stop), daemon=True)
     wall0 = time.monotonic()
@@ -241,6 +249,8 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
         slurm_cluster.cancel_all()
     out = _result(_sia_copies(seen, ids), scale, wall0)
     out.round_s, out.actions = bridge.round_s, bridge.actions
+    out.stages = breakdown(bridge.acted, truth.copies(),
+                           SlurmLogMoments(slurm_cluster.root / "log"))
     return out
 
 
@@ -286,14 +296,14 @@ def _all_ended(groups: Mapping[str, Sequence[Mapping]]) -> bool:
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-                 truth: str, timeout_s: float = 900.0) -> ArmResult:
+                 truth: TruthServer, timeout_s: float = 900.0) -> ArmResult:
     """Slurm alone on `slurm_cluster`: each job's own request, FIFO with backfill."""
     slurm = Slurm()
     node_types = [f"--node-type={n}={t}" for n, (t, _) in slurm_cluster.nodes.items()]
 
     def submit(job: TraceJob) -> int:
         gpus = min(job.num_replicas, _NODE_GPUS)
-        cmd = [*_worker(job, scale, truth), "--batch-size", str(job.batch_size),
+        cmd = [*_worker(job, scale, truth.address), "--batch-size", str(job.batch_size),
                "--gpus", str(gpus), "--checkpoint", str(workdir / f"{job.name}.json"), *node_types]
         out = slurm.run("sbatch", "--parsable", f"--job-name={job.name}", f"--gres=gpu:{gpus}",
                         "--nodes=1", "--ntasks=1", f"--output={workdir / job.name}-%j.out",
@@ -323,7 +333,7 @@ def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
         old = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = str(cluster.conf)  # (the CLI and bridge read it)
         try:
-            return replay(cluster, jobs, scale, Path(d), truth=truth.address, **kwargs)
+            return replay(cluster, jobs, scale, Path(d), truth=truth, **kwargs)
         finally:
             truth.stop()
             if old is None:
@@ -345,7 +355,20 @@ def compare(workload: str, first: int, scale: float, *, interval_s: float = 1.0,
         report[name] = {**arm.summary(), "jct_h": {k: v / 3600 for k, v in arm.jct.items()},
                         "states": arm.states, "moves": arm.moves,
                         "wait_h": {k: v / 3600 for k, v in arm.wait.items()}}
+        if arm.stages:
+            report[name]["move_stages_s"] = summary(arm.stages["moves"])
+            report[name]["start_stages_s"] = summary(arm.stages["starts"])
+            report[name]["stages_s"] = arm.stages
     return report
+
+
+def _print_stages(stages: Mapping[str, Mapping[str, float]], what: str) -> None:
+    """Where the seconds of the bridge's `what` went (`slurm_stages`), p50 and p90."""
+    if not stages:
+        return
+    n = max(int(v["n"]) for v in stages.values())
+    print(f"{what} ({n}), seconds of the clock, p50 / p90: " + ", ".join(
+        f"{k} {v['p50']:.2f}/{v['p90']:.2f}" for k, v in stages.items()))
 
 
 def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360.0, *,
@@ -369,6 +392,8 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
     print(f"bridge: {r['rounds']} rounds of {r['round_s_p50']:.2f} s (p50), "
           f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm; "
           f"a move's copy started {r['move_gap_h_p50']:.2f} h (p50) after the old one ended")
+    _print_stages(r.get("move_stages_s", {}), "moves")
+    _print_stages(r.get("start_stages_s", {}), "first starts")
     report["avg_jct_ratio"] = report["slurm"]["avg_jct_h"] / report["sia"]["avg_jct_h"]
     print(f"Slurm alone / Sia average JCT: {report['avg_jct_ratio']:.2f}x")
     if json_out:

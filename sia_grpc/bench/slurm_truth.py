@@ -12,15 +12,21 @@ sends its reports to the bridge (real gRPC, `sia_grpc.train`'s `AgentClient` to
 the job's `SIA_AGENT_ADDRESS` with its token); the worker itself imports only the
 standard library.
 
-    POST /plan      {"application", "progress", "shape": {...}}  -> {"plan", "restart_delay",
-                    "duration", "iteration_time", "max_progress", "gpu_type", "allocation"}
-    POST /progress  {"plan", "trained_s"}                         -> {"progress"}
+    POST /plan      {"application", "progress", "shape": {...}, "slurm_job_id", "launched_at",
+                    "main_at"}  -> {"plan", "restart_delay", "duration", "iteration_time",
+                    "max_progress", "gpu_type", "allocation"}
+    POST /progress  {"plan", "trained_s", "stopped_at"}           -> {"progress"}
     POST /report    {"plan", "trained_s", "job_id", "generation", "address", "token"} -> {}
 
 A shape is the bridge's (`{"gpu_type", "num_nodes", "num_replicas",
 "atomic_batch_size", "accum_steps"}`, from `sia-slurm env`) or Slurm alone's
 (`{"batch_size", "gpus", "gres_type"}`: its node's type, the fixed batch split over
 the GPUs as the policies split one).
+
+Each copy's moments (the time.time() clock: when Slurm started its batch script,
+when its Python got to the worker, when it was ready, its first report, the SIGTERM
+and its exit) are kept by its Slurm job id (`copies()`), for the bench's breakdown
+of where a move's seconds go (`sia_grpc.bench.slurm_stages`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +56,7 @@ class _Plan:
     gpu_type: str
     alloc: pb.Allocation
     path: Trajectory
+    copy: str = ""  # its Slurm job id ("": not told)
 
 
 def _allocation(app: AppTruth, shape: Mapping[str, Any]) -> tuple[str, pb.Allocation]:
@@ -72,6 +80,7 @@ class TruthServer:
         self._plans: dict[int, _Plan] = {}
         self._ids = itertools.count(1)
         self._clients: dict[tuple[str, str], AgentClient] = {}
+        self._copies: dict[str, dict[str, float]] = {}  # Slurm job id -> moment -> time
         self._lock = threading.Lock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._http.daemon_threads = True
@@ -84,9 +93,12 @@ class TruthServer:
         app = load_app(str(req["application"]))
         gpu_type, alloc = _allocation(app, req["shape"])
         path = Trajectory.plan(app, gpu_type, alloc, float(req["progress"]))
+        copy = str(req.get("slurm_job_id") or "")
         with self._lock:
             plan_id = next(self._ids)
-            self._plans[plan_id] = _Plan(app, gpu_type, alloc, path)
+            self._plans[plan_id] = _Plan(app, gpu_type, alloc, path, copy)
+        self._note(copy, launched=req.get("launched_at"), main=req.get("main_at"),
+                   ready=time.time())
         return {"plan": plan_id, "restart_delay": app.restart_delay,
                 "duration": path.duration, "iteration_time": path.iteration_time,
                 "max_progress": app.max_progress, "gpu_type": gpu_type,
@@ -95,7 +107,25 @@ class TruthServer:
                                "accum_steps": alloc.accum_steps}}
 
     def progress(self, req: Mapping[str, Any]) -> dict[str, Any]:
-        return {"progress": self._plan(req).path.progress(float(req["trained_s"]))}
+        p = self._plan(req)
+        self._note(p.copy, stopped=req.get("stopped_at"), exited=time.time())
+        return {"progress": p.path.progress(float(req["trained_s"]))}
+
+    def copies(self) -> dict[str, dict[str, float]]:
+        """Slurm job id -> its copy's moments (module docstring): launched, main,
+        ready, first_report, stopped (SIGTERM), exited."""
+        with self._lock:
+            return {k: dict(v) for k, v in self._copies.items()}
+
+    def _note(self, copy: str, **moments: Any) -> None:
+        """Keep the copy's first time for each moment given (None: not known)."""
+        if not copy:
+            return
+        with self._lock:
+            seen = self._copies.setdefault(copy, {})
+            for name, t in moments.items():
+                if t is not None and name not in seen:
+                    seen[name] = float(t)
 
     def report(self, req: Mapping[str, Any]) -> dict[str, Any]:
         """A `WorkerReport` as `sia_grpc.train`'s rank 0 sends it: the shape's step
@@ -116,6 +146,7 @@ class TruthServer:
             count=max(int(trained / p.path.iteration_time), 1)))
         self._client(str(req["address"]), str(req.get("token", ""))).report(
             pb.WorkerReport(telemetry=t), force=True)
+        self._note(p.copy, first_report=time.time())
         return {}
 
     def stop(self) -> None:

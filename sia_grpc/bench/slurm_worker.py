@@ -39,15 +39,39 @@ from typing import Any
 
 __all__ = ["main"]
 
+_MAIN_AT = time.time()  # when this Python got to run the worker (the move's breakdown)
+
 # SIGTERM (the bridge moving the job) is noted from the first moment. (The handler
 # only appends: setting a threading.Event from a handler can deadlock on the Event's
-# own lock, held by the main thread the handler interrupts.)
-_STOPPED_AT: list[float] = []  # time.monotonic() of the SIGTERM
-_POLL_S = 0.1  # how often the loop looks for it (the stop's time is the handler's)
+# own lock, held by the main thread the handler interrupts.) The loop waits for it
+# with sigtimedwait, so a stop is acted on at once, not at the loop's next turn.
+_STOPPED_AT: list[tuple[float, float]] = []  # (time.monotonic(), time.time()) of SIGTERM
 
 
 def _on_sigterm(*_) -> None:
-    _STOPPED_AT.append(time.monotonic())
+    _STOPPED_AT.append((time.monotonic(), time.time()))
+
+
+def _wait_for_sigterm(seconds: float) -> None:
+    """Sleep up to `seconds`, returning at once on SIGTERM (noted in _STOPPED_AT)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        if not _STOPPED_AT and signal.sigtimedwait({signal.SIGTERM}, max(seconds, 0.0)):
+            _on_sigterm()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _launched_at() -> float | None:
+    """When this process was started (the time.time() clock), to 1/CLK_TCK s: the job's
+    batch script, which `exec`s the worker (None where /proc cannot tell)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in
+                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _call(truth: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -72,13 +96,15 @@ def _shape(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     ckpt = Path(args.checkpoint or Path(os.environ["SIA_CHECKPOINT_DIR"]) / "progress.json")
     progress = json.loads(ckpt.read_text())["progress"] if ckpt.exists() else 0.0
+    copy = os.environ.get("SLURM_JOB_ID", "")  # (the move breakdown's key)
     plan = _call(args.truth, "/plan", {"application": args.application, "progress": progress,
-                                       "shape": _shape(args)})
+                                       "shape": _shape(args), "slurm_job_id": copy,
+                                       "launched_at": _launched_at(), "main_at": _MAIN_AT})
     scale, delay = args.time_scale, plan["restart_delay"]
     started = time.monotonic()  # (modeled time 0: ready, the restore delay to pay)
 
     def trained_s() -> float:  # modeled seconds of training so far (after the restore)
-        now = _STOPPED_AT[0] if _STOPPED_AT else time.monotonic()
+        now = _STOPPED_AT[0][0] if _STOPPED_AT else time.monotonic()
         return max((now - started) * scale - delay, 0.0)
 
     report_to = os.environ.get("SIA_AGENT_ADDRESS", "")
@@ -97,9 +123,10 @@ def run(args: argparse.Namespace) -> int:
         if now >= next_report:
             _call(args.truth, "/report", {**report, "trained_s": trained_s()})
             next_report = now + args.report_every
-        time.sleep(max(min(end, next_report, now + _POLL_S) - now, 0.0))
-    done = _call(args.truth, "/progress", {"plan": plan["plan"],
-                                           "trained_s": trained_s()})["progress"]
+        _wait_for_sigterm(min(end, next_report) - now)
+    done = _call(args.truth, "/progress", {
+        "plan": plan["plan"], "trained_s": trained_s(), "slurm_job_id": copy,
+        "stopped_at": _STOPPED_AT[0][1] if _STOPPED_AT else None})["progress"]
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     tmp = ckpt.with_suffix(".tmp")
     tmp.write_text(json.dumps({"progress": done}))

@@ -60,7 +60,11 @@ def grpc_optimizer(target: str, *, token: str | None = None, ca: str | None = No
 @dataclass
 class RoundReport:
     """What one round did: the actions taken, those that failed (with why), and the
-    moves left undone because the job had ended since the round read it."""
+    moves left undone because the job had ended since the round read it; and when
+    (the time.time() clock, for the bench's breakdown of a move's seconds) it read
+    Slurm and carried out each action (Slurm job id ->
+    (first command's start, last command's end); a move's last is the old job's
+    scancel)."""
 
     actions: list[Action] = field(default_factory=list)
     failed: list[tuple[Action, str]] = field(default_factory=list)
@@ -69,6 +73,8 @@ class RoundReport:
     left_out: dict[str, str] = field(default_factory=dict)  # node -> why
     invalid: dict[str, str] = field(default_factory=dict)  # sia id -> why
     response: pb.OptimizeResponse | None = None
+    read_at: float = 0.0
+    applied: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 class Bridge:
@@ -88,12 +94,14 @@ class Bridge:
     def round(self) -> RoundReport:
         """One round: read, decide, apply. A failed Slurm command is logged and
         reported; the others still run (the next round sees what came of it)."""
+        read_at = time.time()
         nodes, left_out = read_nodes(self.slurm.nodes_json())
         jobs = self._record_reports(read_jobs(self.slurm.jobs_json()))
         rnd = build_round(nodes, jobs, self.clock(), policy=self.policy, params=self.params,
                           round_duration_s=self.round_duration_s, queues=self.queues,
                           queue_from=self.queue_from, left_out=left_out)
-        report = RoundReport(left_out=dict(left_out), invalid=dict(rnd.invalid))
+        report = RoundReport(left_out=dict(left_out), invalid=dict(rnd.invalid),
+                             read_at=read_at)
         for sia_id, why in rnd.invalid.items():
             self.log.warning("slurm.job_not_schedulable", sia_id=sia_id, reason=why)
         if not rnd.request.jobs and not rnd.stale:
@@ -103,28 +111,61 @@ class Bridge:
             return report
         response = self.optimize(rnd.request) if rnd.request.jobs else pb.OptimizeResponse()
         report.response = response
-        raw = {j.job_id: j.raw for j in jobs}
-        for action in plan(rnd, response):
+        self._apply(plan(rnd, response), {j.job_id: j.raw for j in jobs}, report)
+        return report
+
+    def _apply(self, actions: list[Action], raw: Mapping[int, Mapping],
+               report: RoundReport) -> None:
+        """Carry `actions` out in two passes: first every copy, start and release,
+        then every cancel (the old jobs of the moves, older copies). slurmctld starts
+        pending jobs on a timer (once a second, after `batch_sched_delay`) but at once
+        when a job ends, so every job this round gave GPUs is pending by the time the
+        first old copy ends and frees them (docs/slurm.md, "Where a move's seconds
+        go")."""
+        cancels: list[tuple[Action, int | None, float]] = []
+        for action in actions:
+            started = time.time()
+            if action.kind == "cancel":
+                cancels.append((action, None, started))
+                continue
             try:
-                new = self.slurm.apply(action, raw.get(action.job_id))
+                new = (self.slurm.copy(action, raw.get(action.job_id))
+                       if action.kind == "move" else self.slurm.apply(action))
             except JobEnded as err:  # finished since the round read it: nothing to do
                 self.log.info("slurm.move_skipped", job=action.job_id, reason=str(err))
                 report.skipped.append(action)
                 continue
             except SlurmError as err:
-                self.log.warning("slurm.action_failed", kind=action.kind, job=action.job_id,
-                                 error=str(err))
-                report.failed.append((action, str(err)))
+                self._failed(action, err, report)
                 continue
-            report.actions.append(action)
-            if new is not None:
-                report.moved[action.job_id] = new
-            self.log.info("slurm.action", kind=action.kind, job=action.job_id, new_job=new,
-                          sia_id=action.ticket.id if action.ticket else None,
-                          shape=vars(action.ticket.shape)
-                          if action.ticket and action.ticket.shape else None,
-                          reason=action.reason)
-        return report
+            if action.kind == "move":
+                cancels.append((action, new, started))
+            else:
+                self._done(action, None, started, report)
+        for action, new, started in cancels:
+            try:
+                self.slurm.cancel(action.job_id)
+            except SlurmError as err:  # (a move's copy is in: the next round cancels
+                self._failed(action, err, report)  # the older of the two)
+                continue
+            self._done(action, new, started, report)
+
+    def _failed(self, action: Action, err: SlurmError, report: RoundReport) -> None:
+        self.log.warning("slurm.action_failed", kind=action.kind, job=action.job_id,
+                         error=str(err))
+        report.failed.append((action, str(err)))
+
+    def _done(self, action: Action, new: int | None, started: float,
+              report: RoundReport) -> None:
+        report.actions.append(action)
+        report.applied[action.job_id] = (started, time.time())
+        if new is not None:
+            report.moved[action.job_id] = new
+        self.log.info("slurm.action", kind=action.kind, job=action.job_id, new_job=new,
+                      sia_id=action.ticket.id if action.ticket else None,
+                      shape=vars(action.ticket.shape)
+                      if action.ticket and action.ticket.shape else None,
+                      reason=action.reason)
 
     def _record_reports(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
         """`jobs` with what the workers reported since the last round written into

@@ -9,6 +9,7 @@ is the bridge's, or the one given.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,10 @@ _MOVABLE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "REQUEUE
                       "RESIZING"})
 
 
+# What sbatch itself reads from its environment (the job gets what its script exports).
+_SBATCH_ENV = frozenset({"PATH", "SLURM_CONF"})
+
+
 def _gpus_request(shape: Shape) -> list[str]:
     """`scontrol update` fields for a shape: GPUs per job of Slurm's type, on
     exactly `num_nodes` nodes, one task per node (Slurm refuses fewer tasks than
@@ -50,9 +55,11 @@ class Slurm:
         self.env = dict(env) if env is not None else None
         self.timeout_s = timeout_s
 
-    def run(self, *argv: str, stdin: str | None = None) -> str:
+    def run(self, *argv: str, stdin: str | None = None,
+            env: Mapping[str, str] | None = None) -> str:
         try:
-            out = subprocess.run(list(argv), env=self.env, input=stdin, capture_output=True,
+            out = subprocess.run(list(argv), env=env or self.env, input=stdin,
+                                 capture_output=True,
                                  text=True, timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise SlurmError(f"{' '.join(argv[:3])}: {err}") from err
@@ -92,11 +99,7 @@ class Slurm:
         elif action.kind == "release":
             self.run("scontrol", "release", str(action.job_id))
         elif action.kind == "move":
-            # (The round read the job a moment ago; one that has ended since is done.)
-            if (state := self.state(action.job_id)) not in _MOVABLE:
-                raise JobEnded(f"job {action.job_id} is {state or 'gone'}: not moved")
-            assert action.ticket is not None  # (a move carries the copy's ticket)
-            new = self.resubmit(action.job_id, action.ticket, raw or {})
+            new = self.copy(action, raw)
             self.cancel(action.job_id)
             return new
         elif action.kind == "cancel":
@@ -104,6 +107,15 @@ class Slurm:
         else:
             raise ValueError(f"unknown action {action.kind!r}")
         return None
+
+    def copy(self, action: Action, raw: Mapping[str, Any] | None = None) -> int:
+        """A move's first half: submit the copy of `action.job_id` carrying the action's
+        ticket (the old job is cancelled after: `cancel`). JobEnded if the old job has
+        ended since the round read it (a copy would run it again)."""
+        if (state := self.state(action.job_id)) not in _MOVABLE:
+            raise JobEnded(f"job {action.job_id} is {state or 'gone'}: not moved")
+        assert action.ticket is not None  # (a move carries the copy's ticket)
+        return self.resubmit(action.job_id, action.ticket, raw or {})
 
     def note(self, job_id: int, ticket: Ticket) -> None:
         """Write `ticket` into the job's comment (what its workers reported)."""
@@ -116,22 +128,34 @@ class Slurm:
 
     def submit(self, script: str, ticket: Ticket, args: Sequence[str] = ()) -> int:
         """sbatch `script` (from stdin) with `args`, carrying `ticket` in its comment:
-        held without a shape, else with the shape's GPUs. Returns the job id."""
-        argv = ["sbatch", "--parsable", *args, f"--comment={ticket.comment()}"]
+        held without a shape, else with the shape's GPUs. Returns the job id.
+
+        The job's environment is what the script exports (`submit.batch_script`: the
+        submitter's PATH, HOME, ... and the SIA_* settings) over Slurm's own: sbatch
+        runs with `--export=ALL` from an environment holding only what it needs itself
+        (`_SBATCH_ENV`), so nothing of the bridge's leaks into a user's job. Not
+        `--export=NONE`: that makes slurmd load the user's login environment (`su -
+        USER -c env`, up to `--get-user-env`'s 8-s timeout) before every start, 1.1 s
+        of each move's start on the bench (docs/slurm.md, "Where a move's seconds
+        go")."""
+        argv = ["sbatch", "--parsable", "--export=ALL", *args,
+                f"--comment={ticket.comment()}"]
         shape = ticket.shape
         if shape is None:
             argv.append("--hold")
         else:
             argv += [f"--gpus={shape.gres_type}:{shape.num_gpus}", f"--nodes={shape.num_nodes}",
                      f"--ntasks={shape.num_nodes}"]
-        out = self.run(*argv, stdin=script).strip()
+        base = self.env if self.env is not None else os.environ
+        env = {k: v for k, v in base.items() if k in _SBATCH_ENV}
+        out = self.run(*argv, stdin=script, env=env).strip()
         return int(out.split(";")[0])
 
     def resubmit(self, job_id: int, ticket: Ticket, raw: Mapping[str, Any]) -> int:
         """A copy of `job_id` (its batch script, name, directory, output files,
         partition, account, QOS and time limit) carrying `ticket`."""
         script = self.run("scontrol", "write", "batch_script", str(job_id), "-")
-        args = ["--export=NONE"]
+        args = []
         for flag, key in (("--job-name", "name"), ("--chdir", "current_working_directory"),
                           ("--output", "standard_output"), ("--error", "standard_error"),
                           ("--partition", "partition"), ("--account", "account"),

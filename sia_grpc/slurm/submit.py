@@ -14,6 +14,9 @@ from sia_grpc.client.spec import SpecError
 from sia_grpc.slurm.commands import Slurm
 from sia_grpc.slurm.translate import Ticket, policy_job, spec_mapping
 
+# The submitter's variables a job's script exports (a login's, less what Slurm sets).
+_JOB_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "TZ")
+
 __all__ = ["batch_script", "submit_job", "ticket_for"]
 
 
@@ -28,7 +31,7 @@ def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
 
 def batch_script(command: Sequence[str], env: Mapping[str, str],
                  python: str = sys.executable) -> str:
-    """The job's batch script: it exports `env` (PATH, and the SIA_* settings given
+    """The job's batch script: it exports `env` (PATH, HOME, ..., and the SIA_* settings given
     at submission: SIA_CHECKPOINT_DIR, SIA_AGENT_ADDRESS, ...), takes the shape Sia
     gave it from its ticket (`sia-slurm env`: SIA_BATCH_SIZE, ...) and runs `command`."""
     if not command:
@@ -53,7 +56,10 @@ def submit_job(spec: pb.JobSpec, command: Sequence[str], *, ticket: Ticket | Non
     SpecError, SlurmError or OSError if it cannot."""
     if ticket is None:
         ticket = ticket_for(spec)
-    env = {"PATH": os.environ.get("PATH", "")}
+    # The submitter's environment as a job expects it (sbatch's default passes all of
+    # it; the bridge's copies of the job must start with the same, so it is written
+    # into the script: `Slurm.submit`).
+    env = {k: os.environ[k] for k in _JOB_ENV if k in os.environ}
     if checkpoint_dir:
         env["SIA_CHECKPOINT_DIR"] = os.path.abspath(checkpoint_dir)
     if report_to:
@@ -62,7 +68,7 @@ def submit_job(spec: pb.JobSpec, command: Sequence[str], *, ticket: Ticket | Non
         with open(report_token_file) as f:
             env.update(SIA_AGENT_ADDRESS=report_to, SIA_AGENT_TOKEN=f.read().strip())
     script = batch_script(list(command) or list(spec.command), env)
-    sbatch = ["--export=NONE", f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
+    sbatch = [f"--job-name={spec.name or 'sia'}", f"--chdir={os.getcwd()}"]
     for flag, value in (("partition", partition), ("account", account), ("output", output)):
         if value:
             sbatch.append(f"--{flag}={value}")

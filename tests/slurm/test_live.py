@@ -267,3 +267,37 @@ def test_a_job_that_ended_since_the_round_read_it_is_not_moved(cluster, slurm, c
     with pytest.raises(JobEnded, match="not moved"):
         slurm.apply(move, {})
     assert max(int(j["job_id"]) for j in slurm.jobs_json()["jobs"]) == job_id  # no copy
+
+
+def test_a_job_and_its_copies_start_with_the_submitters_environment_only(
+        cluster, slurm, capsys, tmp_path, monkeypatch):
+    # The bridge's environment must not reach a user's job, and a copy must start as
+    # the job did: sbatch --export=ALL from a bare environment, the job's own written
+    # into its script (not --export=NONE, with which slurmd loaded the user's login
+    # environment before every start: a second or more of each move on the bench).
+    monkeypatch.setenv("HOME", str(tmp_path / "submitter"))
+    spec = tmp_path / "env.yaml"
+    spec.write_text(f"name: env\n{SPEC}")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", str(spec), "--", "sh", "-c", "env; exec sleep 300"]) == 0
+    first = int(capsys.readouterr().out.strip())
+    monkeypatch.setenv("HOME", "/the/bridge")
+    monkeypatch.setenv("SIA_BRIDGE_ONLY", "1")
+    assert [a.kind for a in _bridge(slurm).round().actions] == ["start"]
+    (node,) = _wait(slurm, _all_run, "the job running")[first].gpus
+    envs = [_printed_env(tmp_path / f"slurm-{first}.out")]
+    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    new = _bridge(slurm).round().moved[first]
+    envs.append(_printed_env(tmp_path / f"slurm-{new}.out"))
+    for job, env in zip((first, new), envs, strict=True):
+        assert env["HOME"] == str(tmp_path / "submitter") and "SIA_BRIDGE_ONLY" not in env
+        assert env["SIA_JOB_ID"] == str(first) and env["SLURM_JOB_ID"] == str(job)
+
+
+def _printed_env(out) -> dict[str, str]:
+    """The environment a job printed (`env`) into its output file, once it has."""
+    deadline = time.monotonic() + WAIT_S
+    while "SIA_JOB_ID=" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline, f"{out.name}: no environment printed"
+        time.sleep(0.1)
+    return dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
