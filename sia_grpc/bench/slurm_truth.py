@@ -16,7 +16,11 @@ standard library.
                     "main_at"}  -> {"plan", "restart_delay", "duration", "iteration_time",
                     "max_progress", "gpu_type", "allocation"}
     POST /progress  {"plan", "trained_s", "stopped_at"}           -> {"progress"}
-    POST /report    {"plan", "trained_s", "job_id", "generation", "address", "token"} -> {}
+    POST /report    {"plan", "trained_s", "job_id", "generation", "address", "token"}
+                    -> {} or {"batch": {"atomic_batch_size", "accum_steps"}} (the
+                    bridge's reply changed the batch: the worker re-plans)
+    POST /rebatch   {"plan", "trained_s", "atomic_batch_size", "accum_steps"}
+                    -> /plan's answer for the rest, on the same GPUs, restore 0
 
 A shape is the bridge's (`{"gpu_type", "num_nodes", "num_replicas",
 "atomic_batch_size", "accum_steps"}`, from `sia-slurm env`) or Slurm alone's
@@ -92,14 +96,31 @@ class TruthServer:
     def plan(self, req: Mapping[str, Any]) -> dict[str, Any]:
         app = load_app(str(req["application"]))
         gpu_type, alloc = _allocation(app, req["shape"])
-        path = Trajectory.plan(app, gpu_type, alloc, float(req["progress"]))
         copy = str(req.get("slurm_job_id") or "")
+        out = self._new_plan(app, gpu_type, alloc, float(req["progress"]), copy)
+        self._note(copy, launched=req.get("launched_at"), main=req.get("main_at"),
+                   ready=time.time())
+        return {**out, "restart_delay": app.restart_delay}
+
+    def rebatch(self, req: Mapping[str, Any]) -> dict[str, Any]:
+        """The rest of plan `plan` (`trained_s` into it) with the atomic batch and
+        accumulation steps the bridge replied with, on the same GPUs: no restore."""
+        p = self._plan(req)
+        alloc = pb.Allocation()
+        alloc.CopyFrom(p.alloc)
+        alloc.atomic_batch_size, alloc.accum_steps = (int(req["atomic_batch_size"]),
+                                                      int(req["accum_steps"]))
+        progress = p.path.progress(float(req["trained_s"]))
+        return {**self._new_plan(p.app, p.gpu_type, alloc, progress, p.copy),
+                "restart_delay": 0.0}
+
+    def _new_plan(self, app: AppTruth, gpu_type: str, alloc: pb.Allocation, progress: float,
+                  copy: str) -> dict[str, Any]:
+        path = Trajectory.plan(app, gpu_type, alloc, progress)
         with self._lock:
             plan_id = next(self._ids)
             self._plans[plan_id] = _Plan(app, gpu_type, alloc, path, copy)
-        self._note(copy, launched=req.get("launched_at"), main=req.get("main_at"),
-                   ready=time.time())
-        return {"plan": plan_id, "restart_delay": app.restart_delay,
+        return {"plan": plan_id,
                 "duration": path.duration, "iteration_time": path.iteration_time,
                 "max_progress": app.max_progress, "gpu_type": gpu_type,
                 "allocation": {"num_nodes": alloc.num_nodes, "num_replicas": alloc.num_replicas,
@@ -144,10 +165,15 @@ class TruthServer:
             accum_steps=p.alloc.accum_steps, step_time_s=p.path.step_time,
             sync_time_s=p.path.sync_time,
             count=max(int(trained / p.path.iteration_time), 1)))
-        self._client(str(req["address"]), str(req.get("token", ""))).report(
+        reply = self._client(str(req["address"]), str(req.get("token", ""))).report(
             pb.WorkerReport(telemetry=t), force=True)
         self._note(p.copy, first_report=time.time())
-        return {}
+        if reply is None or not reply.atomic_batch_size or (
+                reply.atomic_batch_size, reply.accum_steps) == (p.alloc.atomic_batch_size,
+                                                                p.alloc.accum_steps):
+            return {}
+        return {"batch": {"atomic_batch_size": reply.atomic_batch_size,
+                          "accum_steps": reply.accum_steps}}  # (the bridge changed it)
 
     def stop(self) -> None:
         self._http.shutdown()
@@ -171,7 +197,8 @@ class TruthServer:
 
 
 def _handler(server: TruthServer) -> type[BaseHTTPRequestHandler]:
-    routes = {"/plan": server.plan, "/progress": server.progress, "/report": server.report}
+    routes = {"/plan": server.plan, "/progress": server.progress, "/report": server.report,
+              "/rebatch": server.rebatch}
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)

@@ -22,7 +22,8 @@ so a moved job resumes where it stopped; a SIGTERM during the restore delay lose
 nothing and gains nothing. With `SIA_AGENT_ADDRESS`/`SIA_AGENT_TOKEN` it reports
 its step times and gradient statistics to the bridge as `sia_grpc.train`'s rank 0
 does: at its first step, then every `--report-every` seconds (sent for it by the
-bench's process, over gRPC to that address with that token).
+bench's process, over gRPC to that address with that token); a reply with another
+batch (the bridge changed it where the GPUs stay) re-plans the rest at that batch.
 """
 
 from __future__ import annotations
@@ -121,8 +122,16 @@ def run(args: argparse.Namespace) -> int:
     next_report = started + delay / scale if report_to else float("inf")
     while not _STOPPED_AT and (now := time.monotonic()) < end:
         if now >= next_report:
-            _call(args.truth, "/report", {**report, "trained_s": trained_s()})
+            reply = _call(args.truth, "/report", {**report, "trained_s": trained_s()})
             next_report = now + args.report_every
+            if "batch" in reply:  # the bridge changed the batch in place: the rest of
+                plan = _call(args.truth, "/rebatch", {  # the way at the new one
+                    "plan": plan["plan"], "trained_s": trained_s(), **reply["batch"]})
+                report["plan"], started, delay = plan["plan"], now, 0.0
+                end = now + plan["duration"] / scale
+                print(f"batch changed: atomic {reply['batch']['atomic_batch_size']}"
+                      f"+{reply['batch']['accum_steps']} accum, "
+                      f"{plan['duration'] / 3600:.2f} h modeled left", flush=True)
         _wait_for_sigterm(min(end, next_report) - now)
     done = _call(args.truth, "/progress", {
         "plan": plan["plan"], "trained_s": trained_s(), "slurm_job_id": copy,

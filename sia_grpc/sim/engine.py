@@ -57,6 +57,10 @@ class SimConfig:
     # by default; `make_policy(..., round_duration=)` sets it): one setting, which
     # the policy's round-based terms and the simulated rounds share.
     max_hours: float = 24 * 14.0  # stop even if jobs remain (reported as unfinished)
+    # Seconds each start and move costs beyond the application's own restore, paid by
+    # the job and priced to the policy alike: what a scheduler in front adds (the Slurm
+    # bridge's measured share, `sia bench slurm`); 0: the cluster's own agents.
+    move_cost_s: float = 0.0
 
 
 @dataclass
@@ -79,16 +83,23 @@ class _Job:
     active_sum: int = 0  # Σ active jobs over the rounds this job was active
     attained: dict[str, float] = field(default_factory=dict)  # seconds held, per GPU type
     batch: int | None = None  # global batch of its last run; None before it first runs
+    move_cost_s: float = 0.0  # SimConfig.move_cost_s
+
+    @property
+    def restart_delay(self) -> float:
+        """What each (re)start costs it: its application's restore, and what the
+        scheduler in front adds."""
+        return self.app.restart_delay + self.move_cost_s
 
     @classmethod
-    def arrive(cls, trace: TraceJob) -> _Job:
+    def arrive(cls, trace: TraceJob, move_cost_s: float = 0.0) -> _Job:
         app = load_app(trace.application)
         model = JobGoodputModel(
             estimator=_bootstrap(app), grad=app.grad_params(0.0),
             init_batch_size=app.init_batch_size,
             max_batch_size=max(app.max_batch_size, trace.batch_size),
             local_bsz_limits={g: app.local_bsz_limits(g) for g in app.gpu_types})
-        return cls(trace, app, model)
+        return cls(trace, app, model, move_cost_s=move_cost_s)
 
     def policy_job(self, now: float) -> PolicyJob:
         t, app = self.trace, self.app
@@ -102,7 +113,7 @@ class _Job:
             model=self.model.with_grad(app.grad_params(self.progress, self.batch)),
             adaptivity=_ADAPTIVITY[t.category], num_gpus=t.num_replicas,
             batch_size=t.batch_size, age=max(now - t.time, 0.0), num_restarts=self.restarts,
-            restart_cost=app.restart_delay, submit_time=t.time, attained=dict(self.attained),
+            restart_cost=self.restart_delay, submit_time=t.time, attained=dict(self.attained),
             progress=self.progress / app.max_progress,
             restoring=self.alloc is not None and self.delay > 0,
             queue=t.queue or DEFAULT_QUEUE, priority=t.priority,
@@ -150,7 +161,7 @@ def simulate(workload: Sequence[TraceJob], cluster: Cluster, policy: Policy, *,
     while (k < len(pending) or any(j.finish_time is None for j in jobs.values())) \
             and now < horizon:
         while k < len(pending) and pending[k].time <= now + _EPS_S:
-            jobs[pending[k].name] = _Job.arrive(pending[k])
+            jobs[pending[k].name] = _Job.arrive(pending[k], config.move_cost_s)
             k += 1
         active = [j for j in jobs.values() if j.finish_time is None]
         if not active:
@@ -217,7 +228,7 @@ def _queue_round(active: Sequence[_Job], result: RoundResult, queues: QueueSet,
         if j.alloc is not None:
             held[j.trace.queue][j.alloc.config.gpu_type] += j.alloc.config.num_gpus
     return dict(held=held, owed=owed_by_rows(result, queues),
-                restore_s=max(j.app.restart_delay for j in active))
+                restore_s=max(j.restart_delay for j in active))
 
 
 def owed_by_rows(result: RoundResult, queues: QueueSet) -> dict[str, dict[str, float]] | None:
@@ -257,7 +268,7 @@ def _apply(job: _Job, alloc: JobAllocation | None, now: float) -> bool:
     if changed:
         job.since = now
     if changed and alloc is not None:
-        job.delay = job.app.restart_delay
+        job.delay = job.restart_delay
         if job.start_time is None:
             job.start_time = now
     restart = changed and old is not None

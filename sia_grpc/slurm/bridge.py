@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -97,6 +97,7 @@ class Bridge:
         read_at = time.time()
         nodes, left_out = read_nodes(self.slurm.nodes_json())
         jobs = self._record_reports(read_jobs(self.slurm.jobs_json()))
+        self._tell_batches(jobs)
         rnd = build_round(nodes, jobs, self.clock(), policy=self.policy, params=self.params,
                           round_duration_s=self.round_duration_s, queues=self.queues,
                           queue_from=self.queue_from, left_out=left_out)
@@ -112,7 +113,20 @@ class Bridge:
         response = self.optimize(rnd.request) if rnd.request.jobs else pb.OptimizeResponse()
         report.response = response
         self._apply(plan(rnd, response), {j.job_id: j.raw for j in jobs}, report)
+        self._tell_batches(jobs, [a for a in report.actions if a.kind == "rebatch"])
         return report
+
+    def _tell_batches(self, jobs: list[SlurmJob], rebatched: Sequence[Action] = ()) -> None:
+        """Give the WorkerService each running job's batch, as its newest copy's
+        ticket holds it (`rebatched`: those this round changed), for the replies to
+        its workers."""
+        if self.reports is None:
+            return
+        tickets = {j.ticket.id: j.ticket for j in sorted(jobs, key=lambda j: j.job_id)
+                   if j.ticket is not None and j.holding}
+        tickets.update((a.ticket.id, a.ticket) for a in rebatched if a.ticket is not None)
+        self.reports.set_batches({sia_id: (t.moves, t.shape.batch)
+                                  for sia_id, t in tickets.items() if t.shape is not None})
 
     def _apply(self, actions: list[Action], raw: Mapping[int, Mapping],
                report: RoundReport) -> None:

@@ -98,6 +98,9 @@ class Slurm:
             self.run("scontrol", "release", str(action.job_id))
         elif action.kind == "release":
             self.run("scontrol", "release", str(action.job_id))
+        elif action.kind == "rebatch":
+            assert action.ticket is not None  # (a rebatch carries the new shape)
+            self.note(action.job_id, action.ticket)
         elif action.kind == "move":
             new = self.copy(action, raw)
             self.cancel(action.job_id)

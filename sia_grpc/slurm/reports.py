@@ -8,6 +8,10 @@ and writes them into the jobs' tickets (their Slurm comments), so what Sia learn
 outlives the bridge. A report is keyed by the sia job id (`SIA_JOB_ID`); when the
 first report of each generation (`SIA_GENERATION`, one per copy) came is kept too,
 since the bridge measures what a move cost from it.
+
+The reply to a copy's rank 0 carries the batch the bridge last gave the job (its
+ticket's): a batch change where the GPUs stay is made in place, the workers told,
+nothing restarted (docs/slurm.md, "What the bridge does each round").
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import hmac
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
@@ -39,8 +43,11 @@ class _Servicer(WorkerServiceServicer):
         if not request.telemetry.job_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "telemetry.job_id: must be set")
         self._server.add(request.telemetry)
-        # The bridge changes a job's batch by moving it, never in place: carry on.
-        return pb.WorkerReply(current=True)
+        reply = pb.WorkerReply(current=True)
+        batch = self._server.batch(request.telemetry.job_id, request.telemetry.generation)
+        if request.rank == 0 and batch is not None:  # (rank 0 speaks for the job)
+            reply.batch_size, reply.atomic_batch_size, reply.accum_steps = batch
+        return reply
 
 
 class ReportServer:
@@ -55,6 +62,7 @@ class ReportServer:
         self._lock = threading.Lock()
         self._jobs: dict[str, TelemetryAccumulator] = {}
         self._first: dict[str, tuple[int, float]] = {}  # job -> (generation, its 1st report)
+        self._batches: dict[str, tuple[int, tuple[int, int, int]]] = {}
         self.clock = clock
         self.received = 0
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
@@ -73,6 +81,19 @@ class ReportServer:
             if self._first.get(t.job_id, (-1, 0.0))[0] < t.generation:
                 self._first[t.job_id] = (t.generation, self.clock())
             self.received += 1
+
+    def set_batches(self, batches: Mapping[str, tuple[int, tuple[int, int, int]]]) -> None:
+        """Sia job id -> (generation, (batch, atomic batch, accumulation steps)): the
+        batch its ticket holds, which each reply to that copy's rank 0 carries (the
+        workers change to it at their next step if they run another: `sia_grpc.train`'s
+        agreement, as with a node agent's `WorkerReply`). Replaces the last call's."""
+        with self._lock:
+            self._batches = dict(batches)
+
+    def batch(self, job_id: str, generation: int) -> tuple[int, int, int] | None:
+        with self._lock:
+            gen, batch = self._batches.get(job_id, (-1, (0, 0, 0)))
+        return batch if gen == generation and any(batch) else None
 
     def take(self) -> dict[str, pb.Telemetry]:
         """Sia job id -> what its workers reported since the last `take`."""

@@ -47,6 +47,12 @@ class Shape:
     accum_steps: int = 0
     num_replicas: int = 0
 
+    @property
+    def batch(self) -> tuple[int, int, int]:
+        """(global batch, atomic batch, accumulation steps): what a batch change
+        without a move changes."""
+        return self.batch_size, self.atomic_batch_size, self.accum_steps
+
     def same_place(self, other: Shape | None) -> bool:
         """The same GPU type, count and node count: what Slurm is asked for."""
         return other is not None and (self.gpu_type, self.num_gpus, self.num_nodes) == (

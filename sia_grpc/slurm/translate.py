@@ -198,13 +198,14 @@ def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
 
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
                slurm_queue: str = "", *, launched: bool = True,
-               seen_cost: float = 0.0) -> pb.PolicyJob:
+               slurm_share: float = 0.0) -> pb.PolicyJob:
     """The policy's view of an opted-in job. Its goodput information: its
     application's shipped 1-GPU profiles, what Sia bootstraps from, and the step
     times and gradient statistics its workers reported to the bridge (in the
     ticket), else the application's initial statistics; its restart cost as the
-    bridge measured it (`Bridge._measure_restart`), else the spec's or, if more,
-    `seen_cost` (what moves have cost other jobs: `build_round`). Its queue: the spec's,
+    bridge measured it (`Bridge._measure_restart`), else its application's restore
+    (the spec's `restart_cost_s` or the application's default) plus `slurm_share`
+    (what a move through Slurm has cost beyond the restore: `_slurm_share`). Its queue: the spec's,
     else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
     `queues` has it (else `default`). Restoring (Sia keeps its GPUs) from when the
     bridge gives it a shape until its copy's first report, while Slurm has not
@@ -230,7 +231,7 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         g = grad_params_at_progress(load_validation(app.name, app.init_batch_size), 0.0)
         sqr, var = g.sqr, g.var
     queue, priority, _ = scheduled_in(queues or QueueSet(), spec)
-    restart_cost = (max(res.restart_cost, seen_cost) if ticket.restart_s is None
+    restart_cost = (res.restart_cost + slurm_share if ticket.restart_s is None
                     else ticket.restart_s)
     restoring = ticket.shape is not None and ticket.placed is not None and (
         not launched or now - ticket.placed < restart_cost)
@@ -334,6 +335,25 @@ def _carriers(jobs: Iterable[SlurmJob]) -> tuple[dict[str, SlurmJob], dict[str, 
     return carriers, foreign, stale
 
 
+def _restore_s(spec: Mapping[str, Any]) -> float | None:
+    """The application's own restore cost for a ticket's spec (its `restart_cost_s`, or
+    the application's default); None for a spec that cannot be scheduled."""
+    try:
+        return resolve(spec_from_mapping(spec, source="spec")).restart_cost
+    except (ApiError, ValueError):
+        return None
+
+
+def _slurm_share(tickets: Iterable[Ticket]) -> float:
+    """What a move through Slurm costs beyond the application's restore, as the moves
+    measured here have cost (the median over the jobs of the measured end-to-end cost
+    less their own restore): the bridge's round, the commands, slurmctld's scheduling
+    and slurmd's launch, which every job pays alike. 0 before any move is measured."""
+    shares = sorted(max(t.restart_s - restore, 0.0) for t in tickets
+                    if t.restart_s is not None and (restore := _restore_s(t.spec)) is not None)
+    return shares[len(shares) // 2] if shares else 0.0
+
+
 def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet | None,
                  queue_from: str, foreign: dict[str, int],
                  ) -> tuple[list[pb.PolicyJob], dict[str, SlurmJob], dict[str, str]]:
@@ -343,12 +363,7 @@ def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet 
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     policy_jobs = []
-    measured = sorted(t.restart_s for t in (j.ticket for j in carriers.values())
-                      if t is not None and t.restart_s is not None)  # (t: never None)
-    # A job not yet moved is priced at what a move has cost the others here (the
-    # median), where that is more than its own guess: most of it is Slurm's and the
-    # bridge's latency, which every job pays alike, not the job's restore.
-    seen_cost = measured[len(measured) // 2] if measured else 0.0
+    slurm_share = _slurm_share([j.ticket for j in carriers.values() if j.ticket is not None])
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs
@@ -356,7 +371,7 @@ def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet 
         try:
             slurm_queue = str(j.raw.get(queue_from) or "") if queue_from else ""
             policy_jobs.append(policy_job(j.ticket, now, queues, slurm_queue,
-                                          launched=j.holding, seen_cost=seen_cost))
+                                          launched=j.holding, slurm_share=slurm_share))
         except ValueError as err:  # SpecError: the reason goes in the log
             invalid[sia_id] = str(err)
             _count_taken(foreign, j.gpus)  # left where it runs, its GPUs taken
@@ -382,7 +397,8 @@ def _add_previous(request: pb.OptimizeRequest, scheduled: Mapping[str, SlurmJob]
         assert per_node is not None  # (refs came from it)
         request.previous.append(pb.PreviousAllocation(job_id=sia_id, allocation=pb.Allocation(
             gpu_type=shape.gpu_type, num_gpus=shape.num_gpus, num_nodes=len(per_node),
-            gpus=refs)))
+            gpus=refs, num_replicas=shape.num_replicas, batch_size=shape.batch_size,
+            atomic_batch_size=shape.atomic_batch_size, accum_steps=shape.accum_steps)))
 
 
 def build_round(nodes: Sequence[SlurmNode], jobs: Iterable[SlurmJob], now: float, *,
@@ -421,7 +437,9 @@ class Action:
     """One thing to do in Slurm.
 
     kind "start": give held job `job_id` the shape in `ticket` and release it;
-    "release": release held `job_id` (it has its shape already); "move": replace
+    "release": release held `job_id` (it has its shape already); "rebatch": write
+    the new batch of running `job_id`'s same GPUs into its ticket (its workers take
+    it from the bridge's reply to their next report); "move": replace
     `job_id` by a copy carrying `ticket` (a new shape, or none: held, waiting);
     "cancel": cancel `job_id`, an older copy of a moved job.
     """
@@ -443,7 +461,8 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
     """What to do in Slurm for the policy's `response`: a held job Sia places is
     started; a job whose type, GPU count or node count changes is moved (Slurm
     22.05 cannot change the GPU type of a job once set: docs/slurm.md); a job that
-    keeps them is left alone (released if held)."""
+    keeps them is left alone (released if held), its batch changed in place if Sia
+    changed it."""
     actions = [Action("cancel", job_id, reason="an older copy of a moved job")
                for job_id in rnd.stale]
     for d in response.decisions:
@@ -462,6 +481,9 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
         elif new is not None and new.same_place(ticket.shape):
             if j.held:
                 actions.append(Action("release", j.job_id, ticket, d.reason))
+            elif new.batch != ticket.shape.batch:  # (the workers are told: no restart)
+                actions.append(Action("rebatch", j.job_id, replace(ticket, shape=new),
+                                      d.reason))
         else:  # (the old copy's run ends with the move: its time is the job's so far)
             actions.append(Action("move", j.job_id, replace(
                 ticket, shape=new, moves=ticket.moves + 1, placed=placed,

@@ -390,6 +390,31 @@ def test_each_move_costs_exactly_one_restore(app_name, gpu_type, moves):
     check_rounds(result, [one_job(app_name)], 60.0)
 
 
+def test_a_move_cost_beyond_the_restore_is_paid_at_each_start_and_priced_alike():
+    """SimConfig.move_cost_s (what a scheduler in front adds: the Slurm bridge's
+    measured share) is paid on top of the restore at every start and move, and the
+    policy is told the same restart cost."""
+    app, extra, moves = load_app("ncf"), 20.0, 2
+    assert app.restart_delay + extra < 60.0  # (still within one round)
+    priced: list[float] = []
+
+    class Spy(Scripted):
+        def optimize(self, cluster, jobs, previous):
+            priced.append(jobs[0].restart_cost)
+            return super().optimize(cluster, jobs, previous)
+
+    plan: list[int | None] = []
+    for m in range(moves + 1):
+        plan += [m % 2] * 5
+    result = simulate([one_job("ncf")], Cluster.uniform({"aws": (1, 2)}),
+                      Spy("j", "aws", "aws-0", app.init_batch_size, plan),
+                      config=SimConfig(move_cost_s=extra))
+    (job,) = result.jobs
+    expected = (moves + 1) * (app.restart_delay + extra) + work_seconds(app, "aws")
+    assert job.finish_time == pytest.approx(expected, rel=REL) and job.restarts == moves
+    assert set(priced) == {app.restart_delay + extra}
+
+
 def test_preempted_job_waits_and_restores_once():
     """Off GPUs for two rounds: the finish moves by two rounds and one restore;
     the GPUs are charged only while held."""

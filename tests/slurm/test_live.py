@@ -205,6 +205,65 @@ def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
     assert "Traceback" not in log0.read_text()
 
 
+@pytest.mark.slow  # a start of torch in a Slurm job: ~10 s, most of it importing
+def test_a_batch_change_on_the_same_gpus_reaches_the_running_workers_without_a_move(
+        cluster, slurm, capsys, tmp_path):
+    pytest.importorskip("torch")
+    token = tmp_path / "token"
+    token.write_text("w0rkers\n")
+    reports = ReportServer("127.0.0.1:0", "w0rkers")
+    halve = False
+
+    def optimize(request):
+        # The policy, then (once the job runs) half its batch on the same GPUs: as
+        # Sia does when a job's statistics change (a smaller batch, more efficient).
+        response = in_process_optimizer()(request)
+        for d in response.decisions if halve else ():
+            a = d.allocation
+            a.atomic_batch_size, a.accum_steps = a.atomic_batch_size // 2, 0
+            a.batch_size = a.atomic_batch_size * a.num_replicas
+        return response
+
+    bridge = Bridge(slurm, optimize, reports=reports)
+    try:
+        spec = tmp_path / "mlp.yaml"
+        spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
+        capsys.readouterr()
+        assert sia(["slurm", "submit", "--report-to", f"127.0.0.1:{reports.port}",
+                    "--report-token-file", str(token), str(spec), "--", "env",
+                    "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
+                    "sia_grpc.train.examples.mlp", "--samples", "32768"]) == 0
+        job = int(capsys.readouterr().out.strip())
+        (start,) = bridge.round().actions
+        log = tmp_path / f"slurm-{job}.out"
+        deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
+        while reports.received < 2:
+            assert time.monotonic() < deadline, f"no reports: {log.read_text()}"
+            time.sleep(0.1)
+        halve = True
+        report = bridge.round()
+        (rebatch,) = report.actions
+        assert rebatch.kind == "rebatch" and rebatch.job_id == job and not report.moved
+        new = rebatch.ticket.shape
+        assert new.same_place(start.ticket.shape) and new.batch != start.ticket.shape.batch
+        # The workers took the new batch at a step, in the same Slurm job: nothing
+        # restarted, and the ticket (what a copy would start with) holds it.
+        while f"batch {new.batch_size} " not in log.read_text():  # (its epoch lines)
+            assert time.monotonic() < deadline, f"no batch change: {log.read_text()}"
+            time.sleep(0.1)
+        jobs = _jobs(slurm)
+        assert list(jobs) == [job] and jobs[job].state == "RUNNING"
+        assert jobs[job].ticket.shape == new and jobs[job].ticket.moves == 0
+        # The next round starts from the new batch (Sia may change it again as the
+        # job's statistics move, in place: never a move for it).
+        again = bridge.round()
+        assert {a.kind for a in again.actions} <= {"rebatch"}
+        assert f"batch {new.batch_size}→" in again.response.decisions[0].reason or (
+            not again.actions)
+    finally:
+        reports.stop()
+
+
 def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
     """Submit the mlp example reporting to `report_to`, start it, let it train and
     report, drain its node and run a round: (its Slurm id, its log, the round). (32,768

@@ -44,6 +44,22 @@ def test_workers_report_with_the_token_and_reports_add_up_until_taken(server):
     assert server.take() == {}  # taken once
 
 
+def test_the_reply_to_rank_0_of_the_current_copy_carries_the_batch_the_bridge_gave(server):
+    client = AgentClient(address=f"127.0.0.1:{server.port}", token="s3cret")
+    try:
+        assert not client.report(_report("7", 0.2, 1)).atomic_batch_size  # none given
+        server.set_batches({"7": (1, (512, 128, 1))})
+        reply = client.report(_report("7", 0.2, 1))
+        assert (reply.current, reply.batch_size, reply.atomic_batch_size,
+                reply.accum_steps) == (True, 512, 128, 1)
+        rank1 = pb.WorkerReport(rank=1, telemetry=_report("7", 0.2, 1).telemetry)
+        assert not client.report(rank1, force=True).atomic_batch_size  # rank 0 decides
+        server.set_batches({"7": (2, (512, 128, 1))})  # a newer copy's (moved since)
+        assert not client.report(_report("7", 0.2, 1), force=True).atomic_batch_size
+    finally:
+        client.close()
+
+
 def test_a_report_without_the_token_is_refused(server):
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = WorkerServiceStub(channel)

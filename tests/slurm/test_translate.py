@@ -136,17 +136,28 @@ def _decision(job_id: str, gpu_type: str | None = None, gpus: int = 0,
     return d
 
 
-def test_decisions_become_starts_moves_and_nothing_for_jobs_that_keep_their_place():
+def test_decisions_become_starts_moves_and_batch_changes_in_place():
     sinfo = {"nodes": [{**n, "state_flags": []} for n in SINFO["nodes"]]}  # a100-0 back
     nodes, _ = read_nodes(sinfo)
     rnd = build_round(nodes, read_jobs(SQUEUE), NOW)
     response = pb.OptimizeResponse(decisions=[
-        _decision("1", "rtx", 1),  # keeps its place (the batch may differ)
+        _decision("1", "rtx", 1),  # keeps its place, another batch: rebatched
         _decision("2", "dgx-ext", 2),  # another type: moved
         _decision("6", "dgx-ext", 4)])  # held, waiting: started
     actions = {a.job_id: a for a in plan(rnd, response)}
-    assert sorted(actions) == [5, 6]
-    move, start = actions[5], actions[6]
+    assert sorted(actions) == [4, 5, 6]
+    rebatch, move, start = actions[4], actions[5], actions[6]
+    # Same GPUs, a new batch: written into the ticket, the same generation, nothing
+    # restarted (the workers are told in the reply to their next report).
+    kept = rnd.jobs["1"].ticket
+    assert rebatch.kind == "rebatch" and rebatch.ticket.moves == kept.moves
+    assert rebatch.ticket.shape.same_place(kept.shape)
+    assert rebatch.ticket.shape.batch == (256, 64, 0) != kept.shape.batch
+    assert rebatch.ticket.placed == kept.placed  # (no restart to measure)
+    same = pb.JobDecision(job_id="1", allocation=pb.Allocation(
+        gpu_type="rtx", num_gpus=1, num_nodes=1, batch_size=kept.shape.batch_size,
+        atomic_batch_size=kept.shape.atomic_batch_size, accum_steps=kept.shape.accum_steps))
+    assert plan(rnd, pb.OptimizeResponse(decisions=[same])) == []  # nothing to change
     assert move.kind == "move" and move.ticket.id == "2" and move.ticket.moves == 2
     assert (move.ticket.shape.gres_type, move.ticket.shape.num_gpus) == ("a100", 2)
     assert start.kind == "start" and start.ticket.id == "6" and start.ticket.moves == 0
@@ -349,20 +360,24 @@ def test_a_moved_jobs_ending_copy_leaves_its_gpus_to_the_copy_which_is_restoring
         assert not job.restoring
 
 
-def test_a_job_not_yet_moved_is_priced_at_what_moves_cost_the_others():
-    # Most of a move's cost through Slurm is the launch and the bridge's latency, the
-    # same for every job: until a job has its own measurement, the median of the
-    # others' (here 400 s) stands in for its spec's guess (cifar10's 50 s), if larger.
+def test_a_job_not_yet_moved_is_priced_at_its_restore_plus_slurms_measured_share():
+    # A move through Slurm costs the application's restore plus the launch and the
+    # bridge's latency, the same for every job: until a job has its own measurement,
+    # it is priced at its application's restore (cifar10's 50 s, imagenet's 250 s)
+    # plus the median of what the measured moves cost beyond their restores (here
+    # 300, 400 and 900 s measured for cifar10 jobs: 350 s).
     shape = Shape("rtx", "rtx", 1, 1)
+    imagenet = {**SPEC, "application": "imagenet"}
     tickets = [Ticket("1", SPEC, NOW, 1, shape, restart_s=300.0),
                Ticket("2", SPEC, NOW, 2, shape, restart_s=400.0),
-               Ticket("3", SPEC, NOW, 1, shape, restart_s=900.0), Ticket("4", SPEC, NOW)]
+               Ticket("3", SPEC, NOW, 1, shape, restart_s=900.0), Ticket("4", SPEC, NOW),
+               Ticket("5", imagenet, NOW)]
     jobs = read_jobs({"jobs": [  # (released with their shapes; the last held, waiting)
         {"job_id": 10 + i, "job_state": "PENDING", "comment": t.comment(),
          **({"priority": 5} if t.shape else {"priority": 0, "state_reason": "JobHeldUser"})}
         for i, t in enumerate(tickets)]})
     costs = {j.job_id: j.restart_cost_s
              for j in build_round(read_nodes(SINFO)[0], jobs, NOW).request.jobs}
-    assert costs == {"1": 300.0, "2": 400.0, "3": 900.0, "4": 400.0}
+    assert costs == {"1": 300.0, "2": 400.0, "3": 900.0, "4": 400.0, "5": 600.0}
     alone = build_round(read_nodes(SINFO)[0], jobs[3:], NOW).request.jobs
-    assert alone[0].restart_cost_s == 50.0  # nothing measured yet: the spec's
+    assert [j.restart_cost_s for j in alone] == [50.0, 250.0]  # nothing measured: own
