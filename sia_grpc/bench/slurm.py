@@ -81,6 +81,8 @@ class ArmResult:
     actions: int = 0  # the bridge's actions in Slurm (starts, moves, ...)
     # Where each move's (and first start's) seconds went (`slurm_stages.breakdown`)
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    gpu_h: float = 0.0  # modeled GPU-hours its copies held while their workers ran
+    idle_gpu_h: float = 0.0  # of which in copies that made no progress at all
 
     def summary(self) -> dict[str, float]:
         jct = np.array(list(self.jct.values())) / 3600
@@ -99,7 +101,8 @@ class ArmResult:
                 "rounds": len(self.round_s), "bridge_actions": self.actions,
                 "round_s_p50": float(np.median(self.round_s)) if self.round_s else 0.0,
                 "round_s_p95": float(np.percentile(self.round_s, 95))
-                if self.round_s else 0.0}
+                if self.round_s else 0.0,
+                "gpu_h": self.gpu_h, "no_progress_gpu_h": self.idle_gpu_h}
 
 
 class _Records:
@@ -323,6 +326,21 @@ def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir:
     return _result({name: [seen[i]] for name, i in ids.items()}, scale, wall0)
 
 
+def gpu_hours(copies: Mapping[str, Mapping[str, float]], scale: float) -> tuple[float, float]:
+    """(modeled GPU-hours all copies' workers ran, those of copies that made no
+    progress), from the truth service's `copies()`: each copy from its batch
+    script's start to its worker's exit, on its GPUs."""
+    total = idle = 0.0
+    for c in copies.values():
+        if "launched" not in c or "exited" not in c:
+            continue
+        held = max(c["exited"] - c["launched"], 0.0) * c.get("gpus", 0) * scale / 3600
+        total += held
+        if c.get("progress_to", 0.0) <= c.get("progress_from", 0.0):
+            idle += held
+    return total, idle
+
+
 def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
          **kwargs) -> ArmResult:
     """One arm on a fresh cluster, in a fresh directory, its workers' modeled work
@@ -334,7 +352,9 @@ def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
         old = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = str(cluster.conf)  # (the CLI and bridge read it)
         try:
-            return replay(cluster, jobs, scale, Path(d), truth=truth, **kwargs)
+            arm = replay(cluster, jobs, scale, Path(d), truth=truth, **kwargs)
+            arm.gpu_h, arm.idle_gpu_h = gpu_hours(truth.copies(), scale)
+            return arm
         finally:
             truth.stop()
             if old is None:
@@ -421,12 +441,14 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
           file=sys.stderr)
     report = compare(workload, first, scale, interval_s=interval_s, timeout_s=timeout_s)
     print(f"{'':14s} {'avg JCT h':>9s} {'p99 JCT h':>9s} {'makespan h':>10s} "
-          f"{'wait h':>7s} {'moves/job':>9s} {'late':>4s} {'finished':>8s} {'wall s':>6s}")
+          f"{'wait h':>7s} {'moves/job':>9s} {'late':>4s} {'finished':>8s} {'GPU-h':>6s} "
+          f"{'no-progress GPU-h':>17s} {'wall s':>6s}")
     for name, label in (("sia", "Sia (bridge)"), ("slurm", "Slurm alone")):
         r = report[name]
         print(f"{label:14s} {r['avg_jct_h']:9.2f} {r['p99_jct_h']:9.2f} {r['makespan_h']:10.2f} "
               f"{r['avg_wait_h']:7.2f} {r['moves_per_job']:9.2f} {r['late_copies']:4d} "
-              f"{r['finished']:>4d}/{r['jobs']:<3d} {r['wall_s']:6.0f}")
+              f"{r['finished']:>4d}/{r['jobs']:<3d} {r['gpu_h']:6.1f} "
+              f"{r['no_progress_gpu_h']:17.1f} {r['wall_s']:6.0f}")
     r = report["sia"]
     print(f"bridge: {r['rounds']} rounds of {r['round_s_p50']:.2f} s (p50), "
           f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm; "

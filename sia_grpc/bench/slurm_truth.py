@@ -99,7 +99,8 @@ class TruthServer:
         copy = str(req.get("slurm_job_id") or "")
         out = self._new_plan(app, gpu_type, alloc, float(req["progress"]), copy)
         self._note(copy, launched=req.get("launched_at"), main=req.get("main_at"),
-                   ready=time.time())
+                   ready=time.time(), gpus=alloc.num_replicas,
+                   progress_from=float(req["progress"]))
         return {**out, "restart_delay": app.restart_delay}
 
     def rebatch(self, req: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,12 +130,14 @@ class TruthServer:
 
     def progress(self, req: Mapping[str, Any]) -> dict[str, Any]:
         p = self._plan(req)
-        self._note(p.copy, stopped=req.get("stopped_at"), exited=time.time())
-        return {"progress": p.path.progress(float(req["trained_s"]))}
+        done = p.path.progress(float(req["trained_s"]))
+        self._note(p.copy, stopped=req.get("stopped_at"), exited=time.time(), progress_to=done)
+        return {"progress": done}
 
     def copies(self) -> dict[str, dict[str, float]]:
         """Slurm job id -> its copy's moments (module docstring): launched, main,
-        ready, first_report, stopped (SIGTERM), exited."""
+        ready, first_report, stopped (SIGTERM), exited; and its GPUs (`gpus`) and the
+        progress it started from and got to (`progress_from`, `progress_to`)."""
         with self._lock:
             return {k: dict(v) for k, v in self._copies.items()}
 

@@ -158,7 +158,15 @@ class Bridge:
                 self._done(action, None, started, report)
         for action, new, started in cancels:
             try:
-                self.slurm.cancel(action.job_id)
+                if new is None:
+                    self.slurm.cancel(action.job_id)
+                else:
+                    self.slurm.end_move(action, new)
+            except JobEnded as err:  # its owner cancelled it, or it finished, meanwhile
+                self.log.info("slurm.move_undone", job=action.job_id, new_job=new,
+                              reason=str(err))
+                report.skipped.append(action)
+                continue
             except SlurmError as err:  # (a move's copy is in: the next round cancels
                 self._failed(action, err, report)  # the older of the two)
                 continue

@@ -103,7 +103,7 @@ class Slurm:
             self.note(action.job_id, action.ticket)
         elif action.kind == "move":
             new = self.copy(action, raw)
-            self.cancel(action.job_id)
+            self.end_move(action, new)
             return new
         elif action.kind == "cancel":
             self.cancel(action.job_id)
@@ -119,6 +119,18 @@ class Slurm:
             raise JobEnded(f"job {action.job_id} is {state or 'gone'}: not moved")
         assert action.ticket is not None  # (a move carries the copy's ticket)
         return self.resubmit(action.job_id, action.ticket, raw or {})
+
+    def end_move(self, action: Action, new: int) -> None:
+        """A move's second half: cancel the old job, whose copy `new` is in. If the
+        old job ended in between (its owner cancelled it, or it finished), the copy
+        would run it again: the copy is cancelled instead and JobEnded raised. (scancel
+        of an ended job succeeds silently, so its state is read first: a window of
+        milliseconds, not of a round.)"""
+        if (state := self.state(action.job_id)) not in _MOVABLE:
+            self.cancel(new)
+            raise JobEnded(f"job {action.job_id} is {state or 'gone'}: it ended while being "
+                           f"moved, and its copy {new} was cancelled")
+        self.cancel(action.job_id)
 
     def note(self, job_id: int, ticket: Ticket) -> None:
         """Write `ticket` into the job's comment (what its workers reported)."""

@@ -360,3 +360,92 @@ def _printed_env(out) -> dict[str, str]:
         assert time.monotonic() < deadline, f"{out.name}: no environment printed"
         time.sleep(0.1)
     return dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+
+
+class _MidMove(Slurm):
+    """Slurm, with something done by someone else right after the bridge submits a
+    move's copy and before it cancels the old job (`meanwhile(action, new)`)."""
+
+    def __init__(self, meanwhile: Callable[[Action, int], None]) -> None:
+        super().__init__()
+        self.meanwhile = meanwhile
+
+    def copy(self, action, raw=None) -> int:
+        new = super().copy(action, raw)
+        self.meanwhile(action, new)
+        return new
+
+
+def _running_then_moved(cluster, slurm, capsys, tmp_path, meanwhile):
+    """A job started by the bridge, then its node drained and a round run with
+    `meanwhile` between the move's halves: (the job's first Slurm id, the round)."""
+    job = _submit(capsys, tmp_path, "mid")
+    assert [a.kind for a in _bridge(slurm).round().actions] == ["start"]
+    (node,) = _wait(slurm, _all_run, "the job running")[job].gpus
+    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    return job, _bridge(_MidMove(meanwhile)).round()
+
+
+def test_a_job_its_owner_cancels_mid_move_stays_cancelled_its_copy_too(
+        cluster, slurm, capsys, tmp_path):
+    # The owner's scancel lands between the copy's sbatch and the bridge's scancel of
+    # the old job (which succeeds silently on an ended job): the copy would have run
+    # the job the owner cancelled. The bridge reads the old job's state first.
+    def owner_cancels_the_old(action, new):
+        slurm.cancel(action.job_id)
+
+    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, owner_cancels_the_old)
+    (skipped,) = report.skipped
+    assert skipped.job_id == job and not report.moved and not report.failed
+    _wait(slurm, lambda js: not _live_in(js) and slurm.state(job) == "CANCELLED",
+          "the job cancelled, no copy of it left")
+    assert _bridge(slurm).round().actions == []
+
+
+def test_a_copy_its_owner_cancels_mid_move_ends_the_job_as_cancelled(
+        cluster, slurm, capsys, tmp_path):
+    def owner_cancels_the_copy(action, new):
+        slurm.cancel(new)
+
+    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, owner_cancels_the_copy)
+    new = report.moved[job]
+    _wait(slurm, lambda js: not _live_in(js) and (slurm.state(job), slurm.state(new)) == (
+        "CANCELLED", "CANCELLED"), "both copies cancelled")
+    assert _bridge(slurm).round().actions == []
+
+
+def _live_in(jobs: dict[int, SlurmJob]) -> dict[int, SlurmJob]:
+    return {i: j for i, j in jobs.items() if j.state in ("RUNNING", "PENDING")}
+
+
+def test_the_gpus_a_copy_was_moved_to_going_down_mid_move_it_is_placed_again(
+        cluster, slurm, capsys, tmp_path):
+    # Every node of the GPU type the copy asks for goes down between the two halves
+    # (and the drain that caused the move ends): the copy cannot start there, the
+    # next rounds place it on what is left, and at no moment do two copies of the
+    # job hold GPUs.
+    down: list[str] = []
+
+    def its_type_goes_down(action, new):
+        gres = action.ticket.shape.gres_type
+        for n, (t, _) in cluster.nodes.items():
+            if t == gres:
+                down.append(n)
+                cluster.run("scontrol", "update", f"nodename={n}", "state=down", "reason=test")
+            else:
+                cluster.run("scontrol", "update", f"nodename={n}", "state=resume", check=False)
+
+    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, its_type_goes_down)
+    assert job in report.moved and down
+    deadline = time.monotonic() + 3 * WAIT_S
+    while True:
+        jobs = _live_in(_jobs(slurm))
+        holding = [j for j in jobs.values() if j.gpus]
+        assert len(holding) <= 1, f"two copies hold GPUs: {holding}"
+        if holding and holding[0].state == "RUNNING" and len(jobs) == 1:
+            break
+        assert time.monotonic() < deadline, f"not placed again: {list(jobs.values())}"
+        _bridge(slurm).round()
+        time.sleep(0.5)
+    assert not set(holding[0].gpus) & set(down)
+    assert holding[0].ticket.id == str(job)
