@@ -215,16 +215,19 @@ class Bridge:
         report (sia_grpc.train's rank 0 reports at its first step), for a copy that
         resumed a job that had run (moves > 0). That is what the move cost the job
         end to end, the old copy's checkpoint and Slurm's launch included, which the
-        workers' own start-up time leaves out. The copy has run since that report
-        (`running_since`, its run time)."""
+        workers' own start-up time leaves out. For its first start the same span is
+        `launch_s` (no old copy to stop: Slurm's share, known before any move is).
+        The copy has run since that report (`running_since`, its run time)."""
         if ticket.placed is None or generation != ticket.moves:
             return ticket
         assert self.reports is not None  # (what reported)
         first = self.reports.first_report(ticket.id, generation)
         if first is None:
             return ticket
-        cost = ticket.restart_s if ticket.moves == 0 else max(first - ticket.placed, 0.0)
-        return dataclasses.replace(ticket, placed=None, restart_s=cost, running_since=first)
+        took = max(first - ticket.placed, 0.0)
+        if ticket.moves == 0:  # its first start: Slurm's share, measured before any move
+            return dataclasses.replace(ticket, placed=None, launch_s=took, running_since=first)
+        return dataclasses.replace(ticket, placed=None, restart_s=took, running_since=first)
 
     def run(self, interval_s: float, stop: threading.Event) -> None:
         """Rounds every `interval_s` until `stop` is set; a round that fails (Slurm

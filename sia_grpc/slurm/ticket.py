@@ -81,6 +81,10 @@ class Ticket:
     # copy's checkpoint, Slurm's launch, the restore), the policy's restart cost.
     placed: float | None = None
     restart_s: float | None = None
+    # The same for its first start (moves == 0: no old copy to stop): what Slurm's
+    # scheduling and launch cost beyond the application's start, measured before
+    # any move (`translate._slurm_share`).
+    launch_s: float | None = None
     progress: float = 0.0  # the workers' latest fraction of the target done
     # How long it has run (the bridge's clock, as `placed`): its earlier copies'
     # seconds from their first report to their move, and when the current copy first
@@ -106,6 +110,8 @@ class Ticket:
             data["at"] = self.placed
         if self.restart_s is not None:
             data["rc"] = self.restart_s
+        if self.launch_s is not None:
+            data["lc"] = self.launch_s
         if self.progress:
             data["p"] = self.progress
         if self.ran:
@@ -140,6 +146,7 @@ class Ticket:
             data = json.loads(comment[len(COMMENT_TAG):])
             shape, grad = data.get("shape"), data.get("grad")
             placed, cost, since = data.get("at"), data.get("rc"), data.get("run")
+            launch = data.get("lc")
             obs = tuple((str(t), int(n), int(r), int(b), int(a), int(c), float(st), float(sy))
                         for t, n, r, b, a, c, st, sy in data.get("obs", ()))
             return cls(id=str(data.get("id") or job_id), spec=dict(data["spec"]),
@@ -148,6 +155,7 @@ class Ticket:
                        grad=(float(grad[0]), float(grad[1])) if grad else None,
                        placed=None if placed is None else float(placed),
                        restart_s=None if cost is None else float(cost),
+                       launch_s=None if launch is None else float(launch),
                        progress=float(data.get("p", 0.0)), ran=float(data.get("ran", 0.0)),
                        running_since=None if since is None else float(since))
         except (ValueError, TypeError, KeyError, AttributeError):

@@ -345,12 +345,14 @@ def _restore_s(spec: Mapping[str, Any]) -> float | None:
 
 
 def _slurm_share(tickets: Iterable[Ticket]) -> float:
-    """What a move through Slurm costs beyond the application's restore, as the moves
-    measured here have cost (the median over the jobs of the measured end-to-end cost
-    less their own restore): the bridge's round, the commands, slurmctld's scheduling
-    and slurmd's launch, which every job pays alike. 0 before any move is measured."""
-    shares = sorted(max(t.restart_s - restore, 0.0) for t in tickets
-                    if t.restart_s is not None and (restore := _restore_s(t.spec)) is not None)
+    """What a start or move through Slurm costs beyond the application's restore, as
+    measured here: the median over the jobs of their last move's end-to-end cost
+    (`restart_s`), else their first start's (`launch_s`), less their own restore.
+    The bridge's round, the commands, slurmctld's scheduling and slurmd's launch,
+    which every job pays alike. 0 before any job has first reported."""
+    shares = sorted(max(took - restore, 0.0) for t in tickets
+                    if (took := t.restart_s if t.restart_s is not None else t.launch_s)
+                    is not None and (restore := _restore_s(t.spec)) is not None)
     return shares[len(shares) // 2] if shares else 0.0
 
 

@@ -119,11 +119,13 @@ def test_a_moves_cost_is_measured_from_the_placement_to_the_copys_first_report()
         assert measured.running_since == 212.5
         assert policy_job(measured, 300.0).run_time_s == 87.5
         assert policy_job(moved, 300.0).restart_cost_s == 50.0  # unmeasured: cifar10's
-        # A first start restores nothing: its start-up is not a restart cost.
+        # A first start stops no old copy: its span is not the job's restart cost
+        # but Slurm's share of one (`launch_s`), which prices the jobs not yet moved.
         fresh = _report("8", 0.2, 10)
         fresh.telemetry.generation = 0
         server.add(fresh.telemetry)
         first = bridge._measure_restart(Ticket("8", SPEC, 0.0, placed=90.0), 0)
-        assert (first.restart_s, first.placed) == (None, None)
+        assert (first.restart_s, first.launch_s, first.placed) == (None, 170.0, None)
+        assert Ticket.parse(first.comment(), 8) == first
     finally:
         server.stop()

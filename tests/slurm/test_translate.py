@@ -381,3 +381,13 @@ def test_a_job_not_yet_moved_is_priced_at_its_restore_plus_slurms_measured_share
     assert costs == {"1": 300.0, "2": 400.0, "3": 900.0, "4": 400.0, "5": 600.0}
     alone = build_round(read_nodes(SINFO)[0], jobs[3:], NOW).request.jobs
     assert [j.restart_cost_s for j in alone] == [50.0, 250.0]  # nothing measured: own
+    # Before any move, first starts measure Slurm's share (imagenet's launch took
+    # 250 + 330 s): the others are priced with it from then on.
+    launched = Ticket("5", imagenet, NOW, 0, shape, launch_s=580.0)
+    early = read_jobs({"jobs": [
+        {"job_id": 13, "job_state": "PENDING", "comment": tickets[3].comment(),
+         "priority": 0, "state_reason": "JobHeldUser"},
+        {"job_id": 14, "job_state": "PENDING", "comment": launched.comment(), "priority": 5}]})
+    costs = {j.job_id: j.restart_cost_s
+             for j in build_round(read_nodes(SINFO)[0], early, NOW).request.jobs}
+    assert costs == {"4": 50.0 + 330.0, "5": 250.0 + 330.0}
