@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,7 @@ from sia_grpc.bench.slurm_stages import SlurmLogMoments, breakdown, summary
 from sia_grpc.bench.slurm_truth import TruthServer
 from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
 from sia_grpc.nodeagent.gpus import gpu_type_for
+from sia_grpc.sim.progress import Display, Reporter, make_display
 from sia_grpc.sim.workload import TraceJob, load_workload
 from sia_grpc.slurm.bridge import Bridge, RoundReport, in_process_optimizer
 from sia_grpc.slurm.commands import Slurm, SlurmError
@@ -58,6 +60,7 @@ from sia_grpc.slurm.translate import Ticket
 __all__ = ["ArmResult", "replay_sia", "replay_slurm", "run"]
 
 _POLL_S = 0.5
+Progress = Callable[[int, int, float], None]  # (jobs ended, jobs, seconds so far)
 _NODE_GPUS = 4  # the test cluster's GPUs per node: Slurm alone's largest request
 _DONE = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"})
@@ -134,11 +137,17 @@ def _submit_at(jobs: Sequence[TraceJob], scale: float, t0: float,
     return ids
 
 
-def _wait_done(records: _Records, done: Callable[[dict[int, Mapping]], bool],
-               deadline: float) -> dict[int, Mapping]:
+def _wait_done(records: _Records, ended: Callable[[dict[int, Mapping]], int], total: int,
+               deadline: float, progress: Progress | None = None) -> dict[int, Mapping]:
+    """Poll Slurm until `ended` (of the jobs seen) counts all `total` jobs; each poll
+    tells `progress` (jobs ended, total, seconds since the first poll)."""
+    t0 = time.time()
     while True:
         jobs = records.poll()
-        if done(jobs):
+        n = ended(jobs)
+        if progress is not None:
+            progress(n, total, time.time() - t0)
+        if n >= total:
             return jobs
         if time.time() > deadline:
             raise TimeoutError("the jobs did not all end in time: " + ", ".join(
@@ -212,9 +221,10 @@ def _model_submission(slurm: Slurm, job_id: int, modeled: Callable[[float], floa
 
 
 def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-               truth: TruthServer, interval_s: float = 1.0,
-               timeout_s: float = 900.0) -> ArmResult:
-    """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it)."""
+               truth: TruthServer, interval_s: float = 1.0, timeout_s: float = 900.0,
+               progress: Progress | None = None) -> ArmResult:
+    """Sia's arm on `slurm_cluster` (SLURM_CONF already pointing at it); `progress`:
+    told (jobs ended, jobs, seconds) as they end (`sim.progress.Reporter`)."""
     from sia_grpc.bench.replay import trace_spec  # (seconds to import: before the clock starts)
 
     token = workdir / "workers.token"
@@ -244,8 +254,8 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
     records = _Records(slurm.jobs_json)
     try:
         ids = _submit_at(jobs, scale, t0, submit, _sleep)
-        seen = _wait_done(records, lambda js: _all_ended(_sia_copies(js, ids)),
-                          time.time() + timeout_s)
+        seen = _wait_done(records, lambda js: _ended(_sia_copies(js, ids)), len(ids),
+                          time.time() + timeout_s, progress)
     finally:
         stop.set()
         rounds.join(timeout=60)
@@ -291,17 +301,18 @@ def _sia_copies(jobs_seen: Mapping[int, Mapping], ids: Mapping[str, int],
     return groups
 
 
-def _all_ended(groups: Mapping[str, Sequence[Mapping]]) -> bool:
-    """Whether every job's copies have all ended, its last not cancelled (a copy the
-    bridge cancelled to move the job is followed by another)."""
-    return all(c and all(j["job_state"] in _DONE for j in c)
-               and c[-1]["job_state"] != "CANCELLED"
-               for c in groups.values())
+def _ended(groups: Mapping[str, Sequence[Mapping]]) -> int:
+    """How many jobs have ended: all their copies ended, the last not cancelled (a
+    copy the bridge cancelled to move the job is followed by another)."""
+    return sum(bool(c) and all(j["job_state"] in _DONE for j in c)
+               and c[-1]["job_state"] != "CANCELLED" for c in groups.values())
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,
-                 truth: TruthServer, timeout_s: float = 900.0) -> ArmResult:
-    """Slurm alone on `slurm_cluster`: each job's own request, FIFO with backfill."""
+                 truth: TruthServer, timeout_s: float = 900.0,
+                 progress: Progress | None = None) -> ArmResult:
+    """Slurm alone on `slurm_cluster`: each job's own request, FIFO with backfill
+    (`progress` as `replay_sia`'s)."""
     slurm = Slurm()
     node_types = [f"--node-type={n}={t}" for n, (t, _) in slurm_cluster.nodes.items()]
 
@@ -318,9 +329,9 @@ def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir:
     records = _Records(slurm.jobs_json)
     try:
         ids = _submit_at(jobs, scale, t0, submit, _sleep)
-        seen = _wait_done(records, lambda js: all(js.get(i, {}).get("job_state") in _DONE
-                                                  for i in ids.values()),
-                          time.time() + timeout_s)
+        seen = _wait_done(records, lambda js: sum(js.get(i, {}).get("job_state") in _DONE
+                                                  for i in ids.values()), len(ids),
+                          time.time() + timeout_s, progress)
     finally:
         slurm_cluster.cancel_all()
     return _result({name: [seen[i]] for name, i in ids.items()}, scale, wall0)
@@ -364,25 +375,42 @@ def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
 
 
 def compare(workload: str, first: int, scale: float, *, interval_s: float = 1.0,
-            timeout_s: float = 900.0) -> dict:
-    """Both arms, Sia's first: their summaries and per-job results."""
+            timeout_s: float = 900.0, quiet: bool = False) -> dict:
+    """Both arms, Sia's first: their summaries and per-job results. Their progress
+    on stderr (`sim.progress`: bars on a terminal, a line every 30 s elsewhere;
+    nothing with `quiet`)."""
     jobs = sorted(load_workload(workload), key=lambda j: (j.time, j.name))[:first]
     report: dict = {"workload": workload, "jobs": len(jobs), "time_scale": scale,
                     "bridge_interval_s": interval_s}
-    for name, replay, kwargs in (("sia", replay_sia, {"interval_s": interval_s}),
-                                 ("slurm", replay_slurm, {})):
-        print(f"  {name}: replaying {len(jobs)} jobs ...", file=sys.stderr, flush=True)
-        arm = _arm(name, replay, jobs, scale, timeout_s=timeout_s, **kwargs)
-        report[name] = {**arm.summary(), "jct_h": {k: v / 3600 for k, v in arm.jct.items()},
-                        "states": arm.states, "moves": arm.moves,
-                        "wait_h": {k: v / 3600 for k, v in arm.wait.items()}}
-        if arm.stages:
-            report[name]["move_stages_s"] = summary(arm.stages["moves"])
-            report[name]["start_stages_s"] = summary(arm.stages["starts"])
-            report[name]["stages_s"] = arm.stages
+    display = make_display(sys.stderr, 2, quiet=quiet)
+    try:
+        for key, (name, replay, kwargs) in enumerate((
+                ("sia", replay_sia, {"interval_s": interval_s}), ("slurm", replay_slurm, {}))):
+            _arm_into(report, display, key, name, replay, jobs, scale, timeout_s, kwargs)
+    finally:
+        display.close()
     report["simulator"] = simulated(jobs, scale, interval_s,
                                     move_cost_s(report["sia"], scale))
     return report
+
+
+def _arm_into(report: dict, display: Display, key: int, name: str,
+              replay: Callable[..., ArmResult], jobs: Sequence[TraceJob], scale: float,
+              timeout_s: float, kwargs: Mapping[str, Any]) -> None:
+    """Run one arm, its progress on `display`, its results into `report[name]`."""
+    display.start(key, f"{name}: {len(jobs)} jobs at {scale:g}x")
+    reporter = Reporter(display.update, key)
+    arm = _arm(name, replay, jobs, scale, timeout_s=timeout_s,
+               progress=lambda done, total, s: reporter(done, total, s * scale), **kwargs)
+    display.finish(key, f"  {name}: {arm.summary()['finished']}/{len(jobs)} jobs ended, "
+                        f"{arm.wall_s:.0f} s")
+    report[name] = {**arm.summary(), "jct_h": {k: v / 3600 for k, v in arm.jct.items()},
+                    "states": arm.states, "moves": arm.moves,
+                    "wait_h": {k: v / 3600 for k, v in arm.wait.items()}}
+    if arm.stages:
+        report[name]["move_stages_s"] = summary(arm.stages["moves"])
+        report[name]["start_stages_s"] = summary(arm.stages["starts"])
+        report[name]["stages_s"] = arm.stages
 
 
 def move_cost_s(report: Mapping, scale: float) -> float:
@@ -431,7 +459,8 @@ def _print_stages(stages: Mapping[str, Mapping[str, float]], what: str) -> None:
 
 
 def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360.0, *,
-        interval_s: float = 1.0, timeout_s: float = 900.0, json_out: str | None = None) -> int:
+        interval_s: float = 1.0, timeout_s: float = 900.0, json_out: str | None = None,
+        quiet: bool = False) -> int:
     """`sia bench slurm`: print both arms; 1 if a job did not finish in either."""
     from sia_grpc.observability import configure_logging
 
@@ -439,7 +468,8 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
     print(f"replaying the first {first} jobs of {workload} at {scale:g}x on a Slurm test "
           f"cluster (2x4 rtx, 1x4 a100), bridge round every {interval_s:g} s",
           file=sys.stderr)
-    report = compare(workload, first, scale, interval_s=interval_s, timeout_s=timeout_s)
+    report = compare(workload, first, scale, interval_s=interval_s, timeout_s=timeout_s,
+                     quiet=quiet)
     print(f"{'':14s} {'avg JCT h':>9s} {'p99 JCT h':>9s} {'makespan h':>10s} "
           f"{'wait h':>7s} {'moves/job':>9s} {'late':>4s} {'finished':>8s} {'GPU-h':>6s} "
           f"{'no-progress GPU-h':>17s} {'wall s':>6s}")

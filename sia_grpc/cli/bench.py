@@ -113,7 +113,7 @@ def _slurm(args: argparse.Namespace) -> int:
     from sia_grpc.bench.slurm import run
 
     return run(args.workload, args.first, args.time_scale, interval_s=args.interval,
-               timeout_s=args.timeout, json_out=args.json)
+               timeout_s=args.timeout, json_out=args.json, quiet=args.quiet)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -252,6 +252,9 @@ def _add_slurm(bench_sub: Any) -> None:
     sl.add_argument("--timeout", type=positive(float), default=900.0, metavar="SECONDS",
                     help="give up on an arm after this long (default 900)")
     sl.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    sl.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress on stderr (bars on a terminal, a line every 30 s "
+                         "elsewhere)")
 
 
 def _add_replay(sub: Any) -> None:

@@ -102,7 +102,7 @@ def test_the_modeled_worker_reports_to_the_bridge_and_imports_only_the_standard_
 
 @pytest.mark.xdist_group("heavy")
 @pytest.mark.timeout(120)
-def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alone():
+def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alone(capsys):
     reason = testing_slurm.unavailable()
     if reason is not None:
         pytest.skip(f"Slurm: {reason}")
@@ -110,8 +110,16 @@ def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alo
 
     report = compare("saturn/workload-1", 3, 3000.0, interval_s=0.5, timeout_s=60.0)
     names = {"cifar10-0", "cifar10-1", "cifar10-2"}
+    progress = capsys.readouterr().err  # (not a terminal: each arm's end, on stderr)
     for arm in ("sia", "slurm"):
+        assert f"  {arm}: 3/3 jobs ended" in progress
         r = report[arm]
         assert r["states"] == dict.fromkeys(names, "COMPLETED"), arm
         assert set(r["jct_h"]) == names and all(v > 0 for v in r["jct_h"].values())
         assert r["makespan_h"] >= max(r["jct_h"].values()) > 0
+        assert 0 <= r["no_progress_gpu_h"] <= r["gpu_h"] and r["gpu_h"] > 0, arm
+    # Where the bridge's starts went, and the simulator given what they cost.
+    starts = report["sia"]["start_stages_s"]
+    assert starts["slurm_side"]["n"] >= 3 and starts["slurm_side"]["p50"] > 0
+    assert report["simulator"]["finished"] == 3
+    assert report["simulator"]["move_cost_s"] > 0
