@@ -302,10 +302,13 @@ def _sia_copies(jobs_seen: Mapping[int, Mapping], ids: Mapping[str, int],
 
 
 def _ended(groups: Mapping[str, Sequence[Mapping]]) -> int:
-    """How many jobs have ended: all their copies ended, the last not cancelled (a
-    copy the bridge cancelled to move the job is followed by another)."""
+    """How many jobs have ended: all their copies ended, one of them completed or the
+    last not cancelled (a copy the bridge cancelled to move the job is followed by
+    another; one it cancelled because the job completed meanwhile is the last)."""
     return sum(bool(c) and all(j["job_state"] in _DONE for j in c)
-               and c[-1]["job_state"] != "CANCELLED" for c in groups.values())
+               and (c[-1]["job_state"] != "CANCELLED"
+                    or any(j["job_state"] == "COMPLETED" for j in c))
+               for c in groups.values())
 
 
 def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: Path, *,

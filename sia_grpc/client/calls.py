@@ -10,7 +10,7 @@ and `Follow` (a job's versions until it ends) are the multi-call steps.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -184,6 +184,12 @@ class RoundsCursor:
 
     def accept(self, rnd: pb.Round) -> bool:
         return True
+
+
+def newest_id(events: Sequence[pb.Event]) -> int:
+    """The id of the newest of `events` (0: none): where a
+    watch "from now" starts, so that reopening it after a break misses nothing."""
+    return max((e.id for e in events), default=0)
 
 
 class EventsCursor:

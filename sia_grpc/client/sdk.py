@@ -154,9 +154,12 @@ class SiaClient(SyncTransport):
 
     def watch_events(self, *, job_id: str = "", node: str = "", queue: str = "",
                      kinds: Iterable[int] = (), after_id: int = 0) -> Iterator[pb.Event]:
-        """The events after `after_id` (0: from now), then each new one, forever; a
-        stream broken with UNAVAILABLE (a restart, a failover) resumes after the last
-        one yielded."""
+        """The events after `after_id` (0: from now: after the newest when called), then
+        each new one, forever; a stream broken with UNAVAILABLE (a restart, a
+        failover) resumes after the last one yielded, or after the newest at the call
+        if none was yet (so nothing written meanwhile is missed)."""
+        if not after_id:
+            after_id = calls.newest_id(self.events(limit=1))
         return self._stream(calls.EventsCursor(calls.event_filter(job_id, node, queue, kinds),
                                                after_id))
 
@@ -239,10 +242,14 @@ class AsyncSiaClient(AsyncTransport):
         return await self._unary(calls.list_events(
             calls.event_filter(job_id, node, queue, kinds), after_id, limit))
 
-    def watch_events(self, *, job_id: str = "", node: str = "", queue: str = "",
-                     kinds: Iterable[int] = (), after_id: int = 0) -> AsyncIterator[pb.Event]:
-        return self._stream(calls.EventsCursor(calls.event_filter(job_id, node, queue, kinds),
-                                               after_id))
+    async def watch_events(self, *, job_id: str = "", node: str = "", queue: str = "",
+                           kinds: Iterable[int] = (),
+                           after_id: int = 0) -> AsyncIterator[pb.Event]:
+        if not after_id:  # (as the blocking client's: from now, pinned to an id)
+            after_id = calls.newest_id(await self.events(limit=1))
+        async for event in self._stream(calls.EventsCursor(
+                calls.event_filter(job_id, node, queue, kinds), after_id)):
+            yield event
 
     async def drain(self, node: str, reason: str = "") -> pb.Node:
         return await self._unary(calls.drain_node(node, reason))

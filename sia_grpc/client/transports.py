@@ -73,6 +73,13 @@ class _Reconnects:
         return self.tries.retry(err)
 
 
+# gRPC waits 1 s, then up to 120 s, between attempts to reconnect a channel, and fails
+# every call on it meanwhile: after a controller restart, a client's reads (retried for
+# about a second with one address) and its reopened watches failed with the controller
+# back. A controller is one address and comes back in a second: try every 0.1-1 s.
+_RECONNECT = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000))
+
+
 def _channel_setup(target: str, token: str | None, ca: PemSource | None,
                    cert: PemSource | None, key: PemSource | None,
                    secure: Callable[..., Any], insecure: Callable[..., Any],
@@ -86,7 +93,9 @@ def _channel_setup(target: str, token: str | None, ca: PemSource | None,
     gRPC verifies the server's certificate against (`grpc.default_authority`; the
     `ssl_target_name_override` that does the same is documented for tests only).
     """
-    options = [("grpc.default_authority", name)] if name else []
+    options: list[tuple[str, Any]] = [*_RECONNECT]
+    if name:
+        options.append(("grpc.default_authority", name))
     token = (token or "").strip() or None
     if ca is None and (cert is not None or key is not None):
         raise ValueError("cert/key: a client certificate needs TLS; give ca= as well")

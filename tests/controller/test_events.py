@@ -133,6 +133,27 @@ async def test_a_watch_resumed_from_an_id_gets_exactly_what_it_missed(tmp_path):
 
 
 @pytest.mark.timeout(60)
+async def test_a_watch_from_now_broken_before_its_first_event_misses_nothing(tmp_path):
+    # "From now" is pinned to the newest id when the watch is asked for: a stream the
+    # controller's restart breaks before any event reopens after that id, and gets the
+    # new controller's first event (written before it serves), not "from the reopen".
+    config = replace(CONFIG, db_path=str(tmp_path / "sia.db"))
+    async with LocalCluster({}, config=config) as lc, AsyncSiaClient(lc.target) as sia:
+        (newest,) = await sia.events(limit=1)
+        first = asyncio.ensure_future(anext(aiter(sia.watch_events())))
+        await until(lambda: _watching(lc))
+        await lc.restart_controller()
+        async with asyncio.timeout(20):
+            event = await first
+        assert event.kind == K.EVENT_KIND_LEADER and event.id > newest.id
+
+
+async def _watching(lc: LocalCluster) -> bool:
+    assert lc.controller is not None
+    return bool(lc.controller._event_watchers)
+
+
+@pytest.mark.timeout(60)
 async def test_a_tenant_sees_its_own_jobs_events_and_a_bad_filter_is_invalid(tmp_path):
     tokens = tmp_path / "tokens.toml"
     a, b = add_token(tokens, "team-a"), add_token(tokens, "team-b")

@@ -123,3 +123,17 @@ def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alo
     assert starts["slurm_side"]["n"] >= 3 and starts["slurm_side"]["p50"] > 0
     assert report["simulator"]["finished"] == 3
     assert report["simulator"]["move_cost_s"] > 0
+
+
+def test_a_job_has_ended_when_a_copy_completed_even_if_a_cancelled_one_came_after():
+    from sia_grpc.bench.slurm import _ended
+
+    def copies(*states: str) -> list[dict]:
+        return [{"job_state": s} for s in states]
+
+    assert _ended({"done": copies("CANCELLED", "COMPLETED"),
+                   # it completed while being moved: its copy was cancelled (end_move)
+                   "done-mid-move": copies("COMPLETED", "CANCELLED"),
+                   "moving": copies("CANCELLED"),  # its copy not seen yet
+                   "running": copies("CANCELLED", "RUNNING"),
+                   "failed": copies("FAILED")}) == 3

@@ -52,7 +52,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from sia_grpc.api.errors import ApiError, invalid
+from sia_grpc.api.errors import ApiError, invalid, unavailable
 from sia_grpc.controller.shell.base import ShellBase
 from sia_grpc.controller.stores import MAX_TERM, StoreError
 
@@ -328,9 +328,14 @@ class Leadership(ShellBase):
 
     def _check_office(self) -> None:
         """At the end of a watch: NOT_LEADER if this controller runs on but stepped
-        down (so the client moves to the leader), nothing if it closes."""
+        down (so the client moves to the leader); UNAVAILABLE if it closes (a watch
+        is forever: the client reopens it after what it saw, on the controller that
+        comes back or on the other of a pair, as a Kubernetes client re-watches when
+        its API server goes away; an OK end read as "nothing more, ever")."""
         if self._shared and not self._elected and self.status.value == "running":
             raise not_leader(self.leader_address)
+        raise unavailable("the controller is shutting down: reopen the watch after the "
+                          "last event seen", "SHUTTING_DOWN")
 
     async def _release_lease(self, term: int, *, raise_to: int = 0) -> None:
         """Give the lease up (a clean stop): the standby need not wait for its expiry.
