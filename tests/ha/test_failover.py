@@ -45,7 +45,8 @@ async def until(predicate, what: str):
 
 
 @contextlib.asynccontextmanager
-async def cluster(dsn: str, *, proxied: bool = False, agents: int = 2):
+async def cluster(dsn: str, *, proxied: bool = False, agents: int = 2,
+                  time_scale: float = 1.0):
     proxies = []
     if proxied:
         pg_port = urlsplit(dsn).port
@@ -59,7 +60,7 @@ async def cluster(dsn: str, *, proxied: bool = False, agents: int = 2):
         watcher = asyncio.create_task(pair.watch())
         for i in range(agents):
             agent = NodeAgent(AgentConfig(node_id=f"n{i}", controller=pair.target,
-                                          gpu_type="rtx", num_gpus=4, time_scale=1.0,
+                                          gpu_type="rtx", num_gpus=4, time_scale=time_scale,
                                           backoff_base_s=0.05, backoff_cap_s=0.5))
             await agent.start()
             nodes.append(agent)
