@@ -449,3 +449,37 @@ def test_the_gpus_a_copy_was_moved_to_going_down_mid_move_it_is_placed_again(
         time.sleep(0.5)
     assert not set(holding[0].gpus) & set(down)
     assert holding[0].ticket.id == str(job)
+
+
+class _Recording(Slurm):
+    """Slurm, noting the order of a move's two halves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def copy(self, action, raw=None) -> int:
+        self.calls.append(("copy", action.job_id))
+        return super().copy(action, raw)
+
+    def end_move(self, action, new) -> None:
+        self.calls.append(("cancel", action.job_id))
+        super().end_move(action, new)
+
+
+def test_a_round_submits_every_copy_before_it_cancels_any_old_job(cluster, slurm, capsys,
+                                                                   tmp_path):
+    # slurmctld starts a pending job on its once-a-second pass, or at once when a job
+    # ends: with every copy pending before the first old copy ends, that end starts
+    # them all (docs/slurm.md, "Where a move's seconds go").
+    ours = [_submit(capsys, tmp_path, f"o{i}") for i in range(4)]
+    assert sorted(a.job_id for a in _bridge(slurm).round().actions) == ours
+    jobs = _wait(slurm, _all_run, "the jobs running")
+    for node in sorted({n for i in ours for n in jobs[i].gpus}):
+        cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
+    recording = _Recording()
+    report = _bridge(recording).round()
+    kinds = [kind for kind, _ in recording.calls]
+    assert kinds.count("copy") >= 2, recording.calls  # (every node they ran on drained)
+    assert kinds == sorted(kinds, key=lambda k: k == "cancel"), recording.calls
+    assert set(report.moved) == {job for kind, job in recording.calls if kind == "cancel"}
