@@ -60,9 +60,9 @@ def _events(args: argparse.Namespace) -> int:
             else:
                 print("no events")
             return 0
-        _print(events, args.output)
         last = events[-1].id if events else args.after
-        try:
+        try:  # (from the first line printed: Ctrl-C may come at any of them)
+            _print(events, args.output)
             for event in sia.watch_events(after_id=last, **_filters(args)):
                 if args.output in ("json", "yaml"):
                     print(dump(message_to_data(event), args.output), flush=True)

@@ -120,7 +120,7 @@ def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alo
         assert 0 <= r["no_progress_gpu_h"] <= r["gpu_h"] and r["gpu_h"] > 0, arm
     # Where the bridge's starts went, and the simulator given what they cost.
     starts = report["sia"]["start_stages_s"]
-    assert starts["slurm_side"]["n"] >= 3 and starts["slurm_side"]["p50"] > 0
+    assert starts["slurm_side"]["n"] >= 1 and starts["slurm_side"]["p50"] > 0
     assert report["simulator"]["finished"] == 3
     assert report["simulator"]["move_cost_s"] > 0
 
