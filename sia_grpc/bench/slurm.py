@@ -458,7 +458,10 @@ def _print_stages(stages: Mapping[str, Mapping[str, float]], what: str) -> None:
         return
     n = max(int(v["n"]) for v in stages.values())
     print(f"{what} ({n}), seconds of the clock, p50 / p90: " + ", ".join(
-        f"{k} {v['p50']:.2f}/{v['p90']:.2f}" for k, v in stages.items()))
+        f"{k} {v['p50']:.2f}/{v['p90']:.2f}" for k, v in stages.items() if k != "elsewhere"))
+    if (e := stages.get("elsewhere")) is not None:
+        print(f"  Slurm started {e['mean']:.0%} of the {int(e['n'])} one-node copies on "
+              f"another node than Sia planned")
 
 
 def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360.0, *,

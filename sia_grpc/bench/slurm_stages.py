@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from sia_grpc.slurm.bridge import RoundReport
+from sia_grpc.slurm.translate import Action
 
 __all__ = ["MOVE_STAGES", "SLURM_SIDE", "SlurmLogMoments", "breakdown", "summary"]
 
@@ -52,7 +53,8 @@ MOVE_STAGES = ("decided", "commands", "old_exit", "old_ended", "allocated", "lau
 SLURM_SIDE = ("commands", "old_exit", "old_ended", "allocated", "launched", "script", "python")
 
 _STAMP = r"^\[(?P<t>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] "
-_ALLOCATED = re.compile(_STAMP + r".*(?:sched: Allocate|_start_job: Started) JobId=(?P<j>\d+)")
+_ALLOCATED = re.compile(_STAMP + r".*(?:sched: Allocate|_start_job: Started) JobId=(?P<j>\d+)"
+                        r"(?: NodeList=(?P<nodes>\S+))?")
 _ENDED = re.compile(_STAMP + r".*_job_complete: JobId=(?P<j>\d+) done")
 _LAUNCHED = re.compile(_STAMP + r".*Launching batch job (?P<j>\d+)")
 
@@ -66,6 +68,7 @@ class SlurmLogMoments:
         self.allocated: dict[int, float] = {}
         self.ended: dict[int, float] = {}
         self.launched: dict[int, float] = {}
+        self.nodes: dict[int, str] = {}  # the NodeList slurmctld allocated it
         for path in sorted(log_dir.glob("*.log")):
             self._read(path.read_text(errors="replace").splitlines())
 
@@ -77,6 +80,8 @@ class SlurmLogMoments:
                 if m is not None:
                     # (Slurm logs local time; naive datetimes are local here too)
                     into.setdefault(int(m["j"]), datetime.fromisoformat(m["t"]).timestamp())
+                    if pattern is _ALLOCATED and m["nodes"]:
+                        self.nodes.setdefault(int(m["j"]), m["nodes"])
 
 
 def _chain(points: Sequence[tuple[str, float | None]]) -> dict[str, float] | None:
@@ -96,7 +101,8 @@ def _chain(points: Sequence[tuple[str, float | None]]) -> dict[str, float] | Non
 def breakdown(rounds: Sequence[RoundReport], copies: Mapping[str, Mapping[str, float]],
               slurm: SlurmLogMoments) -> dict[str, list[dict[str, float]]]:
     """{"moves": [...], "starts": [...]}: each move whose copy ran, and each first
-    start, as stage -> seconds (and "slurm_side", their sum over SLURM_SIDE). Moves to
+    start, as stage -> seconds (and "slurm_side", their sum over SLURM_SIDE; a move's
+    "elsewhere": whether Slurm started its copy on another node than Sia's). Moves to
     held (a preemption: no copy runs) and copies that never reported are left out."""
     moves: list[dict[str, float]] = []
     starts: list[dict[str, float]] = []
@@ -113,7 +119,8 @@ def breakdown(rounds: Sequence[RoundReport], copies: Mapping[str, Mapping[str, f
                     ("old_ended", slurm.ended.get(action.job_id, last)),
                     *_copy_points(new, copy, slurm)])
                 if stages is not None:
-                    moves.append(_with_side(stages))
+                    moves.append({**_with_side(stages),
+                                  **_elsewhere(r, action, new, slurm)})
             elif action.kind == "start":
                 copy = copies.get(str(action.job_id), {})
                 stages = _chain([("read", r.read_at), ("decided", first), ("commands", last),
@@ -121,6 +128,20 @@ def breakdown(rounds: Sequence[RoundReport], copies: Mapping[str, Mapping[str, f
                 if stages is not None:
                     starts.append(_with_side(stages))
     return {"moves": moves, "starts": starts}
+
+
+def _elsewhere(r: RoundReport, action: Action, new: int | None,
+               slurm: SlurmLogMoments) -> dict[str, float]:
+    """{"elsewhere": 1.0} if Slurm started a one-node copy on another node than the
+    one Sia planned (the bridge asks Slurm for a GPU type and count, not a node),
+    0.0 if on that one; {} where either is unknown (or the copy spans nodes)."""
+    sia_id = action.ticket.id if action.ticket else ""
+    planned = {g.node for d in (r.response.decisions if r.response else ())
+               if d.job_id == sia_id for g in d.allocation.gpus}
+    got = slurm.nodes.get(new or 0)
+    if len(planned) != 1 or got is None or "[" in got or "," in got:
+        return {}
+    return {"elsewhere": float(got not in planned)}
 
 
 def _copy_points(job_id: int | None, copy: Mapping[str, float],
@@ -138,7 +159,7 @@ def _with_side(stages: dict[str, float]) -> dict[str, float]:
 def summary(records: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
     """Per stage (and slurm_side): p50, p90 and mean seconds over `records`."""
     out: dict[str, dict[str, float]] = {}
-    for name in (*MOVE_STAGES, "slurm_side"):
+    for name in (*MOVE_STAGES, "slurm_side", "elsewhere"):
         values = [r[name] for r in records if name in r]
         if values:
             out[name] = {"p50": float(np.median(values)),

@@ -10,7 +10,7 @@ import pytest
 
 from sia_grpc.bench.slurm_stages import MOVE_STAGES, SlurmLogMoments, breakdown, summary
 from sia_grpc.slurm.bridge import RoundReport
-from sia_grpc.slurm.translate import Action
+from sia_grpc.slurm.translate import Action, Ticket
 
 T0 = datetime.fromisoformat("2026-12-06T10:00:00").timestamp()  # (Slurm logs local time)
 
@@ -72,3 +72,24 @@ def test_a_move_without_its_copys_moments_is_left_out(logs):
     rnd = RoundReport(actions=[Action("move", 5)], moved={5: 9}, read_at=T0,
                       applied={5: (T0 + 0.1, T0 + 0.2)})
     assert breakdown([rnd], {}, SlurmLogMoments(logs)) == {"moves": [], "starts": []}
+
+
+def test_a_copy_slurm_started_on_another_node_than_sias_is_counted(logs):
+    from sia_grpc.api import pb
+
+    def round_planning(node: str) -> RoundReport:
+        response = pb.OptimizeResponse(decisions=[pb.JobDecision(
+            job_id="5", allocation=pb.Allocation(gpus=[pb.GpuRef(node=node, index=0)]))])
+        return RoundReport(actions=[Action("move", 5, Ticket("5", {}, 0.0))], moved={5: 9},
+                           read_at=T0 + 0.9, applied={5: (T0 + 1.1, T0 + 2.0)},
+                           response=response)
+
+    copies = {"5": {"exited": T0 + 2.2},
+              "9": {"launched": T0 + 2.35, "main": T0 + 2.6, "ready": T0 + 2.61,
+                    "first_report": T0 + 3.0}}
+    moments = SlurmLogMoments(logs)
+    assert moments.nodes == {8: "rtx-0", 9: "rtx-1"}
+    (there,) = breakdown([round_planning("rtx-1")], copies, moments)["moves"]
+    (other,) = breakdown([round_planning("rtx-0")], copies, moments)["moves"]
+    assert (there["elsewhere"], other["elsewhere"]) == (0.0, 1.0)
+    assert summary([there, other])["elsewhere"]["mean"] == 0.5
