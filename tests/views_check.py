@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import html
 import json
+import random
 import re
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -208,6 +209,26 @@ class RoundNames:
     @property
     def terms(self) -> set[int]:
         return {term for term, _ in self.starts}
+
+
+async def common_step(op: str, rng: random.Random, sia: AsyncSiaClient, jobs: list[str],
+                      spec: pb.JobSpec) -> bool:
+    """The random operator steps both property tests take (`op`: submit `spec`,
+    cancel one of `jobs`, drain or undrain a node that is not lost); False for
+    another op (the test's own), or a cancel with no jobs."""
+    if op == "submit":
+        jobs.append((await sia.submit(spec)).job_id)
+    elif op == "cancel" and jobs:
+        await sia.cancel(rng.choice(jobs))
+    elif op in ("drain", "undrain"):
+        nodes = [n.name for n in (await sia.cluster()).nodes
+                 if n.state != pb.NODE_STATE_LOST]
+        if nodes:
+            node = rng.choice(nodes)
+            await (sia.drain(node, "test") if op == "drain" else sia.undrain(node))
+    else:
+        return False
+    return True
 
 
 async def agree(sia: AsyncSiaClient, stored: Stored, followers: tuple[Follower, ...] = (),

@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from sia_grpc.api import pb
+from sia_grpc.bench.slurm_sim import move_cost_s, simulated
 from sia_grpc.bench.slurm_stages import SlurmLogMoments, breakdown, summary
 from sia_grpc.bench.slurm_truth import TruthServer
 from sia_grpc.client.spec import SpecError, load_spec, spec_to_mapping
-from sia_grpc.nodeagent.gpus import gpu_type_for
 from sia_grpc.sim.progress import Display, Reporter, make_display
 from sia_grpc.sim.workload import TraceJob, load_workload
 from sia_grpc.slurm.bridge import Bridge, RoundReport, in_process_optimizer
@@ -340,21 +340,6 @@ def replay_slurm(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir:
     return _result({name: [seen[i]] for name, i in ids.items()}, scale, wall0)
 
 
-def gpu_hours(copies: Mapping[str, Mapping[str, float]], scale: float) -> tuple[float, float]:
-    """(modeled GPU-hours all copies' workers ran, those of copies that made no
-    progress), from the truth service's `copies()`: each copy from its batch
-    script's start to its worker's exit, on its GPUs."""
-    total = idle = 0.0
-    for c in copies.values():
-        if "launched" not in c or "exited" not in c:
-            continue
-        held = max(c["exited"] - c["launched"], 0.0) * c.get("gpus", 0) * scale / 3600
-        total += held
-        if c.get("progress_to", 0.0) <= c.get("progress_from", 0.0):
-            idle += held
-    return total, idle
-
-
 def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
          **kwargs) -> ArmResult:
     """One arm on a fresh cluster, in a fresh directory, its workers' modeled work
@@ -367,7 +352,7 @@ def _arm(name: str, replay: Callable[..., ArmResult], jobs, scale: float,
         os.environ["SLURM_CONF"] = str(cluster.conf)  # (the CLI and bridge read it)
         try:
             arm = replay(cluster, jobs, scale, Path(d), truth=truth, **kwargs)
-            arm.gpu_h, arm.idle_gpu_h = gpu_hours(truth.copies(), scale)
+            arm.gpu_h, arm.idle_gpu_h = truth.gpu_hours(scale)
             return arm
         finally:
             truth.stop()
@@ -414,42 +399,6 @@ def _arm_into(report: dict, display: Display, key: int, name: str,
         report[name]["move_stages_s"] = summary(arm.stages["moves"])
         report[name]["start_stages_s"] = summary(arm.stages["starts"])
         report[name]["stages_s"] = arm.stages
-
-
-def move_cost_s(report: Mapping, scale: float) -> float:
-    """What a start or move through the bridge cost beyond the application's restore,
-    in modeled seconds: the median over the bridge's starts and moves of the round's
-    latency and Slurm's side (`slurm_stages`), times the time scale."""
-    stages = report.get("stages_s", {})
-    costs = [s.get("decided", 0.0) + s["slurm_side"]
-             for s in (*stages.get("moves", ()), *stages.get("starts", ()))]
-    return float(np.median(costs)) * scale if costs else 0.0
-
-
-def simulated(jobs: Sequence[TraceJob], scale: float, interval_s: float,
-              move_cost: float) -> dict[str, float]:
-    """The simulator's Sia on the same jobs and the test cluster's 12 GPUs, with the
-    bridge's rounds (`interval_s` x `scale` modeled seconds) and each start and move
-    costing `move_cost` modeled seconds beyond the application's restore: what the
-    bridge should come to if it adds nothing but that cost."""
-    from sia_grpc.policy.cluster import Cluster, Node
-    from sia_grpc.policy.params import make_policy
-    from sia_grpc.sim.engine import SimConfig, simulate
-    from sia_grpc.testing.slurm import DEFAULT_NODES
-
-    cluster = Cluster.of(Node(name, gpu_type_for(gres), count)
-                         for name, (gres, count) in DEFAULT_NODES.items())
-    result = simulate(jobs, cluster, make_policy("sia", round_duration=interval_s * scale),
-                      config=SimConfig(move_cost_s=move_cost))
-    jct = np.array([j.jct for j in result.jobs if j.jct is not None]) / 3600
-    ends = [j.finish_time for j in result.jobs if j.finish_time is not None]
-    return {"avg_jct_h": float(jct.mean()) if jct.size else 0.0,
-            "p99_jct_h": float(np.percentile(jct, 99)) if jct.size else 0.0,
-            "makespan_h": float(max(ends) - min(j.submit_time for j in result.jobs)) / 3600
-            if ends else 0.0,
-            "finished": len(jct), "jobs": len(result.jobs),
-            "moves_per_job": float(np.mean([j.restarts for j in result.jobs])),
-            "move_cost_s": move_cost}
 
 
 def _print_stages(stages: Mapping[str, Mapping[str, float]], what: str) -> None:

@@ -141,6 +141,20 @@ class TruthServer:
         with self._lock:
             return {k: dict(v) for k, v in self._copies.items()}
 
+    def gpu_hours(self, scale: float) -> tuple[float, float]:
+        """(modeled GPU-hours all copies' workers ran, those of copies that made no
+        progress): each copy from its batch script's start to its worker's exit, on
+        its GPUs, `scale` modeled seconds a second."""
+        total = idle = 0.0
+        for c in self.copies().values():
+            if "launched" not in c or "exited" not in c:
+                continue
+            held = max(c["exited"] - c["launched"], 0.0) * c.get("gpus", 0) * scale / 3600
+            total += held
+            if c.get("progress_to", 0.0) <= c.get("progress_from", 0.0):
+                idle += held
+        return total, idle
+
     def _note(self, copy: str, **moments: Any) -> None:
         """Keep the copy's first time for each moment given (None: not known)."""
         if not copy:

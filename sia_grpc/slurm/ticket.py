@@ -83,7 +83,7 @@ class Ticket:
     restart_s: float | None = None
     # The same for its first start (moves == 0: no old copy to stop): what Slurm's
     # scheduling and launch cost beyond the application's start, measured before
-    # any move (`translate._slurm_share`).
+    # any move (`prices.measured_share`).
     launch_s: float | None = None
     progress: float = 0.0  # the workers' latest fraction of the target done
     # How long it has run (the bridge's clock, as `placed`): its earlier copies'

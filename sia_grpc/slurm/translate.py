@@ -29,6 +29,7 @@ from sia_grpc.models.efficiency import grad_params_at_progress
 from sia_grpc.models.profiles import load_seed_profiles, load_validation
 from sia_grpc.nodeagent.gpus import gpu_type_for
 from sia_grpc.policy.queues import QueueSet, scheduled_in
+from sia_grpc.slurm.prices import measured_share
 from sia_grpc.slurm.ticket import COMMENT_TAG, Shape, Ticket, job_environment
 
 __all__ = [
@@ -199,20 +200,20 @@ def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
                slurm_queue: str = "", *, launched: bool = True,
                slurm_share: float = 0.0) -> pb.PolicyJob:
-    """The policy's view of an opted-in job. Its goodput information: its
-    application's shipped 1-GPU profiles, what Sia bootstraps from, and the step
-    times and gradient statistics its workers reported to the bridge (in the
-    ticket), else the application's initial statistics; its restart cost as the
-    bridge measured it (`Bridge._measure_restart`), else its application's restore
-    (the spec's `restart_cost_s` or the application's default) plus `slurm_share`
-    (what a move through Slurm has cost beyond the restore: `_slurm_share`). Its queue: the spec's,
-    else `slurm_queue` (its Slurm account or partition, `build_round`), as far as
-    `queues` has it (else `default`). Restoring (Sia keeps its GPUs) from when the
-    bridge gives it a shape until its copy's first report, while Slurm has not
-    `launched` the copy yet, and at most its restart cost after that (a copy that
-    does not report). Its progress as its workers last reported it, and the time
-    it has run (`Ticket.run_time`; its current copy's while Slurm runs it). SpecError
-    (a ValueError) for a spec that cannot be scheduled, naming the field."""
+    """The policy's view of an opted-in job. Its goodput information: its application's shipped
+    1-GPU profiles, what Sia bootstraps from, and the step times and gradient statistics
+    its workers reported to the bridge (in the ticket), else the application's initial
+    statistics; its restart cost as the bridge measured it (`Bridge._measure_restart`),
+    else its application's restore (the spec's `restart_cost_s` or the application's
+    default) plus `slurm_share` (what a move through Slurm has cost beyond the restore:
+    `prices.measured_share`). Its queue: the spec's, else `slurm_queue` (its Slurm
+    account or partition, `build_round`), as far as `queues` has it (else `default`).
+    Restoring (Sia keeps its GPUs) from when the bridge gives it a shape until its
+    copy's first report, while Slurm has not `launched` the copy yet, and at most its
+    restart cost after that (a copy that does not report). Its progress as its workers
+    last reported it, and the time it has run (`Ticket.run_time`; its current copy's
+    while Slurm runs it). SpecError (a ValueError) for a spec that cannot be scheduled,
+    naming the field."""
     spec = spec_from_mapping(ticket.spec, source="spec")
     if not spec.queue:
         spec.queue = slurm_queue
@@ -335,27 +336,6 @@ def _carriers(jobs: Iterable[SlurmJob]) -> tuple[dict[str, SlurmJob], dict[str, 
     return carriers, foreign, stale
 
 
-def _restore_s(spec: Mapping[str, Any]) -> float | None:
-    """The application's own restore cost for a ticket's spec (its `restart_cost_s`, or
-    the application's default); None for a spec that cannot be scheduled."""
-    try:
-        return resolve(spec_from_mapping(spec, source="spec")).restart_cost
-    except (ApiError, ValueError):
-        return None
-
-
-def _slurm_share(tickets: Iterable[Ticket]) -> float:
-    """What a start or move through Slurm costs beyond the application's restore, as
-    measured here: the median over the jobs of their last move's end-to-end cost
-    (`restart_s`), else their first start's (`launch_s`), less their own restore.
-    The bridge's round, the commands, slurmctld's scheduling and slurmd's launch,
-    which every job pays alike. 0 before any job has first reported."""
-    shares = sorted(max(took - restore, 0.0) for t in tickets
-                    if (took := t.restart_s if t.restart_s is not None else t.launch_s)
-                    is not None and (restore := _restore_s(t.spec)) is not None)
-    return shares[len(shares) // 2] if shares else 0.0
-
-
 def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet | None,
                  queue_from: str, foreign: dict[str, int],
                  ) -> tuple[list[pb.PolicyJob], dict[str, SlurmJob], dict[str, str]]:
@@ -365,7 +345,7 @@ def _policy_jobs(carriers: Mapping[str, SlurmJob], now: float, queues: QueueSet 
     invalid: dict[str, str] = {}
     scheduled: dict[str, SlurmJob] = {}
     policy_jobs = []
-    slurm_share = _slurm_share([j.ticket for j in carriers.values() if j.ticket is not None])
+    slurm_share = measured_share([j.ticket for j in carriers.values() if j.ticket is not None])
     for sia_id, j in sorted(carriers.items(), key=lambda kv: kv[1].job_id):
         if j.admin_held:
             continue  # an operator stopped it: not Sia's to start, and it holds no GPUs

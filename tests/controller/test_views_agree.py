@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import grpc
 import pytest
-from views_check import DashboardJobs, RoundNames, WatchReplay, until_agreed
+from views_check import DashboardJobs, RoundNames, WatchReplay, common_step, until_agreed
 
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
@@ -44,16 +44,8 @@ async def _step(rng: random.Random, lc: LocalCluster, sia: AsyncSiaClient,
                 jobs: list[str], k: int) -> str:
     op = rng.choice(["submit", "submit", "submit", "cancel", "drain", "undrain", "agent",
                      "restart", "wait"])
-    if op == "submit":
-        jobs.append((await sia.submit(pb.JobSpec(name=f"j{k}", **JOB))).job_id)
-    elif op == "cancel" and jobs:
-        await sia.cancel(rng.choice(jobs))
-    elif op in ("drain", "undrain"):
-        nodes = [n.name for n in (await sia.cluster()).nodes
-                 if n.state != pb.NODE_STATE_LOST]
-        if nodes:
-            node = rng.choice(nodes)
-            await (sia.drain(node, "test") if op == "drain" else sia.undrain(node))
+    if await common_step(op, rng, sia, jobs, pb.JobSpec(name=f"j{k}", **JOB)):
+        pass
     elif op == "agent" and lc.agents:
         name = rng.choice(sorted(lc.agents))
         await lc.agents.pop(name).close()

@@ -20,7 +20,7 @@ import random
 
 import pytest
 from test_failover import CALL_S, SPEC, cluster, until
-from views_check import DashboardJobs, RoundNames, WatchReplay, until_agreed
+from views_check import DashboardJobs, RoundNames, WatchReplay, common_step, until_agreed
 
 from sia_grpc.api import pb
 from sia_grpc.client import AsyncSiaClient
@@ -56,16 +56,8 @@ async def _step(rng: random.Random, pair: ControllerPair, dsn: str, sia: AsyncSi
                 jobs: list[str]) -> str:
     op = rng.choice(["submit", "submit", "submit", "cancel", "drain", "undrain", "kill",
                      "kill", "wait"])
-    if op == "submit":
-        jobs.append((await sia.submit(SPEC)).job_id)
-    elif op == "cancel" and jobs:
-        await sia.cancel(rng.choice(jobs))
-    elif op in ("drain", "undrain"):
-        nodes = [n.name for n in (await sia.cluster()).nodes
-                 if n.state != pb.NODE_STATE_LOST]
-        if nodes:
-            node = rng.choice(nodes)
-            await (sia.drain(node, "test") if op == "drain" else sia.undrain(node))
+    if await common_step(op, rng, sia, jobs, SPEC):
+        pass
     elif op == "kill":
         await _kill_the_leader(pair, dsn)
     else:

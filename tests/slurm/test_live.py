@@ -226,14 +226,7 @@ def test_a_batch_change_on_the_same_gpus_reaches_the_running_workers_without_a_m
 
     bridge = Bridge(slurm, optimize, reports=reports)
     try:
-        spec = tmp_path / "mlp.yaml"
-        spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
-        capsys.readouterr()
-        assert sia(["slurm", "submit", "--report-to", f"127.0.0.1:{reports.port}",
-                    "--report-token-file", str(token), str(spec), "--", "env",
-                    "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
-                    "sia_grpc.train.examples.mlp", "--samples", "32768"]) == 0
-        job = int(capsys.readouterr().out.strip())
+        job = _submit_mlp(capsys, tmp_path, f"127.0.0.1:{reports.port}", token)
         (start,) = bridge.round().actions
         log = tmp_path / f"slurm-{job}.out"
         deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
@@ -264,19 +257,26 @@ def test_a_batch_change_on_the_same_gpus_reaches_the_running_workers_without_a_m
         reports.stop()
 
 
+def _submit_mlp(capsys, tmp_path, report_to: str, token, *options: str) -> int:
+    """`sia slurm submit` the mlp example (16 epochs of 32,768 samples) reporting to
+    `report_to` every 0.2 s: its Slurm id."""
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
+    capsys.readouterr()
+    assert sia(["slurm", "submit", *options, "--report-to", report_to,
+                "--report-token-file", str(token), str(spec), "--", "env",
+                "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
+                "sia_grpc.train.examples.mlp", "--samples", "32768"]) == 0
+    return int(capsys.readouterr().out.strip())
+
+
 def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
     """Submit the mlp example reporting to `report_to`, start it, let it train and
     report, drain its node and run a round: (its Slurm id, its log, the round). (32,768
     samples an epoch: with 4,096, an idle machine trained all 16 epochs before the round,
     and the move found nothing to checkpoint.)"""
-    spec = tmp_path / "mlp.yaml"
-    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
-    capsys.readouterr()
-    assert sia(["slurm", "submit", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                "--report-to", report_to, "--report-token-file", str(token), str(spec), "--",
-                "env", "SIA_REPORT_INTERVAL_S=0.2", sys.executable, "-m",
-                "sia_grpc.train.examples.mlp", "--samples", "32768"]) == 0
-    first = int(capsys.readouterr().out.strip())
+    first = _submit_mlp(capsys, tmp_path, report_to, token,
+                        "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert bridge.round().actions[0].kind == "start"
     log0 = tmp_path / f"slurm-{first}.out"
     deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
