@@ -43,11 +43,12 @@ _SBATCH_ENV = frozenset({"PATH", "SLURM_CONF"})
 
 def _gpus_request(shape: Shape) -> list[str]:
     """`scontrol update` fields for a shape: GPUs per job of Slurm's type, on
-    exactly `num_nodes` nodes, one task per node (Slurm refuses fewer tasks than
-    nodes)."""
+    exactly `num_nodes` nodes (the ones Sia placed it on, where it names them), one
+    task per node (Slurm refuses fewer tasks than nodes)."""
     n = shape.num_nodes
+    pin = [f"ReqNodeList={shape.node_names}"] if shape.nodes else []
     return [f"TresPerJob=gres:gpu:{shape.gres_type}:{shape.num_gpus}", f"NumNodes={n}-{n}",
-            f"NumTasks={n}"]
+            f"NumTasks={n}", *pin]
 
 
 class Slurm:
@@ -90,12 +91,13 @@ class Slurm:
 
     def apply(self, action: Action, raw: Mapping[str, Any] | None = None) -> int | None:
         """Carry out one `Action`; a move returns the new job's id."""
-        if action.kind == "start":
-            # (a start's ticket carries the job's shape)
+        if action.kind in ("start", "pin"):
+            # (their tickets carry the job's shape)
             assert action.ticket is not None and action.ticket.shape is not None
             self.run("scontrol", "update", f"job={action.job_id}",
                      *_gpus_request(action.ticket.shape), f"Comment={action.ticket.comment()}")
-            self.run("scontrol", "release", str(action.job_id))
+            if action.kind == "start":
+                self.run("scontrol", "release", str(action.job_id))
         elif action.kind == "release":
             self.run("scontrol", "release", str(action.job_id))
         elif action.kind == "rebatch":
@@ -161,6 +163,8 @@ class Slurm:
         else:
             argv += [f"--gpus={shape.gres_type}:{shape.num_gpus}", f"--nodes={shape.num_nodes}",
                      f"--ntasks={shape.num_nodes}"]
+            if shape.nodes:  # (Sia's nodes: `_gpus_request`)
+                argv.append(f"--nodelist={shape.node_names}")
         base = self.env if self.env is not None else os.environ
         env = {k: v for k, v in base.items() if k in _SBATCH_ENV}
         out = self.run(*argv, stdin=script, env=env).strip()

@@ -11,7 +11,8 @@ move (the rest of the bridge, with the policy and scipy, takes seconds to import
 stays when the bridge moves the job to a new Slurm job), `spec` the job spec
 (`sia_grpc.client.spec` mapping, without the command: that is the batch script),
 `t0` the submission time, `moves` how many times the bridge has moved it, `shape`
-the allocation the bridge gave it (absent: waiting for Sia, held), `obs`, `grad`
+the allocation the bridge gave it (absent: waiting for Sia, held; its `nodes` the
+(node, GPUs) Sia placed it on, which Slurm is asked for), `obs`, `grad`
 and `p` (progress, the fraction of its target done) what its workers reported,
 `at` when it was given its shape (until its first report), `rc` its measured
 restart cost, `run` when its copy first reported (it has run since) and `ran` the
@@ -46,6 +47,25 @@ class Shape:
     atomic_batch_size: int = 0
     accum_steps: int = 0
     num_replicas: int = 0
+    # Where Sia placed it: (node, GPUs) pairs, what the bridge pins Slurm to (none in
+    # tickets from before pinning, or for an allocation that names no GPUs).
+    nodes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def node_names(self) -> str:
+        """The pinned nodes as Slurm's node list ("" for none)."""
+        return ",".join(n for n, _ in self.nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in vars(self).items() if k != "nodes"}
+        if self.nodes:
+            data["nodes"] = [list(p) for p in self.nodes]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Shape:
+        nodes = tuple((str(n), int(c)) for n, c in data.get("nodes", ()))
+        return cls(**{**data, "nodes": nodes})
 
     @property
     def batch(self) -> tuple[int, int, int]:
@@ -101,7 +121,7 @@ class Ticket:
         data: dict[str, Any] = {"id": self.id, "spec": dict(self.spec), "t0": self.submitted,
                                 "moves": self.moves}
         if self.shape is not None:
-            data["shape"] = vars(self.shape)
+            data["shape"] = self.shape.to_json()
         if self.obs:
             data["obs"] = [list(o) for o in self.obs]
         if self.grad is not None:
@@ -151,7 +171,7 @@ class Ticket:
                         for t, n, r, b, a, c, st, sy in data.get("obs", ()))
             return cls(id=str(data.get("id") or job_id), spec=dict(data["spec"]),
                        submitted=float(data.get("t0", 0.0)), moves=int(data.get("moves", 0)),
-                       shape=Shape(**shape) if shape else None, obs=obs,
+                       shape=Shape.from_json(shape) if shape else None, obs=obs,
                        grad=(float(grad[0]), float(grad[1])) if grad else None,
                        placed=None if placed is None else float(placed),
                        restart_s=None if cost is None else float(cost),

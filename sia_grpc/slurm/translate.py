@@ -372,7 +372,9 @@ def _add_previous(request: pb.OptimizeRequest, scheduled: Mapping[str, SlurmJob]
         shape = j.ticket.shape
         if shape is None:
             continue
-        per_node = j.gpus if j.holding else cap.spread(shape)
+        # (one Slurm has not started yet: where the bridge pinned it, else where Slurm
+        # could start it, for a ticket from before pinning)
+        per_node = j.gpus if j.holding else dict(shape.nodes) or cap.spread(shape)
         refs = cap.take(per_node, shape.gpu_type) if per_node else None
         if refs is None or len(refs) != shape.num_gpus:
             continue  # not where the bridge put it (a node left the round): Sia replans it
@@ -419,7 +421,8 @@ class Action:
     """One thing to do in Slurm.
 
     kind "start": give held job `job_id` the shape in `ticket` and release it;
-    "release": release held `job_id` (it has its shape already); "rebatch": write
+    "release": release held `job_id` (it has its shape already); "pin": give pending
+    `job_id` the nodes (and batch) in `ticket`'s shape; "rebatch": write
     the new batch of running `job_id`'s same GPUs into its ticket (its workers take
     it from the bridge's reply to their next report); "move": replace
     `job_id` by a copy carrying `ticket` (a new shape, or none: held, waiting);
@@ -433,10 +436,14 @@ class Action:
 
 
 def _shape(a: pb.Allocation, gres_types: Mapping[str, str]) -> Shape:
+    per_node: dict[str, int] = {}
+    for g in a.gpus:
+        per_node[g.node] = per_node.get(g.node, 0) + 1
     return Shape(gpu_type=a.gpu_type, gres_type=gres_types.get(a.gpu_type, a.gpu_type),
-                 num_gpus=a.num_gpus, num_nodes=a.num_nodes or len({g.node for g in a.gpus}),
+                 num_gpus=a.num_gpus, num_nodes=a.num_nodes or len(per_node),
                  batch_size=a.batch_size, atomic_batch_size=a.atomic_batch_size,
-                 accum_steps=a.accum_steps, num_replicas=a.num_replicas)
+                 accum_steps=a.accum_steps, num_replicas=a.num_replicas,
+                 nodes=tuple(sorted(per_node.items())))
 
 
 def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
@@ -444,7 +451,10 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
     started; a job whose type, GPU count or node count changes is moved (Slurm
     22.05 cannot change the GPU type of a job once set: docs/slurm.md); a job that
     keeps them is left alone (released if held), its batch changed in place if Sia
-    changed it."""
+    changed it. Starts and copies are pinned to the nodes Sia placed them on (left
+    to Slurm, a fifth of the bench's copies started on nodes Sia had planned for
+    others, and those waited), and one Slurm has not started yet is pinned again if
+    Sia's nodes for it change."""
     actions = [Action("cancel", job_id, reason="an older copy of a moved job")
                for job_id in rnd.stale]
     for d in response.decisions:
@@ -461,8 +471,14 @@ def plan(rnd: Round, response: pb.OptimizeResponse) -> list[Action]:
                 actions.append(Action("start", j.job_id, replace(ticket, shape=new,
                                                                  placed=placed), d.reason))
         elif new is not None and new.same_place(ticket.shape):
+            # (one Slurm has not started: pinned to Sia's nodes if they changed, with the
+            # new batch; Slurm would start it where Sia plans others)
+            repin = not j.holding and bool(new.nodes) and new.nodes != ticket.shape.nodes
             if j.held:
-                actions.append(Action("release", j.job_id, ticket, d.reason))
+                actions.append(Action("start", j.job_id, replace(ticket, shape=new), d.reason)
+                               if repin else Action("release", j.job_id, ticket, d.reason))
+            elif repin:
+                actions.append(Action("pin", j.job_id, replace(ticket, shape=new), d.reason))
             elif new.batch != ticket.shape.batch:  # (the workers are told: no restart)
                 actions.append(Action("rebatch", j.job_id, replace(ticket, shape=new),
                                       d.reason))

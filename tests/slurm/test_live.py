@@ -17,7 +17,14 @@ from sia_grpc.cli import main as sia
 from sia_grpc.slurm.bridge import Bridge, in_process_optimizer
 from sia_grpc.slurm.commands import JobEnded, Slurm
 from sia_grpc.slurm.reports import ReportServer
-from sia_grpc.slurm.translate import Action, SlurmJob, build_round, read_jobs, read_nodes
+from sia_grpc.slurm.translate import (
+    Action,
+    Shape,
+    SlurmJob,
+    build_round,
+    read_jobs,
+    read_nodes,
+)
 from sia_grpc.testing import slurm as testing_slurm
 
 pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(120)]
@@ -87,7 +94,8 @@ def _node_types(cluster) -> dict[str, str]:
 
 
 def _running_as_decided(jobs: dict[int, SlurmJob], report, cluster) -> None:
-    """Every opted-in job runs on the GPU type (in Slurm's name) and count Sia chose."""
+    """Every opted-in job runs on the GPU type (in Slurm's name) and count Sia chose,
+    on the nodes Sia placed it on (the bridge pins them)."""
     decided = {d.job_id: d.allocation for d in report.response.decisions
                if d.HasField("allocation")}
     carriers = {j.ticket.id: j for j in jobs.values() if j.ticket is not None}
@@ -97,6 +105,7 @@ def _running_as_decided(jobs: dict[int, SlurmJob], report, cluster) -> None:
         j = carriers[sia_id]
         assert j.state == "RUNNING"
         assert sum(j.gpus.values()) == alloc.num_gpus and len(j.gpus) == alloc.num_nodes
+        assert set(j.gpus) == {g.node for g in alloc.gpus}
         assert {types[n] for n in j.gpus} == {j.ticket.shape.gres_type}
         assert j.ticket.shape.gpu_type == alloc.gpu_type
 
@@ -305,6 +314,33 @@ def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm,
     assert report.actions == [] and report.failed == []
     jobs = _jobs(slurm)
     assert jobs[by_hand].state == "RUNNING" and jobs[held].admin_held
+
+
+def test_starts_and_copies_run_on_the_nodes_sia_pinned_them_to(cluster, slurm, capsys,
+                                                                tmp_path):
+    # Left a type and a count, Slurm starts a one-GPU job on the first rtx node with
+    # room; pinned, it starts where Sia placed it, and a copy waits for its pinned
+    # node (taken here by Slurm's own job) until the bridge pins it elsewhere.
+    job = _submit(capsys, tmp_path, "pinned")
+    ticket = _jobs(slurm)[job].ticket
+    one_on = {n: Shape("rtx", "rtx", 1, 1, 64, 64, 0, 1, nodes=((n, 1),))
+              for n in ("rtx-0", "rtx-1")}
+    slurm.apply(Action("start", job, dataclasses.replace(ticket, shape=one_on["rtx-1"])))
+    jobs = _wait(slurm, lambda js: js[job].state == "RUNNING", "the job running")
+    assert dict(jobs[job].gpus) == {"rtx-1": 1}
+    own = _own_job(slurm, "gpu:rtx:4")
+    _wait(slurm, lambda js: dict(js[own].gpus) == {"rtx-0": 4}, "Slurm's own job on rtx-0")
+    copy = slurm.apply(Action("move", job, dataclasses.replace(
+        jobs[job].ticket, shape=one_on["rtx-0"], moves=1)), jobs[job].raw)
+    assert copy is not None
+    time.sleep(2.0)  # (slurmctld's scheduling passes: once a second)
+    jobs = _jobs(slurm)
+    assert jobs[copy].state == "PENDING" and not jobs[copy].gpus  # rtx-1 free, not its node
+    slurm.apply(Action("pin", copy, dataclasses.replace(jobs[copy].ticket,
+                                                        shape=one_on["rtx-1"])))
+    jobs = _wait(slurm, lambda js: js[copy].state == "RUNNING", "the copy running, re-pinned")
+    assert dict(jobs[copy].gpus) == {"rtx-1": 1}
+    assert jobs[copy].ticket.shape.nodes == (("rtx-1", 1),)
 
 
 def test_a_job_that_ended_since_the_round_read_it_is_not_moved(cluster, slurm, capsys,

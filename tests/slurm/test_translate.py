@@ -111,6 +111,62 @@ def test_a_released_job_slurm_has_not_started_yet_is_placed_where_it_fits():
     assert not build_round(nodes, too_big, NOW).request.previous  # Sia plans it anew
 
 
+def _placed(job_id: str, gpu_type: str, per_node: dict[str, int]) -> pb.JobDecision:
+    """A decision naming its GPUs, as the policy's are."""
+    gpus = [pb.GpuRef(node=n, index=i) for n, c in per_node.items() for i in range(c)]
+    return pb.JobDecision(job_id=job_id, allocation=pb.Allocation(
+        gpu_type=gpu_type, num_gpus=len(gpus), num_nodes=len(per_node), gpus=gpus,
+        batch_size=256, atomic_batch_size=64))
+
+
+def test_starts_and_copies_are_pinned_to_sias_nodes_and_pinned_again_if_they_change():
+    """Slurm is asked for the nodes Sia placed a job on, not a type and a count
+    (left to choose, it started copies on GPUs Sia had planned for others); a job
+    not started yet is planned where it is pinned, and pinned anew when Sia's plan
+    for it moves it to other nodes of the same shape."""
+    nodes, _ = read_nodes(SINFO)
+    rnd = build_round(nodes, read_jobs(SQUEUE), NOW)
+    actions = {a.job_id: a for a in plan(rnd, pb.OptimizeResponse(decisions=[
+        _placed("6", "rtx", {"rtx-1": 3}), _placed("2", "rtx", {"rtx-0": 1, "rtx-1": 1})]))}
+    start, move = actions[6], actions[5]
+    assert start.kind == "start" and start.ticket.shape.nodes == (("rtx-1", 3),)
+    assert move.kind == "move" and move.ticket.shape.nodes == (("rtx-0", 1), ("rtx-1", 1))
+    assert move.ticket.shape.num_nodes == 2 and move.ticket.shape.node_names == "rtx-0,rtx-1"
+    assert Ticket.parse(move.ticket.comment(), 5) == move.ticket  # (kept in Slurm)
+    # Slurm has not started the copy yet: its previous allocation is where it is pinned
+    # (rtx-1, though rtx-0 is as free and first: where the bridge guessed Slurm would
+    # start it before pinning).
+    copy = read_jobs({"jobs": [{"job_id": 21, "job_state": "PENDING", "priority": 5,
+                                "comment": replace(start.ticket, id="21").comment()}]})
+    (prev,) = build_round(nodes, copy, NOW).request.previous
+    assert {g.node for g in prev.allocation.gpus} == {"rtx-1"}
+    rnd = build_round(nodes, copy, NOW)
+    assert plan(rnd, pb.OptimizeResponse(decisions=[_placed("21", "rtx", {"rtx-1": 3})])) == []
+    (pin,) = plan(rnd, pb.OptimizeResponse(decisions=[_placed("21", "rtx", {"rtx-0": 3})]))
+    assert pin.kind == "pin" and pin.ticket.shape.nodes == (("rtx-0", 3),)
+    assert pin.ticket.moves == start.ticket.moves and pin.ticket.placed == start.ticket.placed
+    # Once Slurm runs it, it stays where it runs: a plan naming other nodes of the same
+    # shape changes nothing.
+    running = read_jobs({"jobs": [{**copy[0].raw, "job_state": "RUNNING",
+                                   "gres_detail": ["gpu:rtx:3(IDX:0-2)"],
+                                   "job_resources": {"allocated_nodes": [{"nodename": "rtx-1"}]}}]})
+    rnd = build_round(nodes, running, NOW)
+    assert plan(rnd, pb.OptimizeResponse(decisions=[_placed("21", "rtx", {"rtx-0": 3})])) == []
+    # A ticket from before pinning (no nodes): planned where Slurm could start it.
+    legacy = read_jobs({"jobs": [{**copy[0].raw, "comment": replace(
+        start.ticket, id="21", shape=replace(start.ticket.shape, nodes=())).comment()}]})
+    (prev,) = build_round(nodes, legacy, NOW).request.previous
+    assert {g.node for g in prev.allocation.gpus} == {"rtx-0"}
+
+
+def test_slurm_is_asked_for_the_pinned_nodes():
+    from sia_grpc.slurm.commands import _gpus_request
+
+    shape = Shape("rtx", "rtx", 4, 2, nodes=(("rtx-0", 2), ("rtx-1", 2)))
+    assert _gpus_request(shape)[-1] == "ReqNodeList=rtx-0,rtx-1"
+    assert not any(f.startswith("ReqNodeList") for f in _gpus_request(replace(shape, nodes=())))
+
+
 def test_an_unschedulable_spec_is_left_out_of_the_round_with_its_reason():
     bad = Ticket("30", {"application": "nosuchapp", "adaptivity": "adaptive"}, NOW)
     jobs = read_jobs({"jobs": [{"job_id": 30, "job_state": "PENDING", "priority": 0,
