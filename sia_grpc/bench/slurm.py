@@ -60,6 +60,12 @@ from sia_grpc.slurm.translate import Ticket
 __all__ = ["ArmResult", "replay_sia", "replay_slurm", "run"]
 
 _POLL_S = 0.5
+# Modeled seconds between a worker's reports to the bridge: a real one reports every
+# 5 s (`SIA_REPORT_INTERVAL_S`) against rounds of 60; the bench's rounds are 360
+# modeled s, so about as many reports a round. (A report a wall second, as before, was
+# one a round: the batch and the gradient statistics Sia saw were a round old, and a
+# batch change reached the workers a round late.)
+_REPORT_S = 30.0
 Progress = Callable[[int, int, float], None]  # (jobs ended, jobs, seconds so far)
 _NODE_GPUS = 4  # the test cluster's GPUs per node: Slurm alone's largest request
 _DONE = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -84,6 +90,9 @@ class ArmResult:
     actions: int = 0  # the bridge's actions in Slurm (starts, moves, ...)
     # Where each move's (and first start's) seconds went (`slurm_stages.breakdown`)
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # What the bridge did, each action's modeled hour, kind, job and the policy's reason
+    # (why moves happen: the bench's lead on moves the simulator's Sia does not make)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
     gpu_h: float = 0.0  # modeled GPU-hours its copies held while their workers ran
     idle_gpu_h: float = 0.0  # of which in copies that made no progress at all
 
@@ -123,7 +132,8 @@ class _Records:
 
 def _worker(job: TraceJob, scale: float, truth: str) -> list[str]:
     return [sys.executable, "-m", "sia_grpc.bench.slurm_worker", job.application,
-            "--time-scale", f"{scale:g}", "--truth", truth]
+            "--time-scale", f"{scale:g}", "--truth", truth,
+            "--report-every", f"{_REPORT_S / scale:g}"]
 
 
 def _submit_at(jobs: Sequence[TraceJob], scale: float, t0: float,
@@ -263,6 +273,10 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
         slurm_cluster.cancel_all()
     out = _result(_sia_copies(seen, ids), scale, wall0)
     out.round_s, out.actions = bridge.round_s, bridge.actions
+    names = {str(i): name for name, i in ids.items()}
+    out.decisions = [{"t_h": round((modeled(r.read_at) - t0) / 3600, 3), "kind": a.kind,
+                      "job": names.get(a.ticket.id, a.ticket.id) if a.ticket else a.job_id,
+                      "reason": a.reason} for r in bridge.acted for a in r.actions]
     out.stages = breakdown(bridge.acted, truth.copies(),
                            SlurmLogMoments(slurm_cluster.root / "log"))
     return out
@@ -395,6 +409,8 @@ def _arm_into(report: dict, display: Display, key: int, name: str,
     report[name] = {**arm.summary(), "jct_h": {k: v / 3600 for k, v in arm.jct.items()},
                     "states": arm.states, "moves": arm.moves,
                     "wait_h": {k: v / 3600 for k, v in arm.wait.items()}}
+    if arm.decisions:
+        report[name]["decisions"] = arm.decisions
     if arm.stages:
         report[name]["move_stages_s"] = summary(arm.stages["moves"])
         report[name]["start_stages_s"] = summary(arm.stages["starts"])
@@ -443,9 +459,10 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
     sim = report["simulator"]
     print(f"the simulator's Sia, same jobs and GPUs, rounds of {interval_s * scale:g} s, "
           f"each start and move {sim['move_cost_s']:.0f} s beyond the restore (the "
-          f"bridge's, measured above): avg JCT {sim['avg_jct_h']:.2f} h, p99 "
-          f"{sim['p99_jct_h']:.2f} h, makespan {sim['makespan_h']:.2f} h, "
-          f"{sim['moves_per_job']:.2f} moves/job")
+          f"bridge's, measured above), mean of {sim['phases']} phases of its rounds: avg "
+          f"JCT {sim['avg_jct_h']:.2f} h ({sim['avg_jct_h_range'][0]:.2f}-"
+          f"{sim['avg_jct_h_range'][1]:.2f}), p99 {sim['p99_jct_h']:.2f} h, makespan "
+          f"{sim['makespan_h']:.2f} h, {sim['moves_per_job']:.2f} moves/job")
     report["avg_jct_ratio"] = report["sia"]["avg_jct_h"] / report["slurm"]["avg_jct_h"]
     report["sim_ratio"] = report["sia"]["avg_jct_h"] / sim["avg_jct_h"]
     print(f"Sia / Slurm alone average JCT: {report['avg_jct_ratio']:.2f}x; "

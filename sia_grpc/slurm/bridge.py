@@ -24,7 +24,15 @@ from sia_grpc.policy.queues import QueueSet
 from sia_grpc.slurm.commands import JobEnded, Slurm, SlurmError
 from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.slurm.ticket import Ticket
-from sia_grpc.slurm.translate import Action, SlurmJob, build_round, plan, read_jobs, read_nodes
+from sia_grpc.slurm.translate import (
+    Action,
+    SlurmJob,
+    SlurmNode,
+    build_round,
+    plan,
+    read_jobs,
+    read_nodes,
+)
 
 __all__ = ["Bridge", "RoundReport", "grpc_optimizer", "in_process_optimizer"]
 
@@ -97,24 +105,30 @@ class Bridge:
         read_at = time.time()
         nodes, left_out = read_nodes(self.slurm.nodes_json())
         jobs = self._record_reports(read_jobs(self.slurm.jobs_json()))
-        self._tell_batches(jobs)
+        report = RoundReport(left_out=dict(left_out), read_at=read_at)
+        try:
+            self._decide(nodes, jobs, report)
+        finally:  # (whatever came of the round, the workers' replies carry their batches)
+            self._tell_batches(jobs, [a for a in report.actions if a.kind == "rebatch"])
+        return report
+
+    def _decide(self, nodes: Sequence[SlurmNode], jobs: list[SlurmJob],
+                report: RoundReport) -> None:
+        """Ask the policy for the round's allocations and carry them out into `report`."""
         rnd = build_round(nodes, jobs, self.clock(), policy=self.policy, params=self.params,
                           round_duration_s=self.round_duration_s, queues=self.queues,
-                          queue_from=self.queue_from, left_out=left_out)
-        report = RoundReport(left_out=dict(left_out), invalid=dict(rnd.invalid),
-                             read_at=read_at)
+                          queue_from=self.queue_from, left_out=report.left_out)
+        report.invalid = dict(rnd.invalid)
         for sia_id, why in rnd.invalid.items():
             self.log.warning("slurm.job_not_schedulable", sia_id=sia_id, reason=why)
         if not rnd.request.jobs and not rnd.stale:
-            return report
+            return
         if rnd.request.jobs and not rnd.request.nodes:
-            self.log.info("slurm.no_gpus_for_sia", left_out=left_out)
-            return report
+            self.log.info("slurm.no_gpus_for_sia", left_out=report.left_out)
+            return
         response = self.optimize(rnd.request) if rnd.request.jobs else pb.OptimizeResponse()
         report.response = response
         self._apply(plan(rnd, response), {j.job_id: j.raw for j in jobs}, report)
-        self._tell_batches(jobs, [a for a in report.actions if a.kind == "rebatch"])
-        return report
 
     def _tell_batches(self, jobs: list[SlurmJob], rebatched: Sequence[Action] = ()) -> None:
         """Give the WorkerService each running job's batch, as its newest copy's

@@ -26,10 +26,11 @@ from sia_grpc.api.validation import resolve
 from sia_grpc.client.spec import SpecError, spec_from_mapping, spec_to_mapping
 from sia_grpc.models.catalogue import SUPPORTED_APPLICATIONS, application
 from sia_grpc.models.efficiency import grad_params_at_progress
-from sia_grpc.models.profiles import load_seed_profiles, load_validation
+from sia_grpc.models.profiles import load_validation
 from sia_grpc.nodeagent.gpus import gpu_type_for
 from sia_grpc.policy.queues import QueueSet, scheduled_in
 from sia_grpc.slurm.prices import measured_share
+from sia_grpc.slurm.profiles import seed_samples
 from sia_grpc.slurm.ticket import COMMENT_TAG, Shape, Ticket, job_environment
 
 __all__ = [
@@ -179,17 +180,6 @@ class Round:
     now: float = 0.0  # the round's time (the bridge's clock)
 
 
-def _seed_samples(app: str) -> list[pb.ThroughputSample]:
-    """The application's shipped 1-GPU profiles, what Sia bootstraps from."""
-    out: list[pb.ThroughputSample] = []
-    for gpu_type, t in sorted(load_seed_profiles(app).items()):
-        out.extend(pb.ThroughputSample(
-            gpu_type=gpu_type, num_nodes=1, num_replicas=1, atomic_batch_size=int(b),
-            accum_steps=0, step_time_s=float(s), sync_time_s=float(y), count=1)
-            for b, s, y in zip(t.local_bsz, t.step_time, t.sync_time, strict=True))
-    return out
-
-
 def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
     return [pb.ThroughputSample(gpu_type=t, num_nodes=n, num_replicas=r, atomic_batch_size=b,
                                 accum_steps=a, step_time_s=step, sync_time_s=sync, count=c)
@@ -200,11 +190,12 @@ def _observed_samples(ticket: Ticket) -> list[pb.ThroughputSample]:
 def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
                slurm_queue: str = "", *, launched: bool = True,
                slurm_share: float = 0.0) -> pb.PolicyJob:
-    """The policy's view of an opted-in job. Its goodput information: its application's shipped
-    1-GPU profiles, what Sia bootstraps from, and the step times and gradient statistics
-    its workers reported to the bridge (in the ticket), else the application's initial
-    statistics; its restart cost as the bridge measured it (`Bridge._measure_restart`),
-    else its application's restore (the spec's `restart_cost_s` or the application's
+    """The policy's view of an opted-in job. Its goodput information: its application's
+    shipped 1-GPU profiles, what Sia bootstraps from, calibrated by its reports
+    (`profiles.seed_samples`), and the step times and gradient statistics its workers
+    reported to the bridge (in the ticket), else the application's initial statistics;
+    its restart cost as the bridge measured it (`Bridge._measure_restart`), else its
+    application's restore (the spec's `restart_cost_s` or the application's
     default) plus `slurm_share` (what a move through Slurm has cost beyond the restore:
     `prices.measured_share`). Its queue: the spec's, else `slurm_queue` (its Slurm
     account or partition, `build_round`), as far as `queues` has it (else `default`).
@@ -245,7 +236,7 @@ def policy_job(ticket: Ticket, now: float, queues: QueueSet | None = None,
         type_batch_limits=[pb.TypeBatchLimits(gpu_type=t, min_local_batch_size=lo,
                                               max_local_batch_size=hi)
                            for t, (lo, hi) in sorted(res.local_bsz_limits.items())],
-        samples=[*_seed_samples(app.name), *_observed_samples(ticket)],
+        samples=[*seed_samples(app.name, ticket.obs), *_observed_samples(ticket)],
         grad=pb.GradientStats(sqr=sqr, var=var),
         age_s=max(now - ticket.submitted, 0.0), restarts=ticket.moves,
         restart_cost_s=restart_cost, queue=queue, priority=priority, restoring=restoring,

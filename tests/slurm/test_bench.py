@@ -121,8 +121,13 @@ def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alo
     # Where the bridge's starts went, and the simulator given what they cost.
     starts = report["sia"]["start_stages_s"]
     assert starts["slurm_side"]["n"] >= 1 and starts["slurm_side"]["p50"] > 0
-    assert report["simulator"]["finished"] == 3
-    assert report["simulator"]["move_cost_s"] > 0
+    sim = report["simulator"]
+    assert sim["finished"] == 3 and sim["move_cost_s"] > 0
+    lo, hi = sim["avg_jct_h_range"]
+    assert lo <= sim["avg_jct_h"] <= hi and sim["phases"] > 1
+    # What the bridge did and why, for the moves the simulator's Sia does not make.
+    assert {d["kind"] for d in report["sia"]["decisions"]} >= {"start"}
+    assert {d["job"] for d in report["sia"]["decisions"]} <= names
 
 
 def test_a_job_has_ended_when_a_copy_completed_even_if_a_cancelled_one_came_after():
