@@ -9,123 +9,35 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
 
 import pytest
+import slurm_live as live
 
 from sia_grpc.cli import main as sia
 from sia_grpc.slurm.bridge import Bridge, in_process_optimizer
-from sia_grpc.slurm.commands import JobEnded, Slurm
 from sia_grpc.slurm.reports import ReportServer
 from sia_grpc.slurm.translate import (
     Action,
     Shape,
-    SlurmJob,
     build_round,
     read_jobs,
     read_nodes,
 )
-from sia_grpc.testing import slurm as testing_slurm
 
 pytestmark = [pytest.mark.xdist_group("heavy"), pytest.mark.timeout(120)]
 
-WAIT_S = 30.0  # the most any Slurm state change here may take before a test fails
-SPEC = "application: cifar10\nadaptivity: adaptive\nmax_gpus: 4\n"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[testing_slurm.SlurmCluster]:
-    reason = testing_slurm.unavailable()
-    if reason is not None:
-        pytest.skip(f"Slurm: {reason}")
-    with testing_slurm.SlurmCluster() as c:
-        yield c
-
-
-@pytest.fixture
-def slurm(cluster, tmp_path, monkeypatch) -> Iterator[Slurm]:
-    """The cluster with no jobs and every node up; commands run with its SLURM_CONF,
-    job files go to tmp_path."""
-    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-    monkeypatch.chdir(tmp_path)
-    yield Slurm()
-    cluster.cancel_all()
-    for node in cluster.nodes:
-        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-
-
-def _bridge(slurm: Slurm) -> Bridge:
-    return Bridge(slurm, in_process_optimizer(), clock=lambda: time.time())
-
-
-def _jobs(slurm: Slurm) -> dict[int, SlurmJob]:
-    return {j.job_id: j for j in read_jobs(slurm.jobs_json())}
-
-
-def _wait(slurm: Slurm, ready: Callable[[dict[int, SlurmJob]], bool], what: str,
-          wait_s: float = WAIT_S) -> dict:
-    deadline = time.monotonic() + wait_s
-    while True:
-        jobs = _jobs(slurm)
-        if ready(jobs):
-            return jobs
-        if time.monotonic() > deadline:
-            pytest.fail(f"Slurm did not reach: {what}; jobs: "
-                        f"{[(j.job_id, j.state, dict(j.gpus)) for j in jobs.values()]}")
-        time.sleep(0.2)
-
-
-def _submit(capsys, tmp_path, name: str) -> int:
-    spec = tmp_path / f"{name}.yaml"
-    spec.write_text(f"name: {name}\n{SPEC}")
-    capsys.readouterr()
-    assert sia(["slurm", "submit", str(spec), "--", "sleep", "300"]) == 0
-    return int(capsys.readouterr().out.strip())
-
-
-def _own_job(slurm: Slurm, gres: str) -> int:
-    out = slurm.run("sbatch", "--parsable", "-o", "/dev/null", f"--gres={gres}",
-                    "--wrap", "sleep 300")
-    return int(out.strip().split(";")[0])
-
-
-def _node_types(cluster) -> dict[str, str]:
-    return {n: t for n, (t, _) in cluster.nodes.items()}
-
-
-def _running_as_decided(jobs: dict[int, SlurmJob], report, cluster) -> None:
-    """Every opted-in job runs on the GPU type (in Slurm's name) and count Sia chose,
-    on the nodes Sia placed it on (the bridge pins them)."""
-    decided = {d.job_id: d.allocation for d in report.response.decisions
-               if d.HasField("allocation")}
-    carriers = {j.ticket.id: j for j in jobs.values() if j.ticket is not None}
-    assert decided and set(decided) <= set(carriers)
-    types = _node_types(cluster)
-    for sia_id, alloc in decided.items():
-        j = carriers[sia_id]
-        assert j.state == "RUNNING"
-        assert sum(j.gpus.values()) == alloc.num_gpus and len(j.gpus) == alloc.num_nodes
-        assert set(j.gpus) == {g.node for g in alloc.gpus}
-        assert {types[n] for n in j.gpus} == {j.ticket.shape.gres_type}
-        assert j.ticket.shape.gpu_type == alloc.gpu_type
-
-
-def _all_run(jobs: dict[int, SlurmJob]) -> bool:
-    return all(j.state == "RUNNING" for j in jobs.values())
-
-
 def test_opted_in_jobs_run_where_sia_put_them_and_slurms_own_jobs_are_left_alone(
         cluster, slurm, capsys, tmp_path):
-    own = _own_job(slurm, "gpu:rtx:3")
-    ours = [_submit(capsys, tmp_path, f"j{i}") for i in range(3)]
-    before = _wait(slurm, lambda js: js[own].state == "RUNNING", "Slurm's own job running")
+    own = live.own_job(slurm, "gpu:rtx:3")
+    ours = [live.submit(capsys, tmp_path, f"j{i}") for i in range(3)]
+    before = live.wait(slurm, lambda js: js[own].state == "RUNNING", "Slurm's own job running")
     assert all(before[i].held and before[i].ticket.shape is None for i in ours)
 
-    report = _bridge(slurm).round()
+    report = live.bridge(slurm).round()
     assert not report.failed
     assert sorted(a.job_id for a in report.actions) == ours  # nothing done to `own`
-    jobs = _wait(slurm, _all_run, "every job running")
-    _running_as_decided(jobs, report, cluster)
+    jobs = live.wait(slurm, live.all_run, "every job running")
+    live.running_as_decided(jobs, report, cluster)
     assert jobs[own].raw["comment"] == "" and jobs[own].state == "RUNNING"
     assert dict(jobs[own].gpus) == dict(before[own].gpus)
     # Sia planned only on the GPUs Slurm's own job left free on its node.
@@ -134,38 +46,38 @@ def test_opted_in_jobs_run_where_sia_put_them_and_slurms_own_jobs_are_left_alone
     assert planned <= 4 - before[own].gpus[node]
 
     # A new bridge (a restart) reads the same state from Slurm: it changes nothing.
-    again = _bridge(slurm).round()
+    again = live.bridge(slurm).round()
     assert again.actions == [] and again.failed == []
-    after = _jobs(slurm)
+    after = live.jobs(slurm)
     assert {i: (j.state, j.raw["comment"]) for i, j in after.items()} == {
         i: (j.state, j.raw["comment"]) for i, j in jobs.items()}
 
 
 def test_a_node_drained_in_slurm_is_left_out_and_its_jobs_move(cluster, slurm, capsys,
                                                                 tmp_path):
-    ours = [_submit(capsys, tmp_path, f"d{i}") for i in range(2)]
-    first = _bridge(slurm).round()
+    ours = [live.submit(capsys, tmp_path, f"d{i}") for i in range(2)]
+    first = live.bridge(slurm).round()
     assert sorted(a.job_id for a in first.actions) == ours
-    jobs = _wait(slurm, _all_run, "the jobs running")
+    jobs = live.wait(slurm, live.all_run, "the jobs running")
     busy = sorted({n for i in ours for n in jobs[i].gpus})
     drained = busy[0]
     cluster.run("scontrol", "update", f"nodename={drained}", "state=drain", "reason=test")
 
-    report = _bridge(slurm).round()
+    report = live.bridge(slurm).round()
     assert drained in report.left_out
     moved = [a for a in report.actions if a.kind == "move"]
     assert moved and not report.failed
-    jobs = _wait(slurm, lambda js: _all_run(js) and set(report.moved.values()) <= set(js),
+    jobs = live.wait(slurm, lambda js: live.all_run(js) and set(report.moved.values()) <= set(js),
                  "the moved jobs running")
     assert not any(drained in j.gpus for j in jobs.values())
     for old, new in report.moved.items():
         assert old not in jobs  # the old copy was cancelled
         assert jobs[new].ticket.moves == 1
-    _running_as_decided(jobs, report, cluster)
+    live.running_as_decided(jobs, report, cluster)
     assert json.loads(jobs[report.moved[moved[0].job_id]].raw["comment"][5:])["id"] == str(
         moved[0].job_id)  # the sia id stays the first Slurm id
 
-    assert _bridge(slurm).round().actions == []  # settled
+    assert live.bridge(slurm).round().actions == []  # settled
 
 
 def _epochs(path) -> list[tuple[int, float]]:
@@ -194,7 +106,7 @@ def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
     new = report.moved[first]
     # What the workers reported went into the ticket, and with it to the copy: a
     # restarted bridge (nothing in memory) plans with it.
-    copy = _jobs(slurm)[new].ticket
+    copy = live.jobs(slurm)[new].ticket
     assert copy.grad is not None and copy.obs and copy.moves == 1
     rnd = build_round(read_nodes(slurm.nodes_json())[0], read_jobs(slurm.jobs_json()), 0.0)
     (planned,) = rnd.request.jobs
@@ -203,8 +115,8 @@ def test_a_moved_training_job_resumes_from_its_checkpoint_with_what_it_reported(
         (s.gpu_type, s.atomic_batch_size, s.count) for s in planned.samples}
 
     # (two starts of torch and the training: longer than a state change)
-    _wait(slurm, lambda js: first not in js and new not in js, "the moved job to finish",
-          wait_s=3 * WAIT_S)
+    live.wait(slurm, lambda js: first not in js and new not in js, "the moved job to finish",
+          wait_s=3 * live.WAIT_S)
     before, after = _epochs(log0), _epochs(tmp_path / f"slurm-{new}.out")
     assert before and after and after[-1][0] == 15 and after[-1][1] == 1.0
     # Resumed where the checkpoint (on SIGTERM) left it: not from the start, no epoch skipped.
@@ -238,7 +150,7 @@ def test_a_batch_change_on_the_same_gpus_reaches_the_running_workers_without_a_m
         job = _submit_mlp(capsys, tmp_path, f"127.0.0.1:{reports.port}", token)
         (start,) = bridge.round().actions
         log = tmp_path / f"slurm-{job}.out"
-        deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
+        deadline = time.monotonic() + 3 * live.WAIT_S  # (torch starting in the job)
         while reports.received < 2:
             assert time.monotonic() < deadline, f"no reports: {log.read_text()}"
             time.sleep(0.1)
@@ -253,7 +165,7 @@ def test_a_batch_change_on_the_same_gpus_reaches_the_running_workers_without_a_m
         while f"batch {new.batch_size} " not in log.read_text():  # (its epoch lines)
             assert time.monotonic() < deadline, f"no batch change: {log.read_text()}"
             time.sleep(0.1)
-        jobs = _jobs(slurm)
+        jobs = live.jobs(slurm)
         assert list(jobs) == [job] and jobs[job].state == "RUNNING"
         assert jobs[job].ticket.shape == new and jobs[job].ticket.moves == 0
         # The next round starts from the new batch (Sia may change it again as the
@@ -270,7 +182,7 @@ def _submit_mlp(capsys, tmp_path, report_to: str, token, *options: str) -> int:
     """`sia slurm submit` the mlp example (16 epochs of 32,768 samples) reporting to
     `report_to` every 0.2 s: its Slurm id."""
     spec = tmp_path / "mlp.yaml"
-    spec.write_text(f"name: mlp\n{SPEC}epochs: 16\n")
+    spec.write_text(f"name: mlp\n{live.SPEC}epochs: 16\n")
     capsys.readouterr()
     assert sia(["slurm", "submit", *options, "--report-to", report_to,
                 "--report-token-file", str(token), str(spec), "--", "env",
@@ -288,12 +200,12 @@ def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
                         "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert bridge.round().actions[0].kind == "start"
     log0 = tmp_path / f"slurm-{first}.out"
-    deadline = time.monotonic() + 3 * WAIT_S  # (torch starting in the job)
+    deadline = time.monotonic() + 3 * live.WAIT_S  # (torch starting in the job)
     # Trained a little (there is something to lose) and reported.
     while not _epochs(log0) or bridge.reports.received < 2:
         assert time.monotonic() < deadline, f"no epochs or reports: {log0.read_text()}"
         time.sleep(0.1)
-    (node,) = _jobs(slurm)[first].gpus
+    (node,) = live.jobs(slurm)[first].gpus
     cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
     report = bridge.round()
     assert first in report.moved, "the job finished before the bridge moved it"
@@ -302,17 +214,17 @@ def _train_and_move(cluster, slurm, capsys, tmp_path, bridge, report_to, token):
 
 def test_jobs_an_operator_starts_or_holds_by_hand_are_left_alone(cluster, slurm, capsys,
                                                                   tmp_path):
-    by_hand, held = _submit(capsys, tmp_path, "hand"), _submit(capsys, tmp_path, "hold")
+    by_hand, held = live.submit(capsys, tmp_path, "hand"), live.submit(capsys, tmp_path, "hold")
     # docs/slurm.md, "If the bridge stops": give it GPUs and release it.
     slurm.run("scontrol", "update", f"job={by_hand}", "TresPerJob=gres:gpu:rtx:2",
               "NumNodes=1-1", "NumTasks=1")
     slurm.run("scontrol", "release", str(by_hand))
     slurm.run("scontrol", "hold", str(held))  # as root: an operator's hold
-    _wait(slurm, lambda js: js[by_hand].state == "RUNNING" and js[held].admin_held,
+    live.wait(slurm, lambda js: js[by_hand].state == "RUNNING" and js[held].admin_held,
           "the job started by hand running, the other held by the operator")
-    report = _bridge(slurm).round()
+    report = live.bridge(slurm).round()
     assert report.actions == [] and report.failed == []
-    jobs = _jobs(slurm)
+    jobs = live.jobs(slurm)
     assert jobs[by_hand].state == "RUNNING" and jobs[held].admin_held
 
 
@@ -321,47 +233,26 @@ def test_starts_and_copies_run_on_the_nodes_sia_pinned_them_to(cluster, slurm, c
     # Left a type and a count, Slurm starts a one-GPU job on the first rtx node with
     # room; pinned, it starts where Sia placed it, and a copy waits for its pinned
     # node (taken here by Slurm's own job) until the bridge pins it elsewhere.
-    job = _submit(capsys, tmp_path, "pinned")
-    ticket = _jobs(slurm)[job].ticket
+    job = live.submit(capsys, tmp_path, "pinned")
+    ticket = live.jobs(slurm)[job].ticket
     one_on = {n: Shape("rtx", "rtx", 1, 1, 64, 64, 0, 1, nodes=((n, 1),))
               for n in ("rtx-0", "rtx-1")}
     slurm.apply(Action("start", job, dataclasses.replace(ticket, shape=one_on["rtx-1"])))
-    jobs = _wait(slurm, lambda js: js[job].state == "RUNNING", "the job running")
+    jobs = live.wait(slurm, lambda js: js[job].state == "RUNNING", "the job running")
     assert dict(jobs[job].gpus) == {"rtx-1": 1}
-    own = _own_job(slurm, "gpu:rtx:4")
-    _wait(slurm, lambda js: dict(js[own].gpus) == {"rtx-0": 4}, "Slurm's own job on rtx-0")
+    own = live.own_job(slurm, "gpu:rtx:4")
+    live.wait(slurm, lambda js: dict(js[own].gpus) == {"rtx-0": 4}, "Slurm's own job on rtx-0")
     copy = slurm.apply(Action("move", job, dataclasses.replace(
         jobs[job].ticket, shape=one_on["rtx-0"], moves=1)), jobs[job].raw)
     assert copy is not None
     time.sleep(2.0)  # (slurmctld's scheduling passes: once a second)
-    jobs = _jobs(slurm)
+    jobs = live.jobs(slurm)
     assert jobs[copy].state == "PENDING" and not jobs[copy].gpus  # rtx-1 free, not its node
     slurm.apply(Action("pin", copy, dataclasses.replace(jobs[copy].ticket,
                                                         shape=one_on["rtx-1"])))
-    jobs = _wait(slurm, lambda js: js[copy].state == "RUNNING", "the copy running, re-pinned")
+    jobs = live.wait(slurm, lambda js: js[copy].state == "RUNNING", "the copy running, re-pinned")
     assert dict(jobs[copy].gpus) == {"rtx-1": 1}
     assert jobs[copy].ticket.shape.nodes == (("rtx-1", 1),)
-
-
-def test_a_job_that_ended_since_the_round_read_it_is_not_moved(cluster, slurm, capsys,
-                                                                tmp_path):
-    # A round reads the queue, decides, then acts: a job that finishes in between was
-    # copied, and the copy started from its final checkpoint and ended at once,
-    # holding GPUs meanwhile. A move now looks at the job first.
-    spec = tmp_path / "quick.yaml"
-    spec.write_text(f"name: quick\n{SPEC}")
-    capsys.readouterr()
-    assert sia(["slurm", "submit", str(spec), "--", "true"]) == 0
-    job_id = int(capsys.readouterr().out.strip())
-    (start,) = _bridge(slurm).round().actions
-    deadline = time.monotonic() + WAIT_S
-    while slurm.state(job_id) not in ("COMPLETED", None):
-        assert time.monotonic() < deadline, f"job {job_id} did not finish"
-        time.sleep(0.2)
-    move = Action("move", job_id, dataclasses.replace(start.ticket, shape=None, moves=1))
-    with pytest.raises(JobEnded, match="not moved"):
-        slurm.apply(move, {})
-    assert max(int(j["job_id"]) for j in slurm.jobs_json()["jobs"]) == job_id  # no copy
 
 
 def test_a_job_and_its_copies_start_with_the_submitters_environment_only(
@@ -372,17 +263,17 @@ def test_a_job_and_its_copies_start_with_the_submitters_environment_only(
     # environment before every start: a second or more of each move on the bench).
     monkeypatch.setenv("HOME", str(tmp_path / "submitter"))
     spec = tmp_path / "env.yaml"
-    spec.write_text(f"name: env\n{SPEC}")
+    spec.write_text(f"name: env\n{live.SPEC}")
     capsys.readouterr()
     assert sia(["slurm", "submit", str(spec), "--", "sh", "-c", "env; exec sleep 300"]) == 0
     first = int(capsys.readouterr().out.strip())
     monkeypatch.setenv("HOME", "/the/bridge")
     monkeypatch.setenv("SIA_BRIDGE_ONLY", "1")
-    assert [a.kind for a in _bridge(slurm).round().actions] == ["start"]
-    (node,) = _wait(slurm, _all_run, "the job running")[first].gpus
+    assert [a.kind for a in live.bridge(slurm).round().actions] == ["start"]
+    (node,) = live.wait(slurm, live.all_run, "the job running")[first].gpus
     envs = [_printed_env(tmp_path / f"slurm-{first}.out")]
     cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
-    new = _bridge(slurm).round().moved[first]
+    new = live.bridge(slurm).round().moved[first]
     envs.append(_printed_env(tmp_path / f"slurm-{new}.out"))
     for job, env in zip((first, new), envs, strict=True):
         assert env["HOME"] == str(tmp_path / "submitter") and "SIA_BRIDGE_ONLY" not in env
@@ -391,131 +282,8 @@ def test_a_job_and_its_copies_start_with_the_submitters_environment_only(
 
 def _printed_env(out) -> dict[str, str]:
     """The environment a job printed (`env`) into its output file, once it has."""
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + live.WAIT_S
     while "SIA_JOB_ID=" not in (out.read_text() if out.exists() else ""):
         assert time.monotonic() < deadline, f"{out.name}: no environment printed"
         time.sleep(0.1)
     return dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
-
-
-class _MidMove(Slurm):
-    """Slurm, with something done by someone else right after the bridge submits a
-    move's copy and before it cancels the old job (`meanwhile(action, new)`)."""
-
-    def __init__(self, meanwhile: Callable[[Action, int], None]) -> None:
-        super().__init__()
-        self.meanwhile = meanwhile
-
-    def copy(self, action, raw=None) -> int:
-        new = super().copy(action, raw)
-        self.meanwhile(action, new)
-        return new
-
-
-def _running_then_moved(cluster, slurm, capsys, tmp_path, meanwhile):
-    """A job started by the bridge, then its node drained and a round run with
-    `meanwhile` between the move's halves: (the job's first Slurm id, the round)."""
-    job = _submit(capsys, tmp_path, "mid")
-    assert [a.kind for a in _bridge(slurm).round().actions] == ["start"]
-    (node,) = _wait(slurm, _all_run, "the job running")[job].gpus
-    cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
-    return job, _bridge(_MidMove(meanwhile)).round()
-
-
-def test_a_job_its_owner_cancels_mid_move_stays_cancelled_its_copy_too(
-        cluster, slurm, capsys, tmp_path):
-    # The owner's scancel lands between the copy's sbatch and the bridge's scancel of
-    # the old job (which succeeds silently on an ended job): the copy would have run
-    # the job the owner cancelled. The bridge reads the old job's state first.
-    def owner_cancels_the_old(action, new):
-        slurm.cancel(action.job_id)
-
-    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, owner_cancels_the_old)
-    (skipped,) = report.skipped
-    assert skipped.job_id == job and not report.moved and not report.failed
-    _wait(slurm, lambda js: not _live_in(js) and slurm.state(job) == "CANCELLED",
-          "the job cancelled, no copy of it left")
-    assert _bridge(slurm).round().actions == []
-
-
-def test_a_copy_its_owner_cancels_mid_move_ends_the_job_as_cancelled(
-        cluster, slurm, capsys, tmp_path):
-    def owner_cancels_the_copy(action, new):
-        slurm.cancel(new)
-
-    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, owner_cancels_the_copy)
-    new = report.moved[job]
-    _wait(slurm, lambda js: not _live_in(js) and (slurm.state(job), slurm.state(new)) == (
-        "CANCELLED", "CANCELLED"), "both copies cancelled")
-    assert _bridge(slurm).round().actions == []
-
-
-def _live_in(jobs: dict[int, SlurmJob]) -> dict[int, SlurmJob]:
-    return {i: j for i, j in jobs.items() if j.state in ("RUNNING", "PENDING")}
-
-
-def test_the_gpus_a_copy_was_moved_to_going_down_mid_move_it_is_placed_again(
-        cluster, slurm, capsys, tmp_path):
-    # Every node of the GPU type the copy asks for goes down between the two halves
-    # (and the drain that caused the move ends): the copy cannot start there, the
-    # next rounds place it on what is left, and at no moment do two copies of the
-    # job hold GPUs.
-    down: list[str] = []
-
-    def its_type_goes_down(action, new):
-        gres = action.ticket.shape.gres_type
-        for n, (t, _) in cluster.nodes.items():
-            if t == gres:
-                down.append(n)
-                cluster.run("scontrol", "update", f"nodename={n}", "state=down", "reason=test")
-            else:
-                cluster.run("scontrol", "update", f"nodename={n}", "state=resume", check=False)
-
-    job, report = _running_then_moved(cluster, slurm, capsys, tmp_path, its_type_goes_down)
-    assert job in report.moved and down
-    deadline = time.monotonic() + 3 * WAIT_S
-    while True:
-        jobs = _live_in(_jobs(slurm))
-        holding = [j for j in jobs.values() if j.gpus]
-        assert len(holding) <= 1, f"two copies hold GPUs: {holding}"
-        if holding and holding[0].state == "RUNNING" and len(jobs) == 1:
-            break
-        assert time.monotonic() < deadline, f"not placed again: {list(jobs.values())}"
-        _bridge(slurm).round()
-        time.sleep(0.5)
-    assert not set(holding[0].gpus) & set(down)
-    assert holding[0].ticket.id == str(job)
-
-
-class _Recording(Slurm):
-    """Slurm, noting the order of a move's two halves."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, int]] = []
-
-    def copy(self, action, raw=None) -> int:
-        self.calls.append(("copy", action.job_id))
-        return super().copy(action, raw)
-
-    def end_move(self, action, new) -> None:
-        self.calls.append(("cancel", action.job_id))
-        super().end_move(action, new)
-
-
-def test_a_round_submits_every_copy_before_it_cancels_any_old_job(cluster, slurm, capsys,
-                                                                   tmp_path):
-    # slurmctld starts a pending job on its once-a-second pass, or at once when a job
-    # ends: with every copy pending before the first old copy ends, that end starts
-    # them all (docs/slurm.md, "Where a move's seconds go").
-    ours = [_submit(capsys, tmp_path, f"o{i}") for i in range(4)]
-    assert sorted(a.job_id for a in _bridge(slurm).round().actions) == ours
-    jobs = _wait(slurm, _all_run, "the jobs running")
-    for node in sorted({n for i in ours for n in jobs[i].gpus}):
-        cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=test")
-    recording = _Recording()
-    report = _bridge(recording).round()
-    kinds = [kind for kind, _ in recording.calls]
-    assert kinds.count("copy") >= 2, recording.calls  # (every node they ran on drained)
-    assert kinds == sorted(kinds, key=lambda k: k == "cancel"), recording.calls
-    assert set(report.moved) == {job for kind, job in recording.calls if kind == "cancel"}
