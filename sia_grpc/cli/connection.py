@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import grpc
 
@@ -23,6 +25,8 @@ from sia_grpc.cli.argparsing import UsageError
 from sia_grpc.client.sdk import DEFAULT_TARGET, SiaClient
 from sia_grpc.client.spec import SpecError
 from sia_grpc.security.tls import probe_tls
+
+T = TypeVar("T")
 
 
 def connection_flags(p: Any, *, defaults: bool = True) -> Any:
@@ -129,3 +133,32 @@ def _transport_hint(err: ApiError, args: argparse.Namespace) -> str | None:
 def api_error_line(err: ApiError, args: argparse.Namespace) -> str:
     """How a command that talks to a controller reports its error (exit 1)."""
     return f"error: {describe_error(err, args.controller, _transport_hint(err, args))}"
+
+
+def interruptible(stream: Iterable[T]) -> Iterator[T]:
+    """`stream`'s items (a watch, a job followed), read on a thread of their own, so
+    that Ctrl-C raises its KeyboardInterrupt in this thread's wait for the next item
+    and never inside gRPC's iteration of a call: interrupted there, the call's state
+    is left unfinished and closing its channel (on the way out of `connect`) waits
+    for it forever (seen with `sia events -w`, one Ctrl-C in three). Closing the
+    channel cancels the call the thread is reading, which ends it."""
+    items: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=64)
+
+    def read() -> None:
+        try:
+            for item in stream:
+                items.put((True, item))
+        except BaseException as err:  # (handed to the reader: its to raise)
+            items.put((False, err))
+        else:
+            items.put((False, None))
+
+    threading.Thread(target=read, daemon=True, name="sia-stream").start()
+    while True:
+        ok, value = items.get()
+        if ok:
+            yield value
+        elif value is None:
+            return
+        else:
+            raise value

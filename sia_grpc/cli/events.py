@@ -13,7 +13,7 @@ from typing import Any
 from sia_grpc.api import pb, seconds
 from sia_grpc.api.story import events_table, job_story, parse_kind
 from sia_grpc.cli.argparsing import examples
-from sia_grpc.cli.connection import connect, controller_command
+from sia_grpc.cli.connection import connect, controller_command, interruptible
 from sia_grpc.cli.output import dump, message_to_data
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -63,7 +63,7 @@ def _events(args: argparse.Namespace) -> int:
         last = events[-1].id if events else args.after
         try:  # (from the first line printed: Ctrl-C may come at any of them)
             _print(events, args.output)
-            for event in sia.watch_events(after_id=last, **_filters(args)):
+            for event in interruptible(sia.watch_events(after_id=last, **_filters(args))):
                 if args.output in ("json", "yaml"):
                     print(dump(message_to_data(event), args.output), flush=True)
                 else:

@@ -23,7 +23,13 @@ from sia_grpc.api import pb, state_name
 from sia_grpc.api.errors import ApiError
 from sia_grpc.api.present import format_gpus, format_nodes, job_reason, jobs_table, sorted_jobs
 from sia_grpc.cli.argparsing import UsageError, examples
-from sia_grpc.cli.connection import connect, controller_command, describe_error, unreachable
+from sia_grpc.cli.connection import (
+    connect,
+    controller_command,
+    describe_error,
+    interruptible,
+    unreachable,
+)
 from sia_grpc.cli.output import dump, message_to_data, output_flag
 from sia_grpc.client.sdk import JobHandle, SiaClient, is_terminal
 from sia_grpc.client.spec import SpecError, load_spec, parse_spec, spec_to_mapping
@@ -113,7 +119,7 @@ def _read_specs(names: list[str]) -> list[tuple[str, pb.JobSpec]] | None:
 def _follow(handle: JobHandle) -> bool:
     """Print the job's state as it changes until it ends; whether it succeeded."""
     shown = None
-    for job in handle.watch():
+    for job in interruptible(handle.watch()):
         line = f"{job.job_id} {job.state} {format_gpus(cast(pb.Job, job))}"  # (a JobView)
         if line != shown:
             print(line, flush=True)
@@ -302,7 +308,7 @@ def _watch(args: argparse.Namespace) -> int:
     jobs: dict[str, pb.Job] = {}
     with connect(args) as sia:
         try:
-            for ev in sia.watch(job_id=args.job or ""):
+            for ev in interruptible(sia.watch(job_id=args.job or "")):
                 if ev.kind == pb.JobEvent.KIND_DELETED:
                     jobs.pop(ev.job.job_id, None)
                 else:
