@@ -148,7 +148,7 @@ def interruptible(stream: Iterable[T]) -> Iterator[T]:
         try:
             for item in stream:
                 items.put((True, item))
-        except BaseException as err:  # (handed to the reader: its to raise)
+        except BaseException as err:  # (handed to the reader, which raises it)
             items.put((False, err))
         else:
             items.put((False, None))

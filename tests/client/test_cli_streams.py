@@ -39,13 +39,21 @@ def test_ctrl_c_lands_in_the_readers_wait_not_in_the_stream():
         yield "never read"
 
     main = threading.main_thread().ident
-    assert main is not None
+    assert main is not None and threading.current_thread().ident == main
     stream = interruptible(blocking())
     assert next(stream) == "first"
+    # (as in a CLI process: Ctrl-C raises KeyboardInterrupt in the main thread)
+    handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        next(stream)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(stream)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert time.monotonic() - started < 5
     assert readers == ["sia-stream"]  # the stream ran, and was interrupted, elsewhere
     release.set()
