@@ -271,14 +271,17 @@ async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_
     b = make_backend(b_base, checkpoint_root=base / "ckpt", isolation=build_isolation(
         level, run_root=b_base / "agent" / "run", node_id="iso-b",
         uid_range=(210_000, 210_100), limits=Limits(sandbox_ro=(str(base / "code"),))))
+    # (20 epochs: an epoch is ~0.1 s of steps, and with 4 a loaded machine saw the
+    # resized generation finish before the stop that was to checkpoint it)
+    command = mlp("20")
     try:
         spec = pb.JobSpec(name="mover", application="cifar10", tenant="team-a",
-                          command=mlp("4"))
+                          command=command)
         t = await a.profile(pb.ProfileRequest(job_id="mover", generation=1, spec=spec,
                                               job_uid="f" * 32, local_gpu=0,
                                               local_batch_sizes=[16, 32]))
         assert t.profile and {s.atomic_batch_size for s in t.samples} == {16, 32}
-        first = job("mover", "team-a", mlp("4"), uid="f" * 32)
+        first = job("mover", "team-a", command, uid="f" * 32)
         await a.start(first, exits.append)
         ckpt = base / "ckpt" / "team-a" / ("f" * 32)
         async with asyncio.timeout(120):  # trains a while, then is moved
@@ -290,7 +293,7 @@ async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_
         owner = ckpt.stat().st_uid
         assert owner != os.geteuid()  # the job's, lingering for its next run here
         resized = dataclasses.replace(
-            job("mover", "team-a", mlp("4"), uid="f" * 32, gpus=(0, 1)), generation=2,
+            job("mover", "team-a", command, uid="f" * 32, gpus=(0, 1)), generation=2,
             restore_progress=stopped.progress)
         await a.start(resized, exits.append)
         async with asyncio.timeout(120):
@@ -300,7 +303,7 @@ async def test_profiling_a_resize_and_a_move_between_two_agents_under_different_
         assert stopped.kind == KIND.KIND_CHECKPOINTED, stopped.message
         assert not exits
         assert ckpt.stat().st_uid == owner  # the resize kept the job's uid and files
-        second = dataclasses.replace(job("mover", "team-a", mlp("4"), uid="f" * 32),
+        second = dataclasses.replace(job("mover", "team-a", command, uid="f" * 32),
                                      generation=3, restore_progress=stopped.progress)
         await b.start(second, exits.append)
         async with asyncio.timeout(180):
