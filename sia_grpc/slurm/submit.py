@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from sia_grpc.api import pb
 from sia_grpc.client.spec import SpecError
 from sia_grpc.slurm.commands import Slurm
+from sia_grpc.slurm.ticket import COMMENT_MAX, SPEC_ROOM
 from sia_grpc.slurm.translate import Ticket, policy_job, spec_mapping
 
 # The submitter's variables a job's script exports (a login's, less what Slurm sets).
@@ -26,6 +28,11 @@ def ticket_for(spec: pb.JobSpec, now: float | None = None) -> Ticket:
     field, not in the bridge's log."""
     ticket = Ticket(id="", spec=spec_mapping(spec), submitted=time.time() if now is None else now)
     policy_job(ticket, ticket.submitted)  # raises SpecError naming the field
+    spec_len = len(json.dumps(ticket.spec, separators=(",", ":"), sort_keys=True))
+    if spec_len > SPEC_ROOM:  # (the bridge could not keep the job's state in Slurm)
+        raise SpecError("spec", f"{spec_len} characters as the bridge keeps it; at most "
+                                f"{SPEC_ROOM} fit in the job's Slurm comment ({COMMENT_MAX} "
+                                f"characters) beside what the bridge adds")
     return ticket
 
 

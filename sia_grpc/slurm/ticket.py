@@ -30,9 +30,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sia_grpc.api import pb
 
-__all__ = ["COMMENT_TAG", "Observation", "Shape", "Ticket", "env_exports", "job_environment"]
+__all__ = ["COMMENT_MAX", "COMMENT_TAG", "SPEC_ROOM", "Observation", "Shape", "Ticket",
+           "TicketTooLong", "env_exports", "job_environment"]
 
 COMMENT_TAG = "sia1:"
+# The longest job comment Slurm keeps (22.05: longer ones are refused, "Pathname of a
+# file, directory or other parameter too long", by sbatch and scontrol update alike).
+COMMENT_MAX = 1024
+# The most of it a job's spec may take (`sia slurm submit` refuses more): the rest
+# is for its shape (with a node list), its workers' statistics and its clocks.
+SPEC_ROOM = COMMENT_MAX - 400
+
+
+class TicketTooLong(ValueError):
+    """A ticket that cannot fit in a Slurm comment even without its step times."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +129,15 @@ class Ticket:
         return self.ran + max(current, 0.0)
 
     def comment(self) -> str:
+        """The ticket as its Slurm comment, at most `COMMENT_MAX` characters: the step
+        times to 4 significant digits, and where they do not all fit, those of the
+        fewest steps left out (a job that has run many shapes; unbounded, they made
+        every update of the job's comment fail, and the bridge could neither record
+        its reports nor start it again). TicketTooLong if even none fit."""
         data: dict[str, Any] = {"id": self.id, "spec": dict(self.spec), "t0": self.submitted,
                                 "moves": self.moves}
         if self.shape is not None:
             data["shape"] = self.shape.to_json()
-        if self.obs:
-            data["obs"] = [list(o) for o in self.obs]
         if self.grad is not None:
             data["grad"] = list(self.grad)
         if self.placed is not None:
@@ -138,7 +152,20 @@ class Ticket:
             data["ran"] = self.ran
         if self.running_since is not None:
             data["run"] = self.running_since
-        return COMMENT_TAG + json.dumps(data, separators=(",", ":"), sort_keys=True)
+        # (most steps first: what is left out first is what the fewest steps measured)
+        obs = [[t, n, r, b, a, c, float(f"{st:.4g}"), float(f"{sy:.4g}")]
+               for t, n, r, b, a, c, st, sy in sorted(self.obs, key=lambda o: -o[5])]
+        while True:
+            if obs:
+                data["obs"] = obs
+            text = COMMENT_TAG + json.dumps(data, separators=(",", ":"), sort_keys=True)
+            if len(text) <= COMMENT_MAX:
+                return text
+            if not obs:
+                raise TicketTooLong(f"the job's ticket is {len(text)} characters, more than "
+                                    f"the {COMMENT_MAX} Slurm keeps in a job's comment")
+            obs = obs[:-1]
+            data.pop("obs")
 
     def observe(self, t: pb.Telemetry) -> Ticket:
         """With the step times and gradient statistics of a worker report merged in

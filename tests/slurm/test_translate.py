@@ -447,3 +447,39 @@ def test_a_job_not_yet_moved_is_priced_at_its_restore_plus_slurms_measured_share
     costs = {j.job_id: j.restart_cost_s
              for j in build_round(read_nodes(SINFO)[0], early, NOW).request.jobs}
     assert costs == {"4": 50.0 + 330.0, "5": 250.0 + 330.0}
+
+
+def test_a_ticket_fits_in_a_slurm_comment_however_many_shapes_the_job_ran():
+    """Slurm keeps at most 1024 characters of a job's comment and refuses an update
+    past it: a job that had run many shapes could no longer be noted, moved or started
+    (the 60x bench left one held for good on an idle cluster). The step times of the
+    fewest steps are left out first."""
+    from sia_grpc.slurm.ticket import COMMENT_MAX
+
+    shape = Shape("rtx", "rtx", 8, 2, 640, 80, 0, 8, nodes=(("rtx-0", 4), ("rtx-1", 4)))
+    obs = tuple(("rtx", 1, r, b, 0, 1000 - b, 0.123456789 * b, 0.000891234567)
+                for r in (1, 2, 4, 8) for b in range(10, 110, 10))
+    t = Ticket("34", {**SPEC, "name": "deepspeech2-16"}, NOW, 7, shape, obs=obs,
+               grad=(1.3e-09, 3.9e-06), placed=NOW, launch_s=74.7, progress=0.7, ran=53.5,
+               running_since=NOW)
+    text = t.comment()
+    assert len(text) <= COMMENT_MAX
+    kept = Ticket.parse(text, 34)
+    assert kept is not None and kept.shape == shape and 0 < len(kept.obs) < len(obs)
+    assert min(o[5] for o in kept.obs) >= max(o[5] for o in set(obs) - {
+        next(p for p in obs if p[:5] == k[:5]) for k in kept.obs})  # (the most steps kept)
+    assert all(o[6] == float(f"{o[6]:.4g}") for o in kept.obs)
+    small = replace(t, obs=obs[:2])
+    assert len(Ticket.parse(small.comment(), 34).obs) == 2  # all kept where they fit
+
+
+def test_a_spec_too_long_for_a_slurm_comment_is_refused_at_submission():
+    from sia_grpc.client.spec import SpecError
+    from sia_grpc.slurm.submit import ticket_for
+
+    spec = pb.JobSpec(name="x", application="cifar10", adaptivity=pb.ADAPTIVITY_ADAPTIVE,
+                      labels={f"k{i}": "v" * 40 for i in range(20)})
+    with pytest.raises(SpecError, match="spec.*Slurm comment"):
+        ticket_for(spec)
+    ticket_for(pb.JobSpec(name="x", application="cifar10",
+                          adaptivity=pb.ADAPTIVITY_ADAPTIVE))  # (an ordinary one fits)
