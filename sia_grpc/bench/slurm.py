@@ -88,6 +88,7 @@ class ArmResult:
     wall_s: float = 0.0
     round_s: list[float] = field(default_factory=list)  # the bridge's rounds (wall s)
     actions: int = 0  # the bridge's actions in Slurm (starts, moves, ...)
+    failed: list[str] = field(default_factory=list)  # actions Slurm refused, and why
     # Where each move's (and first start's) seconds went (`slurm_stages.breakdown`)
     stages: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     # What the bridge did, each action's modeled hour, kind, job and the policy's reason
@@ -111,6 +112,7 @@ class ArmResult:
                 "finished": sum(s == "COMPLETED" for s in self.states.values()),
                 "jobs": len(self.states), "wall_s": self.wall_s,
                 "rounds": len(self.round_s), "bridge_actions": self.actions,
+                "failed_actions": len(self.failed),
                 "round_s_p50": float(np.median(self.round_s)) if self.round_s else 0.0,
                 "round_s_p95": float(np.percentile(self.round_s, 95))
                 if self.round_s else 0.0,
@@ -210,6 +212,8 @@ class _LockedBridge(Bridge):
         self.round_s: list[float] = []  # wall seconds of each round
         self.actions = 0
         self.acted: list[RoundReport] = []  # the rounds that did something in Slurm
+        # (the bench logs errors only: a refused action is a warning in the bridge's log)
+        self.failed: list[str] = []
 
     def round(self) -> RoundReport:
         with self._lock:
@@ -217,6 +221,7 @@ class _LockedBridge(Bridge):
             report = super().round()
             self.round_s.append(time.monotonic() - t)
             self.actions += len(report.actions)
+            self.failed += [f"{a.kind} {a.job_id}: {why}" for a, why in report.failed]
             if report.actions:
                 self.acted.append(report)
             return report
@@ -272,7 +277,7 @@ def replay_sia(slurm_cluster, jobs: Sequence[TraceJob], scale: float, workdir: P
         reports.stop()
         slurm_cluster.cancel_all()
     out = _result(_sia_copies(seen, ids), scale, wall0)
-    out.round_s, out.actions = bridge.round_s, bridge.actions
+    out.round_s, out.actions, out.failed = bridge.round_s, bridge.actions, bridge.failed
     names = {str(i): name for name, i in ids.items()}
     out.decisions = [{"t_h": round((modeled(r.read_at) - t0) / 3600, 3), "kind": a.kind,
                       "job": names.get(a.ticket.id, a.ticket.id) if a.ticket else a.job_id,
@@ -411,6 +416,8 @@ def _arm_into(report: dict, display: Display, key: int, name: str,
                     "wait_h": {k: v / 3600 for k, v in arm.wait.items()}}
     if arm.decisions:
         report[name]["decisions"] = arm.decisions
+    if arm.failed:
+        report[name]["failed"] = arm.failed
     if arm.stages:
         report[name]["move_stages_s"] = summary(arm.stages["moves"])
         report[name]["start_stages_s"] = summary(arm.stages["starts"])
@@ -452,7 +459,8 @@ def run(workload: str = "saturn/workload-1", first: int = 30, scale: float = 360
               f"{r['no_progress_gpu_h']:17.1f} {r['wall_s']:6.0f}")
     r = report["sia"]
     print(f"bridge: {r['rounds']} rounds of {r['round_s_p50']:.2f} s (p50), "
-          f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm; "
+          f"{r['round_s_p95']:.2f} s (p95) wall; {r['bridge_actions']} actions in Slurm "
+          f"({r['failed_actions']} refused: --json has why); "
           f"a move's copy started {r['move_gap_h_p50']:.2f} h (p50) after the old one ended")
     _print_stages(r.get("move_stages_s", {}), "moves")
     _print_stages(r.get("start_stages_s", {}), "first starts")

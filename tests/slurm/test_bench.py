@@ -125,6 +125,9 @@ def test_a_tiny_replay_finishes_every_job_through_the_bridge_and_under_slurm_alo
     assert sim["finished"] == 3 and sim["move_cost_s"] > 0
     lo, hi = sim["avg_jct_h_range"]
     assert lo <= sim["avg_jct_h"] <= hi and sim["phases"] > 1
+    # Nothing the bridge asked of Slurm was refused (a refusal is only a warning in
+    # its log, which the bench does not print: the count and --json say).
+    assert report["sia"]["failed_actions"] == 0, report["sia"].get("failed")
     # What the bridge did and why, for the moves the simulator's Sia does not make.
     assert {d["kind"] for d in report["sia"]["decisions"]} >= {"start"}
     assert {d["job"] for d in report["sia"]["decisions"]} <= names
